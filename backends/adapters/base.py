@@ -1,0 +1,112 @@
+"""The one async interface every server kind speaks. Adapters translate; they never decide.
+
+Every method may raise `AdapterError`. Its `code` is one of `ErrorCode`, which is all the
+policy and the runtime act on; `message` keeps the server's own words for the trace.
+"""
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    NOT_FOUND = "not_found"  # the server does not have this model
+    LOAD_FAILED = "load_failed"  # failed to load / out of memory
+    NOT_LOADED = "not_loaded"  # the model is no longer loaded: route the request again
+    BUSY = "busy"  # try later (retry_after_s)
+    CONNECTION = "connection"  # refused, reset, timed out, crashed
+    SERVER_ERROR = "server_error"  # 5xx
+    BAD_REQUEST = "bad_request"  # the request itself is wrong: never retried
+
+
+class AdapterError(Exception):
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retryable(self) -> bool:
+        return self.code not in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND)
+
+    @property
+    def server_fault(self) -> bool:
+        """Counts toward the server's circuit breaker."""
+        return self.code in (ErrorCode.CONNECTION, ErrorCode.SERVER_ERROR)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerModel:
+    """One model as the server lists it."""
+
+    id: str
+    state: str = "unloaded"  # unloaded | loading | loaded | sleeping
+    type: str = "llm"
+    size_mb: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTarget:
+    server_model_id: str
+    model_type: str = "llm"
+    options: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 150.0
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceCall:
+    kind: str  # chat | completion | embedding
+    server_model_id: str
+    payload: dict[str, Any]
+    stream: bool = False
+    load_options: dict[str, Any] = field(default_factory=dict)
+
+
+ProgressCallback = Callable[[float], None]
+"""Called with a fraction 0..1 while a load runs, where the server reports progress."""
+
+
+class Adapter:
+    """Base class: subclasses implement what their server can do.
+
+    - `list_models()` → every model the server has, with its state.
+    - `load(target, progress)` → returns when the model is loaded; raises on failure.
+    - `unload(server_model_id)` → returns when it is gone.
+    - `run(call)` → the OpenAI-shaped response body (non-streamed).
+    - `stream(call)` → OpenAI chat/completion chunks as dicts, in order.
+    - `health()` → returns if the server answers; raises `AdapterError(CONNECTION)` if not.
+    """
+
+    reports_progress = False
+    controls_loading = True
+
+    async def list_models(self) -> list[ServerModel]:
+        raise NotImplementedError
+
+    async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:
+        raise NotImplementedError
+
+    async def unload(self, server_model_id: str) -> None:
+        raise NotImplementedError
+
+    async def run(self, call: InferenceCall) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def health(self) -> None:
+        await self.list_models()
+
+    async def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,32 @@
+"""Which adapter speaks to which kind of server."""
+
+from importlib import import_module
+
+from django.conf import settings
+
+from .base import Adapter
+
+ADAPTERS = {
+    "openai": "backends.adapters.openai.OpenAIAdapter",
+}
+
+
+def adapter_for(server) -> Adapter:
+    """A new adapter for a `backends.Server` (the runtime keeps one per server)."""
+    if server.kind == "simulated":
+        from .simulated import SimulatedAdapter
+
+        return SimulatedAdapter(server.name, speed=settings.SWITCHYARD.get("SIM_SPEED", 1.0))
+    try:
+        dotted = ADAPTERS[server.kind]
+    except KeyError:
+        raise ValueError(f"no adapter for server kind {server.kind!r}") from None
+    module, _, name = dotted.rpartition(".")
+    cls = getattr(import_module(module), name)
+    knobs = settings.SWITCHYARD
+    return cls(
+        server.base_url,
+        server.api_key,
+        connect_timeout_s=knobs["CONNECT_TIMEOUT_S"],
+        read_timeout_s=knobs["READ_TIMEOUT_S"],
+    )

@@ -1,0 +1,138 @@
+"""A server that lives in the worker's memory, for demos and benchmarks (never for tests of a
+real adapter). Each deployment's `load_options` set `load_seconds`, `tokens_per_second` and,
+to rehearse failures, `fail_load`."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .base import (
+    Adapter,
+    AdapterError,
+    ErrorCode,
+    InferenceCall,
+    LoadTarget,
+    ProgressCallback,
+    ServerModel,
+)
+
+REPLY_WORDS = ["This", "answer", "comes", "from", "a", "simulated", "server", "."]
+
+
+class SimulatedServer:
+    """What one simulated server holds; shared by every adapter of the same name."""
+
+    def __init__(self) -> None:
+        self.loaded: set[str] = set()
+        self.options: dict[str, dict[str, Any]] = {}
+
+
+_SERVERS: dict[str, SimulatedServer] = {}
+
+
+class SimulatedAdapter(Adapter):
+    reports_progress = True
+
+    def __init__(self, name: str, speed: float = 1.0) -> None:
+        self.server = _SERVERS.setdefault(name, SimulatedServer())
+        self.speed = speed  # > 1 runs faster than the configured seconds, for benchmarks
+
+    async def list_models(self) -> list[ServerModel]:
+        return [ServerModel(id=m, state="loaded") for m in sorted(self.server.loaded)]
+
+    async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:
+        options = target.options
+        seconds = float(options.get("load_seconds", 2.0)) / self.speed
+        if options.get("fail_load"):
+            raise AdapterError(ErrorCode.LOAD_FAILED, "simulated load failure")
+        steps = max(int(seconds * 4), 1)
+        for step in range(steps):
+            await asyncio.sleep(seconds / steps)
+            progress((step + 1) / steps)
+        self.server.loaded.add(target.server_model_id)
+        self.server.options[target.server_model_id] = options
+
+    async def unload(self, server_model_id: str) -> None:
+        self.server.loaded.discard(server_model_id)
+
+    def _check_loaded(self, call: InferenceCall) -> dict[str, Any]:
+        if call.server_model_id not in self.server.loaded:
+            raise AdapterError(ErrorCode.NOT_LOADED, f"{call.server_model_id} is not loaded")
+        return self.server.options.get(call.server_model_id, {})
+
+    def _tokens(self, call: InferenceCall) -> int:
+        return int(
+            call.payload.get("max_tokens") or call.payload.get("max_completion_tokens") or 16
+        )
+
+    async def run(self, call: InferenceCall) -> dict[str, Any]:
+        options = self._check_loaded(call)
+        if call.kind == "embedding":
+            return {
+                "object": "list",
+                "model": call.server_model_id,
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 0.5, 1.0]}],
+                "usage": {"prompt_tokens": 1, "total_tokens": 1},
+            }
+        words = [w async for w in self._words(call, options)]
+        text = " ".join(words)
+        created = int(time.time())
+        usage = {
+            "prompt_tokens": 1,
+            "completion_tokens": len(words),
+            "total_tokens": 1 + len(words),
+        }
+        if call.kind == "completion":
+            choice = {"index": 0, "text": text, "finish_reason": "stop"}
+            return {
+                "id": "sim",
+                "object": "text_completion",
+                "created": created,
+                "model": call.server_model_id,
+                "choices": [choice],
+                "usage": usage,
+            }
+        message = {"role": "assistant", "content": text}
+        return {
+            "id": "sim",
+            "object": "chat.completion",
+            "created": created,
+            "model": call.server_model_id,
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": usage,
+        }
+
+    async def _words(self, call: InferenceCall, options: dict[str, Any]) -> AsyncIterator[str]:
+        per_token_s = 1.0 / (float(options.get("tokens_per_second", 50.0)) * self.speed)
+        for i in range(self._tokens(call)):
+            await asyncio.sleep(per_token_s)
+            yield REPLY_WORDS[i % len(REPLY_WORDS)]
+
+    async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
+        options = self._check_loaded(call)
+        created = int(time.time())
+        async for word in self._words(call, options):
+            if call.kind == "completion":
+                choice = {"index": 0, "text": word + " ", "finish_reason": None}
+                obj = "text_completion"
+            else:
+                choice = {"index": 0, "delta": {"content": word + " "}, "finish_reason": None}
+                obj = "chat.completion.chunk"
+            yield {
+                "id": "sim",
+                "object": obj,
+                "created": created,
+                "model": call.server_model_id,
+                "choices": [choice],
+            }
+        done = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        if call.kind == "completion":
+            done = {"index": 0, "text": "", "finish_reason": "stop"}
+        yield {
+            "id": "sim",
+            "object": "chat.completion.chunk" if call.kind == "chat" else "text_completion",
+            "created": created,
+            "model": call.server_model_id,
+            "choices": [done],
+        }

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BackendsConfig(AppConfig):
+    name = "backends"
+    verbose_name = "Servers and models"

@@ -1,0 +1,149 @@
+"""Servers, the models apps ask for, and where each model can run (deployments)."""
+
+from django.db import models
+from django.utils import timezone
+
+
+class ServerKind(models.TextChoices):
+    SIMULATED = "simulated", "Simulated (demo, in-process)"
+    OPENAI = "openai", "OpenAI-compatible (no load control)"
+    LMSTUDIO = "lmstudio", "LM Studio"
+    OLLAMA = "ollama", "Ollama"
+    LLAMACPP = "llamacpp", "llama.cpp llama-server"
+    LLAMASWAP = "llamaswap", "llama-swap"
+    VLLM = "vllm", "vLLM"
+    LEMONADE = "lemonade", "Lemonade"
+
+
+class Health(models.TextChoices):
+    UNKNOWN = "unknown", "Unknown"
+    UP = "up", "Up"
+    DOWN = "down", "Down"
+    COOLDOWN = "cooldown", "Cooldown"
+
+
+class ModelType(models.TextChoices):
+    LLM = "llm", "LLM"
+    EMBEDDING = "embedding", "Embedding"
+    RERANKING = "reranking", "Reranking"
+
+
+class Device(models.TextChoices):
+    CPU = "cpu", "CPU"
+    GPU = "gpu", "GPU"
+    NPU = "npu", "NPU"
+
+
+class DeploymentState(models.TextChoices):
+    UNLOADED = "unloaded", "Unloaded"
+    LOADING = "loading", "Loading"
+    LOADED = "loaded", "Loaded"
+    UNLOADING = "unloading", "Unloading"
+    FAILED = "failed", "Failed"
+
+
+class Server(models.Model):
+    name = models.SlugField(max_length=64, unique=True)
+    kind = models.CharField(max_length=16, choices=ServerKind.choices, default=ServerKind.OPENAI)
+    base_url = models.URLField(blank=True, help_text="Root URL, e.g. http://gpu-1:1234")
+    api_key = models.CharField(max_length=256, blank=True, help_text="Sent as a Bearer token.")
+    enabled = models.BooleanField(default=True)
+    slots = models.PositiveIntegerField(default=1, help_text="Requests it serves at once.")
+    max_llm = models.PositiveIntegerField("max LLMs", default=1)
+    max_embedding = models.PositiveIntegerField("max embedding models", default=1)
+    max_reranking = models.PositiveIntegerField("max reranking models", default=1)
+    memory_mb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Optional memory budget for loaded models (MB)."
+    )
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    cooldown_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_simulated(self) -> bool:
+        return self.kind == ServerKind.SIMULATED
+
+    def capacity(self) -> dict[str, int]:
+        return {
+            ModelType.LLM: self.max_llm,
+            ModelType.EMBEDDING: self.max_embedding,
+            ModelType.RERANKING: self.max_reranking,
+        }
+
+
+class Model(models.Model):
+    name = models.CharField(max_length=200, unique=True, help_text="The name apps ask for.")
+    aliases = models.JSONField(default=list, blank=True, help_text='e.g. ["qwen", "qwen3"]')
+    type = models.CharField(max_length=16, choices=ModelType.choices, default=ModelType.LLM)
+    load_timeout_s = models.PositiveIntegerField(default=150)
+    load_options = models.JSONField(
+        default=dict, blank=True, help_text="Defaults for every deployment, e.g. context size."
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Deployment(models.Model):
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="deployments")
+    server = models.ForeignKey(Server, on_delete=models.CASCADE, related_name="deployments")
+    server_model_id = models.CharField(max_length=300, help_text="The name the server knows.")
+    size_mb = models.PositiveIntegerField(null=True, blank=True)
+    device = models.CharField(max_length=8, choices=Device.choices, default=Device.GPU)
+    load_options = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Merged over the model's. Simulated servers read load_seconds, "
+        "tokens_per_second and fail_load here.",
+    )
+    pinned = models.BooleanField(default=False, help_text="Never evicted.")
+    preload = models.BooleanField(default=False, help_text="Loaded when the worker starts.")
+    idle_ttl_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Unload after this long unused."
+    )
+    state = models.CharField(
+        max_length=16, choices=DeploymentState.choices, default=DeploymentState.UNLOADED
+    )
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    load_started_at = models.DateTimeField(null=True, blank=True)
+    loaded_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    last_interactive_at = models.DateTimeField(null=True, blank=True)
+    last_priority = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Priority class of the last request it served."
+    )
+    in_flight = models.PositiveIntegerField(default=0)
+    load_progress = models.FloatField(null=True, blank=True)
+    load_progress_estimated = models.BooleanField(default=False)
+    avg_load_s = models.FloatField(null=True, blank=True)
+    avg_inference_s = models.FloatField(null=True, blank=True)
+    load_failures = models.PositiveIntegerField(default=0)
+    next_load_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_code = models.CharField(max_length=32, blank=True)
+    worker = models.ForeignKey(
+        "scheduler.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["server__name", "model__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["server", "model"], name="one_deployment_per_server")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}@{self.server.name}"
+
+    def effective_load_options(self) -> dict:
+        return {**self.model.load_options, **self.load_options}

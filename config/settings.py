@@ -1,0 +1,182 @@
+"""Settings, all read from the environment (see .env.example and the README)."""
+
+import os
+import secrets
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEBUG = env.bool("DEBUG", default=True)
+
+
+def _secret_key() -> str:
+    """In the embedded default a key is generated once and kept beside the project."""
+    if key := env.str("SECRET_KEY", default=""):
+        return key
+    if not DEBUG:
+        raise environ.ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+    path = BASE_DIR / ".secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "backends",
+    "scheduler",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        # WAL lets the web process read while the worker writes; IMMEDIATE takes the write
+        # lock up front so two writers queue on busy_timeout instead of deadlocking.
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+    # A file (not :memory:) so live servers and worker threads in tests see the same rows;
+    # one per process so parallel test runs never share it.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f"test-{os.getpid()}.sqlite3")}
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_switchyard_{os.getpid()}"
+IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "scheduler.api.errors.openai_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchyard API",
+    "DESCRIPTION": "OpenAI-compatible inference and async jobs in front of local LLM servers.",
+    "VERSION": "0.1.0",
+}
+
+# Scheduler knobs; the unit is in the name.
+SWITCHYARD = {
+    "POLL_INTERVAL_S": env.float("SWITCHYARD_POLL_INTERVAL_S", default=5.0),
+    "HEARTBEAT_S": env.float("SWITCHYARD_HEARTBEAT_S", default=5.0),
+    "WORKER_STALE_S": env.float("SWITCHYARD_WORKER_STALE_S", default=30.0),
+    "STATUS_SYNC_S": env.float("SWITCHYARD_STATUS_SYNC_S", default=10.0),
+    "WAITING_COMMENT_S": env.float("SWITCHYARD_WAITING_COMMENT_S", default=5.0),
+    "MAX_QUEUE": env.int("SWITCHYARD_MAX_QUEUE", default=1000),
+    "MAX_QUEUE_INTERACTIVE": env.int("SWITCHYARD_MAX_QUEUE_INTERACTIVE", default=0),
+    "MAX_QUEUE_HIGH": env.int("SWITCHYARD_MAX_QUEUE_HIGH", default=0),
+    "MAX_QUEUE_NORMAL": env.int("SWITCHYARD_MAX_QUEUE_NORMAL", default=0),
+    "MAX_QUEUE_BACKGROUND": env.int("SWITCHYARD_MAX_QUEUE_BACKGROUND", default=0),
+    "MAX_WAIT_INTERACTIVE_S": env.float("SWITCHYARD_MAX_WAIT_INTERACTIVE_S", default=120.0),
+    "MAX_WAIT_HIGH_S": env.float("SWITCHYARD_MAX_WAIT_HIGH_S", default=300.0),
+    "MAX_WAIT_NORMAL_S": env.float("SWITCHYARD_MAX_WAIT_NORMAL_S", default=600.0),
+    "MAX_WAIT_BACKGROUND_S": env.float("SWITCHYARD_MAX_WAIT_BACKGROUND_S", default=3600.0),
+    "AGING_STEP_S": env.float("SWITCHYARD_AGING_STEP_S", default=150.0),
+    "MIN_RESIDENCY_S": env.float("SWITCHYARD_MIN_RESIDENCY_S", default=30.0),
+    "WARM_WINDOW_S": env.float("SWITCHYARD_WARM_WINDOW_S", default=120.0),
+    "ACTIVITY_WINDOW_S": env.float("SWITCHYARD_ACTIVITY_WINDOW_S", default=300.0),
+    "RETRY_BASE_S": env.float("SWITCHYARD_RETRY_BASE_S", default=2.0),
+    "RETRY_MAX_S": env.float("SWITCHYARD_RETRY_MAX_S", default=15.0),
+    "LOAD_ATTEMPTS": env.int("SWITCHYARD_LOAD_ATTEMPTS", default=3),
+    "REQUEST_ATTEMPTS": env.int("SWITCHYARD_REQUEST_ATTEMPTS", default=3),
+    "BREAKER_FAILURES": env.int("SWITCHYARD_BREAKER_FAILURES", default=3),
+    "BREAKER_COOLDOWN_S": env.float("SWITCHYARD_BREAKER_COOLDOWN_S", default=60.0),
+    "SIM_SPEED": env.float("SWITCHYARD_SIM_SPEED", default=1.0),
+    "CONNECT_TIMEOUT_S": env.float("SWITCHYARD_CONNECT_TIMEOUT_S", default=5.0),
+    "READ_TIMEOUT_S": env.float("SWITCHYARD_READ_TIMEOUT_S", default=600.0),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        "django.channels.server": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from . import consumers
+
+websocket_urlpatterns = [
+    path("ws/dashboard/", consumers.DashboardConsumer.as_asgi()),
+    path("ws/requests/<uuid:request_id>/", consumers.RequestConsumer.as_asgi()),
+]

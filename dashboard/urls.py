@@ -1,0 +1,9 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.index, name="dashboard"),
+    path("dashboard/state.json", views.overview_json, name="dashboard-state"),
+    path("requests/<uuid:request_id>/", views.request_page, name="request-page"),
+]

@@ -1,0 +1,154 @@
+"""The OpenAI-compatible endpoints: store the request, wait for it, answer or relay SSE."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from backends.models import Model
+
+from ..models import TERMINAL_STATES, Request, RequestKind, State
+from . import intake
+from .errors import ApiError
+from .waiting import Subscription, cancel_abandoned, current, until_finished
+
+FAILED_STATUS = {
+    "bad_request": 400,
+    "model_not_deployed": 404,
+    "model_unavailable": 503,
+    "not_found": 404,
+    "load_failed": 503,
+    "expired": 503,
+}
+
+
+def error_of(request: Request) -> ApiError:
+    """The OpenAI-shaped error for a request that did not complete."""
+    if request.state == State.EXPIRED:
+        return ApiError(
+            503,
+            request.error or "expired while waiting",
+            type="server_error",
+            code="expired",
+            retry_after_s=30,
+        )
+    if request.state == State.CANCELLED:
+        return ApiError(409, "the request was cancelled", code="cancelled")
+    status = FAILED_STATUS.get(request.error_code, 502)
+    kind = "invalid_request_error" if status == 400 else "server_error"
+    return ApiError(
+        status,
+        request.error or "the request failed",
+        type=kind,
+        code=request.error_code or "upstream_error",
+    )
+
+
+def parse_json(request: HttpRequest):
+    try:
+        return json.loads(request.body or b"")
+    except ValueError as exc:
+        raise ApiError(
+            400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
+        ) from exc
+
+
+async def handle(http: HttpRequest, kind: str) -> HttpResponse:
+    try:
+        body = parse_json(http)
+        sub = await Subscription().open()
+        try:
+            request = await sync_to_async(intake.accept)(
+                kind, body, http.headers.get("X-Priority"), sub.request_id
+            )
+        except BaseException:
+            await sub.close()
+            raise
+    except ApiError as error:
+        return error.as_json_response()
+    if request.stream:
+        return StreamingHttpResponse(
+            relay_sse(sub),
+            content_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Request-Id": str(request.pk)},
+        )
+    try:
+        finished = await until_finished(sub, settings.SWITCHYARD["WAITING_COMMENT_S"])
+    except asyncio.CancelledError:
+        await cancel_abandoned(request.pk)
+        raise
+    finally:
+        await sub.close()
+    if finished.state == State.COMPLETED:
+        return JsonResponse(finished.result, headers={"X-Request-Id": str(finished.pk)})
+    return error_of(finished).as_json_response()
+
+
+async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
+    """Chunks as the worker sends them; a comment with the position while waiting."""
+    every_s = settings.SWITCHYARD["WAITING_COMMENT_S"]
+    request_id = sub.request_id
+    finished = False
+    try:
+        yield f": queued as {request_id}\n\n"
+        async for message in sub.messages(every_s):
+            if message and message["type"] == "stream.chunk":
+                yield f"data: {json.dumps(message['chunk'])}\n\n"
+                continue
+            if message and message.get("state") not in TERMINAL_STATES:
+                continue
+            request = await current(request_id)
+            if request.is_terminal:
+                finished = True
+                if request.state != State.COMPLETED:
+                    yield f"data: {json.dumps(error_of(request).body())}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            if message is None:
+                position = await sync_to_async(intake.position_in_line)(request)
+                where = f"position {position}" if position else "processing"
+                yield f": waiting, {request.state}, {where}\n\n"
+    finally:
+        if not finished:
+            await cancel_abandoned(request_id)
+        await sub.close()
+
+
+@csrf_exempt
+@require_POST
+async def chat_completions(http: HttpRequest) -> HttpResponse:
+    return await handle(http, RequestKind.CHAT)
+
+
+@csrf_exempt
+@require_POST
+async def completions(http: HttpRequest) -> HttpResponse:
+    return await handle(http, RequestKind.COMPLETION)
+
+
+@csrf_exempt
+@require_POST
+async def embeddings(http: HttpRequest) -> HttpResponse:
+    return await handle(http, RequestKind.EMBEDDING)
+
+
+@require_GET
+async def list_models(http: HttpRequest) -> HttpResponse:
+    data = []
+    async for model in Model.objects.order_by("name"):
+        for name in [model.name, *(model.aliases or [])]:
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "switchyard",
+                    "type": model.type,
+                }
+            )
+    return JsonResponse({"object": "list", "data": data})

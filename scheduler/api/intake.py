@@ -1,0 +1,129 @@
+"""Accepting a request: validate, resolve the model, check the queue bound, store it.
+
+A rejected request stores nothing."""
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from backends.models import Model
+
+from .. import wakeup
+from ..models import WAITING_STATES, Priority, Request, RequestKind
+from .errors import ApiError
+
+PRIORITY_NAMES = {p.label: p.value for p in Priority}
+REQUIRED_INPUT = {
+    RequestKind.CHAT: "messages",
+    RequestKind.COMPLETION: "prompt",
+    RequestKind.EMBEDDING: "input",
+}
+
+
+def resolve_model(name: str) -> Model:
+    model = Model.objects.filter(name=name).first()
+    if model is None:
+        model = next((m for m in Model.objects.all() if name in (m.aliases or [])), None)
+    if model is None:
+        raise ApiError(
+            404,
+            f"The model `{name}` does not exist.",
+            param="model",
+            code="model_not_found",
+        )
+    return model
+
+
+def parse_priority(value: Any) -> int:
+    if value is None or value == "":
+        return Priority.NORMAL
+    if isinstance(value, str) and value.lower() in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value.lower()]
+    raise ApiError(
+        400,
+        f"priority must be one of {', '.join(PRIORITY_NAMES)}; got {value!r}",
+        param="priority",
+        code="invalid_priority",
+    )
+
+
+def validate_body(kind: str, body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "you must provide a model parameter", param="model", code="missing")
+    field = REQUIRED_INPUT[kind]
+    value = body.get(field)
+    if kind == RequestKind.CHAT and (not isinstance(value, list) or not value):
+        raise ApiError(400, "messages must be a non-empty array", param=field, code="missing")
+    if value is None or value == "" or value == []:
+        raise ApiError(400, f"you must provide a {field} parameter", param=field, code="missing")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise ApiError(400, "stream must be a boolean", param="stream", code="invalid_type")
+    return body
+
+
+def check_queue_bound(priority: int) -> None:
+    knobs = settings.SWITCHYARD
+    waiting = Request.objects.filter(state__in=WAITING_STATES)
+    limit = knobs[f"MAX_QUEUE_{Priority(priority).label.upper()}"]
+    if limit and waiting.filter(priority=priority).count() >= limit:
+        raise queue_full(limit, Priority(priority).label)
+    if knobs["MAX_QUEUE"] and waiting.count() >= knobs["MAX_QUEUE"]:
+        raise queue_full(knobs["MAX_QUEUE"], "all")
+
+
+def queue_full(limit: int, which: str) -> ApiError:
+    return ApiError(
+        429,
+        f"The queue is full ({limit} waiting requests, {which} classes). Try again later.",
+        type="rate_limit_error",
+        code="queue_full",
+        retry_after_s=5,
+    )
+
+
+def max_wait_s(priority: int) -> float:
+    return settings.SWITCHYARD[f"MAX_WAIT_{Priority(priority).label.upper()}_S"]
+
+
+def accept(kind: str, body: Any, priority: Any = None, request_id=None) -> Request:
+    """Validate and store a new request. Raises ApiError (and stores nothing) on bad input."""
+    body = dict(validate_body(kind, body))
+    body_priority = body.pop("priority", None)
+    level = parse_priority(priority if priority not in (None, "") else body_priority)
+    model = resolve_model(body["model"])
+    stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
+    now = timezone.now()
+    with transaction.atomic():
+        check_queue_bound(level)
+        fields = {"id": request_id} if request_id else {}
+        request = Request.objects.create(
+            kind=kind,
+            model_name=body["model"],
+            model=model,
+            payload=body,
+            stream=stream,
+            priority=level,
+            created_at=now,
+            expires_at=now + timedelta(seconds=max_wait_s(level)),
+            **fields,
+        )
+        wakeup.notify_in_transaction()
+        transaction.on_commit(wakeup.wake_local)
+    return request
+
+
+def position_in_line(request: Request) -> int | None:
+    """1-based place among waiting requests, by class then arrival; None once not waiting."""
+    if request.state not in WAITING_STATES:
+        return None
+    ahead = Request.objects.filter(state__in=WAITING_STATES, priority__lt=request.priority).count()
+    ahead += Request.objects.filter(
+        state__in=WAITING_STATES, priority=request.priority, created_at__lt=request.created_at
+    ).count()
+    return ahead + 1

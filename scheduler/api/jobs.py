@@ -1,0 +1,140 @@
+"""The async jobs API: submit a request, poll it, cancel it."""
+
+import asyncio
+
+from asgiref.sync import sync_to_async
+from django.http import JsonResponse
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ..models import Request, RequestKind, State
+from ..transitions import move
+from . import intake
+from .errors import ApiError
+from .waiting import Subscription, current, until_finished
+
+
+class SubmitSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=RequestKind.values, default=RequestKind.CHAT)
+    priority = serializers.CharField(required=False, allow_blank=True)
+    body = serializers.DictField(help_text="The OpenAI request body, e.g. model and messages.")
+
+
+class TraceSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    from_state = serializers.CharField()
+    to_state = serializers.CharField()
+    server = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class RequestSerializer(serializers.ModelSerializer):
+    model = serializers.CharField(source="model_name")
+    priority = serializers.CharField(source="priority_name")
+    server = serializers.CharField(source="server.name", default=None)
+    position = serializers.SerializerMethodField()
+    trace = TraceSerializer(source="traces", many=True)
+
+    class Meta:
+        model = Request
+        fields = [
+            "id",
+            "kind",
+            "model",
+            "priority",
+            "state",
+            "position",
+            "server",
+            "created_at",
+            "routed_at",
+            "ready_at",
+            "started_at",
+            "finished_at",
+            "expires_at",
+            "attempts",
+            "error",
+            "error_code",
+            "result",
+            "trace",
+        ]
+
+    def get_position(self, obj: Request) -> int | None:
+        return intake.position_in_line(obj)
+
+
+def get_request(request_id) -> Request:
+    found = Request.objects.select_related("server").filter(pk=request_id).first()
+    if found is None:
+        raise ApiError(404, f"No request with id {request_id}.", code="request_not_found")
+    return found
+
+
+class RequestList(APIView):
+    @extend_schema(request=SubmitSerializer, responses={202: RequestSerializer})
+    def post(self, http):
+        submit = SubmitSerializer(data=http.data)
+        submit.is_valid(raise_exception=True)
+        data = submit.validated_data
+        priority = http.headers.get("X-Priority") or data.get("priority")
+        created = intake.accept(data["kind"], data["body"], priority)
+        url = reverse("request-detail", args=[created.pk])
+        body = {"id": str(created.pk), "state": created.state, "url": url}
+        return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": url})
+
+
+def detail_body(request_id) -> dict:
+    return dict(RequestSerializer(get_request(request_id)).data)
+
+
+def cancel(request_id) -> dict:
+    found = get_request(request_id)
+    waiting = [State.PENDING, State.NEEDS_LOADING, State.READY]
+    if not move(found.pk, waiting, State.CANCELLED, "cancelled through the API"):
+        found.refresh_from_db()
+        raise ApiError(
+            409,
+            f"The request is {found.state} and can no longer be cancelled.",
+            code="not_cancellable",
+        )
+    return detail_body(request_id)
+
+
+async def wait_until_finished(request_id, wait_s: float) -> None:
+    """Long poll: return once the request is terminal or `wait_s` has passed."""
+    sub = Subscription()
+    sub.request_id = request_id
+    await sub.open()
+    try:
+        async with asyncio.timeout(wait_s):
+            if not (await current(request_id)).is_terminal:
+                await until_finished(sub, every_s=min(wait_s, 5.0))
+    except TimeoutError:
+        pass
+    finally:
+        await sub.close()
+
+
+@require_http_methods(["GET", "DELETE"])
+async def request_detail(http, request_id) -> JsonResponse:
+    """GET: state, position, trace and result (`?wait_s=N` waits up to N s for the end).
+    DELETE: cancel if not yet processing."""
+    try:
+        if http.method == "DELETE":
+            return JsonResponse(await sync_to_async(cancel)(request_id))
+        await sync_to_async(get_request)(request_id)
+        wait_s = http.GET.get("wait_s")
+        if wait_s:
+            try:
+                seconds = min(max(float(wait_s), 0.0), 300.0)
+            except ValueError:
+                raise ApiError(
+                    400, "wait_s must be a number of seconds", param="wait_s", code="invalid_type"
+                ) from None
+            await wait_until_finished(request_id, seconds)
+        return JsonResponse(await sync_to_async(detail_body)(request_id))
+    except ApiError as error:
+        return error.as_json_response()

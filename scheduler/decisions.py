@@ -1,0 +1,85 @@
+"""What the policy can decide: a small closed set of frozen dataclasses.
+
+The runtime has exactly one place that executes each kind (`Runtime.execute`).
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    request_id: UUID
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    request_id: UUID
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """pending → ready (model loaded there) or → needs_loading (joins or awaits a load)."""
+
+    request_id: UUID
+    deployment_id: int
+    ready: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Back to pending, to be routed again (its deployment went away)."""
+
+    request_id: UUID
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkReady:
+    """needs_loading → ready: the load it waited for is done."""
+
+    request_id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class StartLoad:
+    deployment_id: int
+    evict: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    deployment_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    request_id: UUID
+    deployment_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The server's cooldown is over: one health check decides if it is back."""
+
+    server_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Nothing to do about something until `until`: wake the loop then."""
+
+    until: datetime
+    reason: str
+
+
+Decision = (
+    Expire | Fail | Route | Requeue | MarkReady | StartLoad | Unload | Dispatch | Probe | Defer
+)

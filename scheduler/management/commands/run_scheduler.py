@@ -1,0 +1,31 @@
+import asyncio
+import logging
+import signal
+
+from django.core.management.base import BaseCommand
+
+from scheduler.runtime import Runtime
+
+log = logging.getLogger("scheduler")
+
+
+class Command(BaseCommand):
+    help = "Run the scheduling worker: route, load, unload and dispatch requests."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument(
+            "--until-idle",
+            action="store_true",
+            help="Exit once a pass finds nothing to do and no task is running (for tests).",
+        )
+
+    def handle(self, *args, until_idle: bool = False, **options) -> None:
+        asyncio.run(run_worker(until_idle))
+
+
+async def run_worker(until_idle: bool = False) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await Runtime().run(stop, until_idle=until_idle)

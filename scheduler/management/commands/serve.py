@@ -1,0 +1,42 @@
+"""The embedded mode: the web app and the scheduler in one process, one event loop."""
+
+import asyncio
+import logging
+
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server
+from django.core.management.base import BaseCommand
+
+from config.asgi import application
+from scheduler.runtime import Runtime
+
+log = logging.getLogger("scheduler")
+
+
+class Command(BaseCommand):
+    help = "Serve the web app and run the scheduler together (the embedded default)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-scheduler", action="store_true")
+
+    def handle(self, *args, host: str, port: int, no_scheduler: bool, **options) -> None:
+        stop = asyncio.Event()
+        tasks: list[asyncio.Task] = []
+
+        def start_scheduler() -> None:
+            if not no_scheduler:
+                tasks.append(asyncio.get_event_loop().create_task(Runtime().run(stop)))
+            self.stdout.write(f"Switchyard is serving on http://{host}:{port}/")
+
+        server = Server(
+            application=application,
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            ready_callable=start_scheduler,
+            signal_handlers=True,
+        )
+        try:
+            server.run()
+        finally:
+            stop.set()

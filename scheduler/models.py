@@ -1,0 +1,122 @@
+"""Requests, their traces, and the workers that hold them."""
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+
+class RequestKind(models.TextChoices):
+    CHAT = "chat", "Chat completion"
+    COMPLETION = "completion", "Completion"
+    EMBEDDING = "embedding", "Embedding"
+
+
+class Priority(models.IntegerChoices):
+    """Lower wins."""
+
+    INTERACTIVE = 0, "interactive"
+    HIGH = 1, "high"
+    NORMAL = 2, "normal"
+    BACKGROUND = 3, "background"
+
+
+class State(models.TextChoices):
+    PENDING = "pending", "Pending"
+    NEEDS_LOADING = "needs_loading", "Needs loading"
+    READY = "ready", "Ready"
+    PROCESSING = "processing", "Processing"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    EXPIRED = "expired", "Expired"
+
+
+WAITING_STATES = (State.PENDING, State.NEEDS_LOADING, State.READY)
+TERMINAL_STATES = (State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED)
+
+
+class Worker(models.Model):
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"worker {self.pk} ({self.host}:{self.pid})"
+
+
+class Request(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=16, choices=RequestKind.choices)
+    model_name = models.CharField(max_length=200, help_text="The name the app asked for.")
+    model = models.ForeignKey(
+        "backends.Model", null=True, on_delete=models.SET_NULL, related_name="requests"
+    )
+    payload = models.JSONField()
+    stream = models.BooleanField(default=False)
+    priority = models.PositiveSmallIntegerField(choices=Priority.choices, default=Priority.NORMAL)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    server = models.ForeignKey(
+        "backends.Server", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    deployment = models.ForeignKey(
+        "backends.Deployment",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="requests",
+    )
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    routed_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(help_text="Expired if still waiting then.")
+    not_before = models.DateTimeField(
+        null=True, blank=True, help_text="Retry backoff: not dispatched before this."
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    error_code = models.CharField(max_length=32, blank=True)
+    worker = models.ForeignKey(
+        Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests"
+    )
+
+    class Meta:
+        ordering = ["priority", "created_at", "id"]
+        indexes = [
+            models.Index(
+                fields=["priority", "created_at", "id"],
+                name="waiting_requests",
+                condition=models.Q(state__in=["pending", "needs_loading", "ready"]),
+            ),
+            models.Index(fields=["state"], name="request_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.model_name} ({self.state})"
+
+    @property
+    def priority_name(self) -> str:
+        return Priority(self.priority).label
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Trace(models.Model):
+    request = models.ForeignKey(Request, on_delete=models.CASCADE, related_name="traces")
+    at = models.DateTimeField(default=timezone.now)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    server = models.CharField(max_length=64, blank=True)
+    reason = models.TextField()
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '·'} → {self.to_state}: {self.reason}"

@@ -1,0 +1,343 @@
+"""The imperative shell: read a snapshot, ask the policy, carry out its decisions.
+
+One loop owns the bookkeeping. Loads, unloads, requests and probes run as named asyncio tasks
+that report back through the database and wake the loop; the loop never waits for them.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.utils import timezone
+
+from backends.adapters.base import Adapter, AdapterError, ErrorCode
+from backends.adapters.registry import adapter_for
+
+from . import store, streams, wakeup
+from .decisions import (
+    Decision,
+    Defer,
+    Dispatch,
+    Expire,
+    Fail,
+    MarkReady,
+    Probe,
+    Requeue,
+    Route,
+    StartLoad,
+    Unload,
+)
+from .models import State
+from .policy import plan
+from .transitions import move
+
+log = logging.getLogger(__name__)
+db = sync_to_async  # one DB thread: Django's connections are not shared across threads
+
+
+class Runtime:
+    def __init__(self, clock: Callable[[], datetime] = timezone.now) -> None:
+        self.clock = clock
+        self.worker_id: int | None = None
+        self.adapters: dict[int, Adapter] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.wake = asyncio.Event()
+        self.next_wake: datetime | None = None
+        self.knobs = settings.SWITCHYARD
+        self.config = store.policy_config()
+        self.last_sync = 0.0
+        self.crashed: BaseException | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.worker_id = await db(store.register_worker)()
+        wakeup.subscribe(self.wake)
+        recheck = await db(store.take_over_stale_workers)(self.knobs["WORKER_STALE_S"])
+        recheck += await db(store.orphaned_deployments)()
+        for deployment_id in set(recheck):
+            await self.recheck(deployment_id)
+        log.info("worker %s started", self.worker_id)
+
+    async def stop(self) -> None:
+        wakeup.unsubscribe(self.wake)
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        for adapter in self.adapters.values():
+            await adapter.close()
+        if self.worker_id is not None:
+            await db(store.unregister_worker)(self.worker_id)
+        log.info("worker %s stopped", self.worker_id)
+
+    async def run(self, stop: asyncio.Event, until_idle: bool = False) -> None:
+        """Plan and execute until `stop` is set (or, with `until_idle`, nothing is left)."""
+        await self.start()
+        side = [asyncio.create_task(self.heartbeat(stop), name="heartbeat")]
+        if settings.IS_POSTGRES:
+            side.append(asyncio.create_task(wakeup.listen_postgres(self.wake), name="listen"))
+        for task in side:
+            task.add_done_callback(self.side_task_done)
+        try:
+            while not stop.is_set():
+                self.wake.clear()
+                await self.sync_status_if_due()
+                did = await self.step()
+                if self.crashed:
+                    raise RuntimeError("a side task of the worker crashed") from self.crashed
+                if until_idle and not did and not self.tasks:
+                    break
+                if not did:
+                    await self.wait(stop)
+        finally:
+            for task in side:
+                task.remove_done_callback(self.side_task_done)
+                task.cancel()
+            await asyncio.gather(*side, return_exceptions=True)
+            await self.stop()
+
+    def side_task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception():
+            log.error("side task %s crashed: %r", task.get_name(), task.exception())
+            self.crashed = task.exception()
+            self.wake.set()
+
+    async def wait(self, stop: asyncio.Event) -> None:
+        timeout = self.knobs["POLL_INTERVAL_S"]
+        if self.next_wake is not None:
+            timeout = min(timeout, max((self.next_wake - self.clock()).total_seconds(), 0.0))
+        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def heartbeat(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if not await db(store.heartbeat)(self.worker_id):
+                raise RuntimeError(f"worker {self.worker_id} was taken over by another worker")
+            await asyncio.sleep(self.knobs["HEARTBEAT_S"])
+            await db(store.take_over_stale_workers)(self.knobs["WORKER_STALE_S"])
+
+    # -- one pass ------------------------------------------------------------------------
+
+    async def step(self) -> list[Decision]:
+        """One snapshot, plan and execute pass. Returns what it did (Defer excluded)."""
+        snapshot = await db(store.read_snapshot)(self.config)
+        decisions = plan(snapshot, self.clock())
+        self.next_wake = None
+        done = []
+        for decision in decisions:
+            if await self.execute(decision):
+                done.append(decision)
+        return done
+
+    async def execute(self, decision: Decision) -> bool:
+        """Carry out one decision; False when it was dropped (the row moved meanwhile)."""
+        match decision:
+            case Defer(until=until):
+                self.next_wake = until if self.next_wake is None else min(self.next_wake, until)
+                return False
+            case Expire(request_id=rid, reason=reason):
+                return await db(move)(
+                    rid,
+                    [State.PENDING, State.NEEDS_LOADING, State.READY],
+                    State.EXPIRED,
+                    reason,
+                    error=f"expired: {reason}",
+                    error_code="expired",
+                )
+            case Fail(request_id=rid, code=code, message=message):
+                return await db(move)(
+                    rid,
+                    [State.PENDING, State.NEEDS_LOADING, State.READY],
+                    State.FAILED,
+                    message,
+                    error=message,
+                    error_code=code,
+                )
+            case Route(request_id=rid, deployment_id=did, ready=ready, reason=reason):
+                now = timezone.now()
+                fields = {"deployment_id": did, "routed_at": now, "server_id": None}
+                fields["server_id"] = await db(_server_of)(did)
+                if ready:
+                    fields["ready_at"] = now
+                to = State.READY if ready else State.NEEDS_LOADING
+                return await db(move)(rid, [State.PENDING], to, reason, **fields)
+            case Requeue(request_id=rid, reason=reason):
+                return await db(move)(
+                    rid,
+                    [State.NEEDS_LOADING, State.READY],
+                    State.PENDING,
+                    reason,
+                    deployment=None,
+                    server=None,
+                )
+            case MarkReady(request_id=rid):
+                return await db(move)(
+                    rid,
+                    [State.NEEDS_LOADING],
+                    State.READY,
+                    "its model is loaded",
+                    ready_at=timezone.now(),
+                )
+            case StartLoad(deployment_id=did, evict=evict, reason=reason):
+                job = await db(store.start_load)(did, evict, self.worker_id, reason)
+                if job is None:
+                    return False
+                self.spawn(f"load {job.model_name}@{job.server_name}", self.load(job))
+                return True
+            case Unload(deployment_id=did, reason=reason):
+                target = await db(store.start_unload)(did, self.worker_id)
+                if target is None:
+                    return False
+                self.spawn(f"unload {did}", self.unload(did, *target, reason))
+                return True
+            case Dispatch(request_id=rid, deployment_id=did):
+                job = await db(store.dispatch)(rid, did, self.worker_id)
+                if job is None:
+                    return False
+                self.spawn(f"serve {rid}", self.serve(job))
+                return True
+            case Probe(server_id=sid):
+                name = f"probe {sid}"
+                if name not in self.tasks:
+                    self.spawn(name, self.probe(sid))
+                return name in self.tasks
+        raise TypeError(f"unknown decision {decision!r}")
+
+    def spawn(self, name: str, coro) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self.tasks[name] = task
+
+        def finished(t: asyncio.Task) -> None:
+            self.tasks.pop(name, None)
+            if not t.cancelled() and t.exception():
+                log.error("task %s crashed", name, exc_info=t.exception())
+            self.wake.set()
+
+        task.add_done_callback(finished)
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    async def adapter(self, server_id: int) -> Adapter:
+        if server_id not in self.adapters:
+            server = await db(store.server_by_id)(server_id)
+            self.adapters[server_id] = adapter_for(server)
+        return self.adapters[server_id]
+
+    async def load(self, job: store.LoadJob) -> None:
+        adapter = await self.adapter(job.server_id)
+        started = time.monotonic()
+        last_report = 0.0
+
+        def progress(fraction: float) -> None:
+            nonlocal last_report
+            if time.monotonic() - last_report >= 0.5 or fraction >= 1.0:
+                last_report = time.monotonic()
+                asyncio.ensure_future(db(store.set_load_progress)(job.deployment_id, fraction))
+
+        try:
+            for victim_id, server_model_id in job.evict:
+                await adapter.unload(server_model_id)
+                await db(store.evicted)(victim_id)
+            async with asyncio.timeout(job.target.timeout_s):
+                await adapter.load(job.target, progress)
+        except TimeoutError:
+            error = AdapterError(
+                ErrorCode.LOAD_FAILED, f"load timed out after {job.target.timeout_s:.0f} s"
+            )
+            await self.load_failed(job, error)
+        except AdapterError as error:
+            await self.load_failed(job, error)
+        else:
+            await db(store.load_succeeded)(job.deployment_id, time.monotonic() - started)
+            await db(store.server_succeeded)(job.server_id)
+
+    async def load_failed(self, job: store.LoadJob, error: AdapterError) -> None:
+        await db(store.load_failed)(job.deployment_id, error)
+        if error.server_fault:
+            await db(store.server_failed)(job.server_id, error.message)
+        await self.sync_server(job.server_id)
+
+    async def unload(self, deployment_id: int, server_id: int, model_id: str, why: str) -> None:
+        adapter = await self.adapter(server_id)
+        try:
+            await adapter.unload(model_id)
+        except AdapterError as error:
+            log.warning("unloading %s failed: %s", model_id, error.message)
+            await self.sync_server(server_id)
+        else:
+            log.info("unloaded %s (%s)", model_id, why)
+        await db(store.evicted)(deployment_id)
+
+    async def serve(self, job: store.ServeJob) -> None:
+        adapter = await self.adapter(job.server_id)
+        started = time.monotonic()
+        try:
+            if job.call.stream:
+                result = await streams.relay(job.request_id, adapter.stream(job.call))
+            else:
+                result = await adapter.run(job.call)
+        except AdapterError as error:
+            state = await db(store.request_failed)(job, error)
+            log.warning(
+                "request %s on %s: %s (%s) → %s",
+                job.request_id,
+                job.server_name,
+                error.code,
+                error.message,
+                state,
+            )
+            await self.sync_server(job.server_id)
+            return
+        await db(store.request_completed)(job, result, time.monotonic() - started)
+
+    async def probe(self, server_id: int) -> None:
+        adapter = await self.adapter(server_id)
+        try:
+            await adapter.health()
+        except AdapterError as error:
+            await db(store.probe_result)(server_id, error)
+        else:
+            await db(store.probe_result)(server_id, None)
+
+    async def recheck(self, deployment_id: int) -> None:
+        server_id = await db(_server_of)(deployment_id)
+        try:
+            listed = await (await self.adapter(server_id)).list_models()
+        except AdapterError:
+            listed = None
+        await db(store.recheck_deployment)(deployment_id, listed)
+
+    # -- status sync ---------------------------------------------------------------------
+
+    async def sync_status_if_due(self) -> None:
+        if time.monotonic() - self.last_sync < self.knobs["STATUS_SYNC_S"]:
+            return
+        self.last_sync = time.monotonic()
+        for server in await db(store.servers_to_sync)():
+            if f"sync {server.pk}" not in self.tasks:
+                self.spawn(f"sync {server.pk}", self.sync_server(server.pk))
+
+    async def sync_server(self, server_id: int) -> None:
+        """Ask the server what it has loaded and correct our deployment states."""
+        adapter = await self.adapter(server_id)
+        try:
+            listed = await adapter.list_models()
+        except AdapterError as error:
+            if error.server_fault:
+                await db(store.mark_down)(server_id, error.message)
+            return
+        await db(store.apply_server_models)(server_id, listed)
+
+
+def _server_of(deployment_id: int) -> int:
+    from backends.models import Deployment
+
+    return Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)

@@ -1,0 +1,80 @@
+"""The frozen picture of the world the policy decides on. No Django in here."""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from uuid import UUID
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    aging_step_s: float = 150.0
+    min_residency_s: float = 30.0
+    warm_window_s: float = 120.0
+    activity_window_s: float = 300.0
+    default_load_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentView:
+    id: int
+    server_id: int
+    model: str
+    model_type: str = "llm"
+    state: str = "unloaded"
+    in_flight: int = 0
+    size_mb: int | None = None
+    device: str = "gpu"
+    pinned: bool = False
+    preload: bool = False
+    idle_ttl_s: float | None = None
+    loaded_at: datetime | None = None
+    last_used_at: datetime | None = None
+    last_interactive_at: datetime | None = None
+    last_priority: int | None = None
+    avg_load_s: float | None = None
+    load_failures: int = 0
+    next_load_at: datetime | None = None
+    last_error_code: str = ""
+    last_error: str = ""
+
+    @property
+    def occupies_room(self) -> bool:
+        return self.state in ("loading", "loaded", "unloading")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerView:
+    id: int
+    name: str
+    slots: int = 1
+    capacity: dict[str, int] = field(default_factory=lambda: {"llm": 1})
+    memory_mb: int | None = None
+    enabled: bool = True
+    health: str = "up"
+    cooldown_until: datetime | None = None
+
+    def available(self, now: datetime) -> bool:
+        if not self.enabled or self.health == "down":
+            return False
+        return self.cooldown_until is None or self.cooldown_until <= now
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    id: UUID
+    model: str
+    priority: int
+    state: str
+    created_at: datetime
+    expires_at: datetime
+    deployment_id: int | None = None
+    not_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    servers: tuple[ServerView, ...]
+    deployments: tuple[DeploymentView, ...]
+    requests: tuple[RequestView, ...]
+    """Waiting requests only (pending, needs_loading, ready)."""
+    config: PolicyConfig = PolicyConfig()

@@ -1,0 +1,524 @@
+"""The runtime's database side: reading the snapshot and committing what tasks report.
+
+All functions are synchronous; the runtime calls them through `sync_to_async`.
+"""
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ServerModel
+from backends.models import Deployment, DeploymentState, Health, Server
+
+from . import announce
+from .models import WAITING_STATES, Priority, Request, State, Worker
+from .retry import backoff_s
+from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
+from .transitions import move
+
+log = logging.getLogger(__name__)
+DS = DeploymentState
+SNAPSHOT_HEAD = 1000  # waiting requests read per ordering; see read_snapshot
+
+
+def knob(name: str) -> Any:
+    return settings.SWITCHYARD[name]
+
+
+def policy_config() -> PolicyConfig:
+    return PolicyConfig(
+        aging_step_s=knob("AGING_STEP_S"),
+        min_residency_s=knob("MIN_RESIDENCY_S"),
+        warm_window_s=knob("WARM_WINDOW_S"),
+        activity_window_s=knob("ACTIVITY_WINDOW_S"),
+    )
+
+
+# -- snapshot ----------------------------------------------------------------------------
+
+
+def read_snapshot(config: PolicyConfig) -> Snapshot:
+    servers = tuple(
+        ServerView(
+            id=s.id,
+            name=s.name,
+            slots=s.slots,
+            capacity=s.capacity(),
+            memory_mb=s.memory_mb,
+            enabled=s.enabled,
+            health=s.health,
+            cooldown_until=s.cooldown_until,
+        )
+        for s in Server.objects.all()
+    )
+    deployments = tuple(
+        DeploymentView(
+            id=d.id,
+            server_id=d.server_id,
+            model=d.model.name,
+            model_type=d.model.type,
+            state=d.state,
+            in_flight=d.in_flight,
+            size_mb=d.size_mb,
+            device=d.device,
+            pinned=d.pinned,
+            preload=d.preload,
+            idle_ttl_s=d.idle_ttl_s,
+            loaded_at=d.loaded_at,
+            last_used_at=d.last_used_at,
+            last_interactive_at=d.last_interactive_at,
+            last_priority=d.last_priority,
+            avg_load_s=d.avg_load_s,
+            load_failures=d.load_failures,
+            next_load_at=d.next_load_at,
+            last_error_code=d.last_error_code,
+            last_error=d.last_error,
+        )
+        for d in Deployment.objects.select_related("model")
+    )
+    # The best-ranked and the oldest waiting requests: enough to plan every free slot and
+    # load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
+    fields = (
+        "id",
+        "model__name",
+        "priority",
+        "state",
+        "created_at",
+        "expires_at",
+        "deployment_id",
+        "not_before",
+    )
+    waiting = Request.objects.filter(state__in=WAITING_STATES)
+    rows = {
+        row[0]: row
+        for query in (
+            waiting.order_by("priority", "created_at", "id"),
+            waiting.order_by("created_at", "id"),
+            waiting.filter(state__in=(State.READY, State.NEEDS_LOADING)).order_by("created_at"),
+        )
+        for row in query.values_list(*fields)[:SNAPSHOT_HEAD]
+    }
+    requests = tuple(
+        RequestView(
+            id=r[0],
+            model=r[1] or "",
+            priority=r[2],
+            state=r[3],
+            created_at=r[4],
+            expires_at=r[5],
+            deployment_id=r[6],
+            not_before=r[7],
+        )
+        for r in rows.values()
+    )
+    return Snapshot(servers=servers, deployments=deployments, requests=requests, config=config)
+
+
+# -- workers -----------------------------------------------------------------------------
+
+
+def register_worker() -> int:
+    return Worker.objects.create(host=socket.gethostname(), pid=os.getpid()).pk
+
+
+def heartbeat(worker_id: int) -> bool:
+    return Worker.objects.filter(pk=worker_id).update(last_heartbeat=timezone.now()) == 1
+
+
+def unregister_worker(worker_id: int) -> None:
+    Worker.objects.filter(pk=worker_id).delete()
+
+
+def take_over_stale_workers(stale_s: float) -> list[int]:
+    """Put back the work of workers whose heartbeat is stale. Returns the deployments whose
+    load or unload was under way, to be re-checked with their servers."""
+    cutoff = timezone.now() - timedelta(seconds=stale_s)
+    stale = list(Worker.objects.filter(last_heartbeat__lt=cutoff).values_list("pk", flat=True))
+    if not stale:
+        return []
+    recheck = list(
+        Deployment.objects.filter(
+            worker_id__in=stale, state__in=(DS.LOADING, DS.UNLOADING)
+        ).values_list("pk", flat=True)
+    )
+    for request_id, server in Request.objects.filter(
+        worker_id__in=stale, state=State.PROCESSING
+    ).values_list("pk", "server__name"):
+        move(
+            request_id,
+            [State.PROCESSING],
+            State.PENDING,
+            "its worker stopped heartbeating; it will run again",
+            server or "",
+            worker=None,
+            deployment=None,
+            server=None,
+        )
+    Worker.objects.filter(pk__in=stale).delete()
+    recount_in_flight()
+    log.warning("took over the work of stale workers %s", stale)
+    return recheck
+
+
+def recount_in_flight() -> None:
+    for d in Deployment.objects.all():
+        n = Request.objects.filter(deployment=d, state=State.PROCESSING).count()
+        if n != d.in_flight:
+            Deployment.objects.filter(pk=d.pk).update(in_flight=n)
+
+
+def orphaned_deployments() -> list[int]:
+    """Loads or unloads under way that no live worker holds (e.g. after a crash)."""
+    return list(
+        Deployment.objects.filter(
+            state__in=(DS.LOADING, DS.UNLOADING), worker__isnull=True
+        ).values_list("pk", flat=True)
+    )
+
+
+# -- loads -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    deployment_id: int
+    server_id: int
+    server_name: str
+    model_name: str
+    target: LoadTarget
+    evict: tuple[tuple[int, str], ...]  # (deployment id, server model id)
+
+
+def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reason: str):
+    now = timezone.now()
+    with transaction.atomic():
+        claimed = Deployment.objects.filter(
+            pk=deployment_id, state__in=(DS.UNLOADED, DS.FAILED)
+        ).update(
+            state=DS.LOADING,
+            state_changed_at=now,
+            load_started_at=now,
+            load_progress=0.0,
+            worker_id=worker_id,
+            last_used_at=now,
+        )
+        if not claimed:
+            return None
+        for victim in evict:
+            if not Deployment.objects.filter(pk=victim, state=DS.LOADED, in_flight=0).update(
+                state=DS.UNLOADING, state_changed_at=now, worker_id=worker_id
+            ):
+                transaction.set_rollback(True)
+                return None
+        d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
+        victims = tuple(
+            Deployment.objects.filter(pk__in=evict).values_list("pk", "server_model_id")
+        )
+    transaction.on_commit(announce.dashboard_changed)
+    log.info(
+        "loading %s on %s (%s)%s",
+        d.model.name,
+        d.server.name,
+        reason,
+        f", evicting {[v[1] for v in victims]}" if victims else "",
+    )
+    return LoadJob(
+        deployment_id=d.pk,
+        server_id=d.server_id,
+        server_name=d.server.name,
+        model_name=d.model.name,
+        target=LoadTarget(
+            d.server_model_id,
+            d.model.type,
+            d.effective_load_options(),
+            float(d.model.load_timeout_s),
+        ),
+        evict=victims,
+    )
+
+
+def evicted(deployment_id: int) -> None:
+    Deployment.objects.filter(pk=deployment_id).update(
+        state=DS.UNLOADED,
+        state_changed_at=timezone.now(),
+        worker=None,
+        loaded_at=None,
+        load_progress=None,
+    )
+    announce.dashboard_changed()
+
+
+def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
+    if not Deployment.objects.filter(pk=deployment_id, state=DS.LOADED, in_flight=0).update(
+        state=DS.UNLOADING, state_changed_at=timezone.now(), worker_id=worker_id
+    ):
+        return None
+    d = Deployment.objects.get(pk=deployment_id)
+    return d.server_id, d.server_model_id
+
+
+def set_load_progress(deployment_id: int, fraction: float) -> None:
+    Deployment.objects.filter(pk=deployment_id, state=DS.LOADING).update(
+        load_progress=fraction, load_progress_estimated=False
+    )
+    announce.dashboard_changed()
+
+
+def load_succeeded(deployment_id: int, seconds: float) -> None:
+    now = timezone.now()
+    d = Deployment.objects.get(pk=deployment_id)
+    avg = seconds if d.avg_load_s is None else 0.7 * d.avg_load_s + 0.3 * seconds
+    Deployment.objects.filter(pk=deployment_id, state=DS.LOADING).update(
+        state=DS.LOADED,
+        state_changed_at=now,
+        loaded_at=now,
+        last_used_at=now,
+        load_progress=1.0,
+        avg_load_s=avg,
+        load_failures=0,
+        next_load_at=None,
+        last_error="",
+        last_error_code="",
+        worker=None,
+    )
+    log.info("loaded %s in %.1f s", d, seconds)
+    announce.dashboard_changed()
+
+
+def load_failed(deployment_id: int, error: AdapterError) -> None:
+    """Back off and retry, or give up: `failed` when attempts are spent or it is not found."""
+    d = Deployment.objects.get(pk=deployment_id)
+    failures = d.load_failures + 1
+    permanent = error.code == ErrorCode.NOT_FOUND or failures >= knob("LOAD_ATTEMPTS")
+    delay = backoff_s(failures, knob("RETRY_BASE_S"), knob("RETRY_MAX_S"))
+    Deployment.objects.filter(pk=deployment_id).update(
+        state=DS.FAILED if permanent else DS.UNLOADED,
+        state_changed_at=timezone.now(),
+        load_failures=0 if permanent else failures,
+        next_load_at=None if permanent else timezone.now() + timedelta(seconds=delay),
+        last_error=error.message[:2000],
+        last_error_code=error.code
+        if error.code == ErrorCode.NOT_FOUND
+        else ("load_failed" if permanent else error.code),
+        load_progress=None,
+        worker=None,
+    )
+    log.warning(
+        "loading %s failed (%s): %s%s",
+        d,
+        error.code,
+        error.message,
+        "; giving up" if permanent else f"; retrying in {delay:.0f} s",
+    )
+    announce.dashboard_changed()
+
+
+def reset_failed_deployment(deployment_id: int) -> None:
+    Deployment.objects.filter(pk=deployment_id, state=DS.FAILED).update(
+        state=DS.UNLOADED, load_failures=0, last_error="", last_error_code="", next_load_at=None
+    )
+
+
+# -- requests ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServeJob:
+    request_id: Any
+    deployment_id: int
+    server_id: int
+    server_name: str
+    call: InferenceCall
+
+
+def dispatch(request_id, deployment_id: int, worker_id: int) -> ServeJob | None:
+    now = timezone.now()
+    d = Deployment.objects.select_related("server", "model").get(pk=deployment_id)
+    with transaction.atomic():
+        request = Request.objects.filter(pk=request_id).only("priority", "attempts").first()
+        if request is None or not move(
+            request_id,
+            [State.READY],
+            State.PROCESSING,
+            "sent to the server",
+            d.server.name,
+            started_at=now,
+            worker_id=worker_id,
+            attempts=F("attempts") + 1,
+            deployment_id=deployment_id,
+            server_id=d.server_id,
+        ):
+            return None
+        used = {"last_used_at": now, "last_priority": request.priority}
+        if request.priority == Priority.INTERACTIVE:
+            used["last_interactive_at"] = now
+        if not Deployment.objects.filter(pk=deployment_id, state=DS.LOADED).update(
+            in_flight=F("in_flight") + 1, **used
+        ):
+            transaction.set_rollback(True)
+            return None
+        payload, kind, stream = (
+            Request.objects.filter(pk=request_id).values_list("payload", "kind", "stream").get()
+        )
+    call = InferenceCall(kind, d.server_model_id, payload, stream, d.effective_load_options())
+    return ServeJob(request_id, deployment_id, d.server_id, d.server.name, call)
+
+
+def _release(job: ServeJob, seconds: float | None = None) -> None:
+    changes: dict[str, Any] = {"in_flight": F("in_flight") - 1, "last_used_at": timezone.now()}
+    if seconds is not None:
+        d = Deployment.objects.only("avg_inference_s").get(pk=job.deployment_id)
+        prev = d.avg_inference_s
+        changes["avg_inference_s"] = seconds if prev is None else 0.8 * prev + 0.2 * seconds
+    Deployment.objects.filter(pk=job.deployment_id, in_flight__gt=0).update(**changes)
+
+
+def request_completed(job: ServeJob, result: dict, seconds: float) -> None:
+    with transaction.atomic():
+        move(
+            job.request_id,
+            [State.PROCESSING],
+            State.COMPLETED,
+            f"completed in {seconds:.2f} s",
+            job.server_name,
+            result=result,
+        )
+        _release(job, seconds)
+    server_succeeded(job.server_id)
+
+
+def request_failed(job: ServeJob, error: AdapterError) -> str:
+    """Retry with backoff, re-route if the model went away, or fail. Returns the new state."""
+    request = Request.objects.only("attempts").get(pk=job.request_id)
+    with transaction.atomic():
+        if error.code == ErrorCode.NOT_LOADED:
+            Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADED).update(
+                state=DS.UNLOADED, state_changed_at=timezone.now(), loaded_at=None
+            )
+            state = State.PENDING
+            reason = f"the server no longer has the model loaded ({error.message}); routing again"
+            fields: dict[str, Any] = {"deployment": None, "server": None, "worker": None}
+        elif error.retryable and request.attempts < knob("REQUEST_ATTEMPTS"):
+            delay = error.retry_after_s or backoff_s(
+                request.attempts, knob("RETRY_BASE_S"), knob("RETRY_MAX_S")
+            )
+            state = State.READY
+            reason = f"{error.code}: {error.message}; retry {request.attempts + 1} in {delay:.0f} s"
+            fields = {"not_before": timezone.now() + timedelta(seconds=delay), "worker": None}
+        else:
+            state = State.FAILED
+            reason = f"{error.code}: {error.message}"
+            fields = {"error": error.message[:4000], "error_code": error.code}
+        move(job.request_id, [State.PROCESSING], state, reason, job.server_name, **fields)
+        _release(job)
+    if error.server_fault:
+        server_failed(job.server_id, error.message)
+    return state
+
+
+# -- servers -----------------------------------------------------------------------------
+
+
+def server_succeeded(server_id: int) -> None:
+    Server.objects.filter(pk=server_id).filter(
+        ~Q(health=Health.UP) | ~Q(consecutive_failures=0)
+    ).update(health=Health.UP, consecutive_failures=0, cooldown_until=None, last_error="")
+    Server.objects.filter(pk=server_id).update(last_seen=timezone.now())
+
+
+def server_failed(server_id: int, message: str) -> None:
+    """Count a failure; the breaker opens after BREAKER_FAILURES in a row."""
+    Server.objects.filter(pk=server_id).update(
+        consecutive_failures=F("consecutive_failures") + 1, last_error=message[:2000]
+    )
+    server = Server.objects.get(pk=server_id)
+    if server.consecutive_failures >= knob("BREAKER_FAILURES") and server.health != Health.COOLDOWN:
+        open_breaker(server, f"{server.consecutive_failures} failures in a row: {message}")
+
+
+def open_breaker(server: Server, reason: str) -> None:
+    until = timezone.now() + timedelta(seconds=knob("BREAKER_COOLDOWN_S"))
+    Server.objects.filter(pk=server.pk).update(health=Health.COOLDOWN, cooldown_until=until)
+    log.warning("server %s in cooldown until %s: %s", server.name, until.isoformat(), reason)
+    announce.dashboard_changed()
+
+
+def probe_result(server_id: int, error: AdapterError | None) -> None:
+    server = Server.objects.get(pk=server_id)
+    if error is None:
+        Server.objects.filter(pk=server_id).update(
+            health=Health.UP,
+            consecutive_failures=0,
+            cooldown_until=None,
+            last_seen=timezone.now(),
+            last_error="",
+        )
+        log.info("server %s answered its probe: healthy again", server.name)
+        announce.dashboard_changed()
+    else:
+        open_breaker(server, f"probe failed: {error.message}")
+
+
+def mark_down(server_id: int, message: str) -> None:
+    changed = Server.objects.filter(pk=server_id).exclude(health__in=(Health.DOWN, Health.COOLDOWN))
+    if changed.update(health=Health.DOWN, last_error=message[:2000]):
+        log.warning("server %s is down: %s", server_id, message)
+        announce.dashboard_changed()
+
+
+def apply_server_models(server_id: int, listed: list[ServerModel]) -> list[str]:
+    """Correct deployment states from what the server reports; returns what changed."""
+    now = timezone.now()
+    was_down = Server.objects.filter(pk=server_id, health=Health.DOWN).exists()
+    Server.objects.filter(pk=server_id).exclude(health=Health.COOLDOWN).update(
+        health=Health.UP, last_seen=now, last_error=""
+    )
+    loaded = {m.id for m in listed if m.state == "loaded"}
+    changes = []
+    for d in Deployment.objects.filter(server_id=server_id, state__in=(DS.LOADED, DS.UNLOADED)):
+        if d.state == DS.LOADED and d.server_model_id not in loaded and d.in_flight == 0:
+            Deployment.objects.filter(pk=d.pk, state=DS.LOADED, in_flight=0).update(
+                state=DS.UNLOADED, state_changed_at=now, loaded_at=None
+            )
+            changes.append(f"{d.server_model_id} was unloaded outside Switchyard")
+        elif d.state == DS.UNLOADED and d.server_model_id in loaded:
+            Deployment.objects.filter(pk=d.pk, state=DS.UNLOADED).update(
+                state=DS.LOADED, state_changed_at=now, loaded_at=now, last_used_at=now
+            )
+            changes.append(f"{d.server_model_id} was loaded outside Switchyard")
+    if changes or was_down:
+        log.info("status sync of server %s: %s", server_id, "; ".join(changes) or "back up")
+        announce.dashboard_changed()
+    return changes
+
+
+def recheck_deployment(deployment_id: int, listed: list[ServerModel] | None) -> None:
+    """A load or unload whose worker died: trust what the server says now."""
+    d = Deployment.objects.get(pk=deployment_id)
+    is_loaded = listed is not None and any(
+        m.id == d.server_model_id and m.state == "loaded" for m in listed
+    )
+    now = timezone.now()
+    Deployment.objects.filter(pk=deployment_id).update(
+        state=DS.LOADED if is_loaded else DS.UNLOADED,
+        state_changed_at=now,
+        worker=None,
+        loaded_at=now if is_loaded else None,
+        load_progress=None,
+    )
+
+
+def servers_to_sync() -> list[Server]:
+    return list(Server.objects.filter(enabled=True).exclude(health=Health.COOLDOWN))
+
+
+def server_by_id(server_id: int) -> Server:
+    return Server.objects.get(pk=server_id)

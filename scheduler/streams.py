@@ -1,0 +1,40 @@
+"""Streamed output travels from the worker to the waiting API view over the channel layer
+(a group per request); the assembled result is stored on the row."""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .announce import request_group, send
+
+
+async def relay(request_id, chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+    """Send each chunk to the request's group and return the assembled response."""
+    group = request_group(request_id)
+    text: list[str] = []
+    last: dict[str, Any] = {}
+    usage = None
+    async for chunk in chunks:
+        await send(group, {"type": "stream.chunk", "chunk": chunk})
+        last = chunk
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+    return assemble(last, "".join(text), usage)
+
+
+def assemble(last: dict[str, Any], text: str, usage: dict | None) -> dict[str, Any]:
+    finish = next((c.get("finish_reason") for c in last.get("choices") or []), "stop")
+    is_chat = last.get("object", "").startswith("chat")
+    choice = (
+        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        if is_chat
+        else {"index": 0, "text": text, "finish_reason": finish}
+    )
+    return {
+        "id": last.get("id", ""),
+        "object": "chat.completion" if is_chat else "text_completion",
+        "created": last.get("created", 0),
+        "model": last.get("model", ""),
+        "choices": [choice],
+        "usage": usage,
+    }

@@ -1,0 +1,70 @@
+"""Wake the scheduler loop the moment there is something to do.
+
+In one process an `asyncio.Event` per loop is set (thread-safe). Across processes on
+PostgreSQL the writer's transaction runs `pg_notify`, which Postgres delivers only on commit,
+and each worker LISTENs on its own connection.
+"""
+
+import asyncio
+import logging
+import threading
+
+from django.conf import settings
+from django.db import connection
+
+CHANNEL = "switchyard"
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+
+
+def subscribe(event: asyncio.Event) -> None:
+    with _lock:
+        _listeners.add((asyncio.get_running_loop(), event))
+
+
+def unsubscribe(event: asyncio.Event) -> None:
+    with _lock:
+        for entry in [e for e in _listeners if e[1] is event]:
+            _listeners.discard(entry)
+
+
+def wake_local() -> None:
+    with _lock:
+        listeners = list(_listeners)
+    for loop, event in listeners:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+
+def notify_in_transaction() -> None:
+    """Call inside the transaction that made work: other processes wake on its commit."""
+    if settings.IS_POSTGRES:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+
+
+async def listen_postgres(event: asyncio.Event) -> None:
+    """Set `event` on every NOTIFY, reconnecting for as long as the worker runs."""
+    import psycopg
+
+    db = connection.settings_dict  # the test database's name, under tests
+    params = {
+        "dbname": db["NAME"],
+        "user": db.get("USER") or None,
+        "password": db.get("PASSWORD") or None,
+        "host": db.get("HOST") or None,
+        "port": db.get("PORT") or None,
+    }
+    params = {k: v for k, v in params.items() if v}
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
+                await conn.execute(f"LISTEN {CHANNEL}")
+                event.set()  # whatever arrived while not listening
+                async for _ in conn.notifies():
+                    event.set()
+        except psycopg.OperationalError as exc:
+            log.warning("LISTEN connection lost (%s); reconnecting in 1 s", exc)
+            await asyncio.sleep(1)

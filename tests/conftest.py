@@ -1,0 +1,84 @@
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url() -> str:
+    """The URL of the test database, for processes the tests start."""
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def knobs(settings):
+    """Change scheduler knobs for one test: `knobs(RETRY_BASE_S=0.01)`."""
+
+    def change(**values):
+        settings.SWITCHYARD = {**settings.SWITCHYARD, **values}
+        return settings.SWITCHYARD
+
+    return change
+
+
+class ServedSwitchyard:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(self.port)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.log: list[str] = []
+        for line in self.proc.stdout:  # waits on the process's own word that it is ready
+            self.log.append(line)
+            if "is serving on" in line:
+                break
+        else:
+            raise RuntimeError("switchyard did not start:\n" + "".join(self.log))
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=30)
+        return "".join(self.log) + (out or "")
+
+
+@pytest.fixture
+def served(transactional_db):
+    """Switchyard as it runs embedded (`manage.py serve`): web app and scheduler in one
+    process, on the test database. Create servers and models before starting it."""
+    started: list[ServedSwitchyard] = []
+
+    def start(**extra_env: str) -> ServedSwitchyard:
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "SWITCHYARD_POLL_INTERVAL_S": "1",
+            "SWITCHYARD_WAITING_COMMENT_S": "0.5",
+            **extra_env,
+        }
+        started.append(ServedSwitchyard(env))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()

@@ -1,0 +1,45 @@
+"""Tiny builders for database rows used across tests."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from backends.models import Deployment, Model, Server
+from scheduler.models import Priority, Request
+
+
+def server(name: str = "gpu-1", kind: str = "simulated", **fields) -> Server:
+    return Server.objects.create(name=name, kind=kind, health="up", **fields)
+
+
+def model(name: str, **fields) -> Model:
+    return Model.objects.get_or_create(name=name, defaults=fields)[0]
+
+
+def deployment(srv: Server, model_name: str, load_s: float = 0.01, **fields) -> Deployment:
+    options = {"load_seconds": load_s, "tokens_per_second": 10_000}
+    options.update(fields.pop("load_options", {}))
+    fields.setdefault("server_model_id", model_name)
+    return Deployment.objects.create(
+        server=srv,
+        model=model(model_name),
+        load_options=options,
+        **fields,
+    )
+
+
+def request(model_name: str, priority: int = Priority.NORMAL, **fields) -> Request:
+    now = timezone.now()
+    return Request.objects.create(
+        kind=fields.pop("kind", "chat"),
+        model_name=model_name,
+        model=model(model_name),
+        payload={
+            "model": model_name,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        },
+        priority=priority,
+        expires_at=now + timedelta(seconds=600),
+        **fields,
+    )

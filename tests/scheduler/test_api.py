@@ -1,0 +1,135 @@
+"""The API through a live Switchyard (`manage.py serve`), with the official openai client."""
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from scheduler.models import Request, State
+from tests import factories
+from tests.support.openai_upstream import Upstream
+
+
+@pytest.fixture
+def upstream():
+    up = Upstream(["qwen-upstream"])
+    yield up
+    up.close()
+
+
+@pytest.fixture
+def live(served, upstream):
+    srv = factories.server("up", kind="openai", base_url=upstream.url, slots=4)
+    factories.model("qwen", aliases=["q"])
+    factories.deployment(srv, "qwen", server_model_id="qwen-upstream")
+    return served()
+
+
+def client(live) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_completion_with_openai_client(live, upstream):
+    answer = client(live).chat.completions.create(
+        model="qwen", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.choices[0].message.content == "Hello from upstream"
+    assert upstream.received[-1]["body"]["model"] == "qwen-upstream"
+    request = Request.objects.get()
+    assert request.state == State.COMPLETED
+    assert [t.to_state for t in request.traces.all()] == ["ready", "processing", "completed"]
+
+
+def test_streamed_chat_with_openai_client(live):
+    chunks = client(live).chat.completions.create(
+        model="q", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello from upstream"
+    assert Request.objects.get().result["choices"][0]["message"]["content"] == text
+
+
+def test_embeddings_and_completions(live):
+    c = client(live)
+    assert c.embeddings.create(model="qwen", input="hi").data[0].embedding == [0.1, 0.2]
+    assert c.completions.create(model="qwen", prompt="hi").choices[0].text == "Hello from upstream"
+
+
+def test_models_lists_names_and_aliases(live):
+    ids = [m.id for m in client(live).models.list()]
+    assert ids == ["qwen", "q"]
+
+
+def test_unknown_model_is_404_in_openai_shape_and_stores_nothing(live):
+    with pytest.raises(openai.NotFoundError) as err:
+        client(live).chat.completions.create(
+            model="nope", messages=[{"role": "user", "content": "x"}]
+        )
+    assert err.value.body["code"] == "model_not_found"
+    assert Request.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (b"{not json", None),
+        (b'{"messages": []}', "model"),
+        (b'{"model": "qwen"}', "messages"),
+        (
+            b'{"model": "qwen", "messages": [{"role": "user", "content": "x"}], "priority": "vip"}',
+            "priority",
+        ),
+    ],
+)
+def test_bad_input_is_400_and_changes_nothing(live, body, param):
+    r = httpx.post(f"{live.url}/v1/chat/completions", content=body)
+    assert r.status_code == 400
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert r.json()["error"]["param"] == param
+    assert Request.objects.count() == 0
+
+
+def test_jobs_api_submit_poll_and_trace(live):
+    body = {
+        "kind": "chat",
+        "priority": "high",
+        "body": {"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    r = httpx.post(f"{live.url}/api/v1/requests", json=body)
+    assert r.status_code == 202
+    assert r.headers["Location"] == f"/api/v1/requests/{r.json()['id']}"
+    url = live.url + r.headers["Location"]
+    detail = httpx.get(url, params={"wait_s": 30}).json()
+    assert detail["priority"] == "high"
+    assert detail["state"] == "completed"
+    assert detail["server"] == "up"
+    assert [t["to_state"] for t in detail["trace"]][-1] == "completed"
+
+
+def test_jobs_api_unknown_id_and_cancel_rules(live):
+    r = httpx.get(f"{live.url}/api/v1/requests/00000000-0000-0000-0000-000000000000")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "request_not_found"
+
+
+def test_x_priority_header_is_honoured(live):
+    httpx.post(
+        f"{live.url}/v1/chat/completions",
+        headers={"X-Priority": "interactive"},
+        json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert Request.objects.get().priority == 0
+
+
+def test_streamed_relay_ends_with_done(live):
+    with httpx.stream(
+        "POST",
+        f"{live.url}/v1/chat/completions",
+        timeout=30,
+        json={"model": "qwen", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    ) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[0][5:])["choices"][0]["delta"]["content"] == "Hello"
