@@ -29,7 +29,7 @@ def move(
     from_states: Iterable[str],
     to_state: str,
     reason: str,
-    server: str = "",
+    at_server: str = "",
     **fields,
 ) -> bool:
     """Move the request if it is still in one of `from_states`. False if it moved meanwhile."""
@@ -55,7 +55,7 @@ def move(
             at=now,
             from_state=row,
             to_state=to_state,
-            server=server,
+            server=at_server or "",
             reason=reason,
         )
         if to_state in (S.CANCELLED,):

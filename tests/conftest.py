@@ -82,3 +82,11 @@ def served(transactional_db):
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_simulated_servers():
+    """Simulated servers keep state in process memory: start every test with none."""
+    from backends.adapters import simulated
+
+    simulated._SERVERS.clear()

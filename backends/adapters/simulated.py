@@ -31,11 +31,16 @@ class SimulatedServer:
 _SERVERS: dict[str, SimulatedServer] = {}
 
 
+def simulated_server(name: str) -> SimulatedServer:
+    """The in-memory state of the simulated server called `name`."""
+    return _SERVERS.setdefault(name, SimulatedServer())
+
+
 class SimulatedAdapter(Adapter):
     reports_progress = True
 
     def __init__(self, name: str, speed: float = 1.0) -> None:
-        self.server = _SERVERS.setdefault(name, SimulatedServer())
+        self.server = simulated_server(name)
         self.speed = speed  # > 1 runs faster than the configured seconds, for benchmarks
 
     async def list_models(self) -> list[ServerModel]:
