@@ -2,9 +2,12 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from scheduler.metrics import metrics_view
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("scheduler.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("metrics", metrics_view, name="metrics"),
     path("", include("dashboard.urls")),
 ]
