@@ -36,7 +36,8 @@ class Command(BaseCommand):
             ready_callable=start_scheduler,
             signal_handlers=True,
         )
-        try:
-            server.run()
-        finally:
-            stop.set()
+        server.run()
+        # The reactor has stopped; let the scheduler finish its stop (unregister the worker).
+        stop.set()
+        if tasks:
+            asyncio.get_event_loop().run_until_complete(asyncio.wait(tasks, timeout=10))
