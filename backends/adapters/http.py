@@ -1,39 +1,79 @@
-"""Shared HTTP plumbing: one pooled `httpx.AsyncClient` per server, error mapping, SSE."""
+"""Shared HTTP plumbing: one pooled `httpx.AsyncClient` per server, error mapping, SSE, and
+the OpenAI-compatible inference every server kind also speaks."""
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import httpx
 
-from .base import Adapter, AdapterError, ErrorCode
+from .base import Adapter, AdapterError, ErrorCode, InferenceCall, ServerModel
 
 NOT_FOUND_WORDS = ("not found", "no such model", "does not exist", "unknown model")
-NOT_LOADED_WORDS = ("not loaded", "no model loaded", "model is unloaded", "is sleeping")
-LOAD_FAILED_WORDS = ("out of memory", "failed to load", "oom", "insufficient memory")
+NOT_LOADED_WORDS = (
+    "not loaded",
+    "no model loaded",
+    "no models loaded",
+    "model is unloaded",
+    "is sleeping",
+)
+# Ollama's own out-of-memory substrings plus LM Studio's and Lemonade's load-failure wording.
+LOAD_FAILED_WORDS = (
+    "out of memory",
+    "out of device memory",
+    "cudamalloc failed",
+    "failed to allocate",
+    "not enough memory",
+    "insufficient memory",
+    "insufficient system resources",
+    "model loading was stopped",
+    "model loading aborted",
+    "failed to load",
+    "model_load_error",
+)
+OOM_WORD = re.compile(r"\boom\b")
+BUSY_WORDS = ("server busy", "too many requests", "loading model", "not ready", "overloaded")
+
+OPENAI_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "embedding": "/v1/embeddings",
+}
 
 
 def error_from_response(
     status: int, text: str, headers: httpx.Headers | None = None
 ) -> AdapterError:
     """Map a server's error answer to one of ours, keeping its message."""
-    message = _message_of(text) or f"HTTP {status}"
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    message = message_of(body) if body is not None else text.strip()[:500]
+    return classify(status, message or f"HTTP {status}", retry_after_of(headers))
+
+
+def error_from_event(event: dict[str, Any]) -> AdapterError:
+    """A `{"error": …}` object sent inside a stream (llama.cpp, vLLM, Ollama NDJSON)."""
+    error = event.get("error")
+    status = error.get("code") if isinstance(error, dict) else None
+    return classify(status if isinstance(status, int) else 500, message_of(event) or "stream error")
+
+
+def classify(status: int, message: str, retry_after: float | None = None) -> AdapterError:
     lowered = message.lower()
-    retry_after = None
-    if headers and (value := headers.get("retry-after")):
-        try:
-            retry_after = float(value)
-        except ValueError:
-            retry_after = None
     if any(w in lowered for w in NOT_LOADED_WORDS):
         code = ErrorCode.NOT_LOADED
+    elif any(w in lowered for w in LOAD_FAILED_WORDS) or OOM_WORD.search(lowered):
+        code = ErrorCode.LOAD_FAILED
     elif status == 404 or any(w in lowered for w in NOT_FOUND_WORDS):
         code = ErrorCode.NOT_FOUND
-    elif status in (429, 503) and retry_after is not None or status == 429:
+    elif status == 429 or (status == 503 and (retry_after is not None or _busy(lowered))):
         code = ErrorCode.BUSY
-    elif any(w in lowered for w in LOAD_FAILED_WORDS):
-        code = ErrorCode.LOAD_FAILED
     elif 400 <= status < 500:
         code = ErrorCode.BAD_REQUEST
     else:
@@ -41,22 +81,73 @@ def error_from_response(
     return AdapterError(code, message, status=status, retry_after_s=retry_after)
 
 
-def _message_of(text: str) -> str:
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text.strip()[:500]
-    if isinstance(body, dict):
-        error = body.get("error", body.get("detail", body.get("message")))
-        if isinstance(error, dict):
-            return str(error.get("message") or error)
-        if error:
-            return str(error)
-    return text.strip()[:500]
+def _busy(lowered: str) -> bool:
+    return any(w in lowered for w in BUSY_WORDS)
+
+
+def retry_after_of(headers: httpx.Headers | None) -> float | None:
+    if not headers:
+        return None
+    if value := headers.get("retry-after-ms"):
+        try:
+            return float(value) / 1000
+        except ValueError:
+            pass
+    if value := headers.get("retry-after"):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def message_of(body: Any) -> str:
+    """`error.message` → `error` (a string) → `message` → `detail` → the whole body."""
+    if not isinstance(body, dict):
+        return str(body)[:500]
+    error = body.get("error")
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    if isinstance(error, str) and error:
+        return error
+    for key in ("message", "detail"):
+        if body.get(key):
+            return str(body[key])
+    return json.dumps(body)[:500]
+
+
+def wants_usage(call: InferenceCall) -> bool:
+    return bool((call.payload.get("stream_options") or {}).get("include_usage"))
+
+
+async def with_usage_chunk(
+    chunks: AsyncIterator[dict[str, Any]], wanted: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """Pass chunks through and, when the caller asked for usage but the server only put it on
+    its finish chunk (older llama.cpp) or nowhere, end with the OpenAI usage-only chunk."""
+    last: dict[str, Any] = {}
+    usage = None
+    async for chunk in chunks:
+        last = chunk
+        usage = chunk.get("usage") or usage
+        yield chunk
+    if wanted and usage and last.get("choices") != []:
+        yield {
+            "id": last.get("id", ""),
+            "object": last.get("object", "chat.completion.chunk"),
+            "created": last.get("created", 0),
+            "model": last.get("model", ""),
+            "choices": [],
+            "usage": usage,
+        }
 
 
 class HttpAdapter(Adapter):
-    """Base for every kind that speaks HTTP."""
+    """Base for every kind that speaks HTTP. Inference defaults to the OpenAI-compatible
+    routes in `inference_paths`; kinds with a native format override `run`/`stream`."""
+
+    inference_paths = OPENAI_PATHS
+    poll_interval_s = 0.5  # between looks at a server that changes state in the background
 
     def __init__(
         self,
@@ -72,6 +163,8 @@ class HttpAdapter(Adapter):
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
+        self.read_timeout_s = read_timeout_s
+        self.loading: set[str] = set()  # loads this adapter has under way
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -105,18 +198,123 @@ class HttpAdapter(Adapter):
         except httpx.TransportError as exc:
             raise AdapterError(ErrorCode.CONNECTION, f"{type(exc).__name__}: {exc}") from exc
 
-    async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-        """The JSON payloads of an SSE stream, up to `[DONE]`."""
+    async def sse_messages(self, response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+        """(event name, data) per SSE message: blank-line framed, `data:` with or without a
+        space, multi-line data joined, `:` comment pings ignored."""
+        event, data = "", []
         async for line in response.aiter_lines():
-            if not line.startswith("data:"):
+            if not line:
+                if data:
+                    yield event, "\n".join(data)
+                event, data = "", []
                 continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+            if line.startswith(":"):
+                continue
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "data":
+                data.append(value)
+            elif field == "event":
+                event = value
+        if data:
+            yield event, "\n".join(data)
+
+    async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+        """The JSON payloads of an OpenAI SSE stream, up to `[DONE]`. An error event raises;
+        a stream cut before `[DONE]` is a lost connection."""
+        async for _, data in self.sse_messages(response):
+            if data.strip() == "[DONE]":
                 return
             try:
                 event = json.loads(data)
             except ValueError:
                 continue
-            if isinstance(event, dict) and "error" in event and not event.get("choices"):
-                raise error_from_response(500, data)
+            if isinstance(event, dict) and event.get("error") and not event.get("choices"):
+                raise error_from_event(event)
             yield event
+        raise AdapterError(ErrorCode.CONNECTION, "the stream ended before [DONE]")
+
+    # -- OpenAI-compatible inference -----------------------------------------------------
+
+    def path_for(self, call: InferenceCall) -> str:
+        try:
+            return self.inference_paths[call.kind]
+        except KeyError:
+            raise AdapterError(
+                ErrorCode.BAD_REQUEST, f"unsupported call kind {call.kind}"
+            ) from None
+
+    def inference_body(self, call: InferenceCall) -> dict[str, Any]:
+        body = {**call.payload, "model": call.server_model_id}
+        if call.kind == "embedding":
+            body.pop("stream", None)
+            body.pop("stream_options", None)
+        else:
+            body["stream"] = call.stream
+            if not call.stream:
+                body.pop("stream_options", None)
+        return body
+
+    async def before_inference(self, call: InferenceCall) -> None:
+        """Kinds whose server would load on demand check here that the model is loaded."""
+
+    def inference_params(self) -> dict[str, str] | None:
+        return None
+
+    async def run(self, call: InferenceCall) -> dict[str, Any]:
+        await self.before_inference(call)
+        return await self.json(
+            "POST",
+            self.path_for(call),
+            json=self.inference_body(call),
+            params=self.inference_params(),
+        )
+
+    async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
+        if call.kind == "embedding":
+            raise AdapterError(ErrorCode.BAD_REQUEST, "embeddings cannot be streamed")
+        await self.before_inference(call)
+        path, body = self.path_for(call), self.inference_body(call)
+        async with self.open_stream(
+            "POST", path, json=body, params=self.inference_params()
+        ) as response:
+            async for chunk in with_usage_chunk(
+                self.keep_chunks(self.sse_events(response)), wants_usage(call)
+            ):
+                yield chunk
+
+    async def keep_chunks(
+        self, chunks: AsyncIterator[dict[str, Any]]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Hook to drop chunks that are not the model's output (llama-swap loading text)."""
+        async for chunk in chunks:
+            yield chunk
+
+    # -- helpers for kinds with load control ---------------------------------------------
+
+    @contextmanager
+    def tracking_load(self, server_model_id: str) -> Iterator[None]:
+        """Servers whose listing has no "loading" state learn it from our own loads."""
+        self.loading.add(server_model_id)
+        try:
+            yield
+        finally:
+            self.loading.discard(server_model_id)
+
+    def with_loading(self, models: list[ServerModel]) -> list[ServerModel]:
+        return [
+            ServerModel(m.id, "loading", m.type, m.size_mb)
+            if m.id in self.loading and m.state == "unloaded"
+            else m
+            for m in models
+        ]
+
+    async def wait_until(
+        self, check: Callable[[], Awaitable[bool]], what: str, timeout_s: float
+    ) -> None:
+        """Poll a server that finishes an operation after answering (unloads, wake-ups)."""
+        deadline = time.monotonic() + timeout_s
+        while not await check():
+            if time.monotonic() >= deadline:
+                raise AdapterError(ErrorCode.SERVER_ERROR, f"gave up waiting: {what}")
+            await asyncio.sleep(self.poll_interval_s)

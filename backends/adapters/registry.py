@@ -8,6 +8,12 @@ from .base import Adapter
 
 ADAPTERS = {
     "openai": "backends.adapters.openai.OpenAIAdapter",
+    "lmstudio": "backends.adapters.lmstudio.LMStudioAdapter",
+    "ollama": "backends.adapters.ollama.OllamaAdapter",
+    "llamacpp": "backends.adapters.llamacpp.LlamaCppAdapter",
+    "llamaswap": "backends.adapters.llamaswap.LlamaSwapAdapter",
+    "vllm": "backends.adapters.vllm.VLLMAdapter",
+    "lemonade": "backends.adapters.lemonade.LemonadeAdapter",
 }
 
 

@@ -1,0 +1,160 @@
+"""llama.cpp `llama-server`, in either of its modes (told apart by its model listing).
+
+Single-model mode: the model is fixed at start. `loading` while `/health` answers 503,
+`sleeping` when `/props` says so (the next request wakes it, so `load` has nothing to do),
+and it cannot unload.
+
+Router mode (started without `-m`): `POST /models/load` returns at once, so `load` listens
+on `/models/sse` for the model's status and load progress (stages × fraction). Inference is
+sent with `?autoload=false`, so a request never starts a load: an unloaded model answers
+"model is not loaded". The router takes no per-load options; context size and the like are
+the model's preset arguments on the server.
+"""
+
+import json
+from typing import Any
+
+from .base import AdapterError, ErrorCode, LoadTarget, ProgressCallback, ServerModel
+from .http import HttpAdapter
+
+ROUTER_STATES = {"loaded": "loaded", "loading": "loading", "downloading": "loading"}
+UNLOAD_WAIT_S = 60.0
+
+
+def router_state(entry: dict[str, Any]) -> str:
+    value = (entry.get("status") or {}).get("value")
+    if value == "sleeping":
+        return "sleeping"
+    return ROUTER_STATES.get(value, "unloaded")  # unknown values: not loaded
+
+
+def load_fraction(progress: dict[str, Any]) -> float | None:
+    """Overall fraction from `{"stages": [...], "current": "...", "value": 0..1}`."""
+    stages = progress.get("stages") or []
+    value = progress.get("value")
+    if value is None:
+        return None
+    if progress.get("current") in stages:
+        return (stages.index(progress["current"]) + float(value)) / len(stages)
+    return float(value)
+
+
+class LlamaCppAdapter(HttpAdapter):
+    reports_progress = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.router: bool | None = None  # learnt from the first listing
+
+    async def entries(self) -> list[dict[str, Any]]:
+        body = await self.json("GET", "/v1/models")
+        data = body.get("data", [])
+        self.router = any("status" in entry for entry in data)
+        return data
+
+    async def list_models(self) -> list[ServerModel]:
+        data = await self.entries()
+        if self.router:
+            return [ServerModel(id=e["id"], state=router_state(e)) for e in data]
+        return [ServerModel(id=e["id"], state=await self.single_state()) for e in data]
+
+    async def single_state(self) -> str:
+        try:
+            await self.request("GET", "/health")
+        except AdapterError as error:
+            if error.code == ErrorCode.BUSY:  # 503 "Loading model"
+                return "loading"
+            raise
+        props = await self.json("GET", "/props")
+        return "sleeping" if props.get("is_sleeping") else "loaded"
+
+    async def find(self, server_model_id: str) -> dict[str, Any]:
+        for entry in await self.entries():
+            if server_model_id == entry["id"] or server_model_id in (entry.get("aliases") or []):
+                return entry
+        raise AdapterError(ErrorCode.NOT_FOUND, f"llama-server has no model {server_model_id}")
+
+    async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:
+        entry = await self.find(target.server_model_id)
+        if not self.router:
+            await self.wait_until(
+                self.single_ready, "the model to finish loading", target.timeout_s
+            )
+            return
+        if router_state(entry) in ("loaded", "sleeping"):  # a sleeping model wakes on use
+            return
+        async with self.open_stream("GET", "/models/sse", timeout=target.timeout_s) as events:
+            if router_state(entry) != "loading":
+                await self.start_router_load(target.server_model_id)
+            await self.follow_load(events, entry["id"], progress)
+
+    async def single_ready(self) -> bool:
+        return await self.single_state() != "loading"
+
+    async def start_router_load(self, server_model_id: str) -> None:
+        try:
+            await self.json("POST", "/models/load", json={"model": server_model_id})
+        except AdapterError as error:
+            # Someone else started it meanwhile: follow that load instead.
+            if error.code != ErrorCode.BAD_REQUEST or "already" not in error.message:
+                raise
+
+    async def follow_load(self, events, model_id: str, progress: ProgressCallback) -> None:
+        async for _, data in self.sse_messages(events):
+            try:
+                event = json.loads(data)
+            except ValueError:
+                continue
+            if event.get("model") != model_id or event.get("event") != "model_status":
+                continue
+            status = event.get("data") or {}
+            if status.get("status") == "loading" and status.get("progress"):
+                fraction = load_fraction(status["progress"])
+                if fraction is not None:
+                    progress(fraction)
+            elif status.get("status") in ("loaded", "sleeping"):
+                progress(1.0)
+                return
+            elif status.get("status") == "unloaded":
+                raise await self.load_failure(model_id)
+        raise AdapterError(ErrorCode.CONNECTION, "/models/sse ended during the load")
+
+    async def load_failure(self, model_id: str) -> AdapterError:
+        status = (await self.find(model_id)).get("status") or {}
+        return AdapterError(
+            ErrorCode.LOAD_FAILED,
+            f"llama-server could not load {model_id} (exit code {status.get('exit_code')})",
+        )
+
+    async def unload(self, server_model_id: str) -> None:
+        await self.find(server_model_id)
+        if not self.router:
+            raise AdapterError(
+                ErrorCode.BAD_REQUEST, "a single-model llama-server cannot unload its model"
+            )
+        try:
+            await self.json("POST", "/models/unload", json={"model": server_model_id})
+        except AdapterError as error:
+            if "not running" not in error.message:
+                raise
+            return
+
+        # The child is asked to exit; it may stay listed for a moment.
+        async def gone() -> bool:
+            return router_state(await self.find(server_model_id)) == "unloaded"
+
+        await self.wait_until(gone, f"{server_model_id} to unload", UNLOAD_WAIT_S)
+
+    def inference_params(self) -> dict[str, str] | None:
+        return {"autoload": "false"} if self.router else None
+
+    async def before_inference(self, call) -> None:
+        if self.router is None:
+            await self.entries()
+
+    async def health(self) -> None:
+        try:
+            await self.request("GET", "/health")
+        except AdapterError as error:
+            if error.code != ErrorCode.BUSY:  # 503 while loading: up, just busy
+                raise

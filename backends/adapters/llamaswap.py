@@ -1,0 +1,84 @@
+"""llama-swap: a proxy that starts and stops upstream servers defined in its YAML config.
+
+It has no load call: any request for a model starts it. `load` sends one that is not an
+inference, `GET /upstream/<model>/health` (a raw passthrough, answered once the upstream
+passes llama-swap's own health check), then confirms in `/running` that the model is
+`ready`. Inference first checks `/running`, so a request never becomes the load. What a
+model loads with (context size...) is its `cmd` in the config; there are no load options.
+"""
+
+from urllib.parse import quote
+
+import httpx
+
+from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
+from .http import HttpAdapter, error_from_response
+
+RUNNING_STATES = {"ready": "loaded", "starting": "loading"}  # stopping: on its way out
+
+
+class LlamaSwapAdapter(HttpAdapter):
+    async def running(self) -> dict[str, str]:
+        body = await self.json("GET", "/running")
+        return {r["model"]: r.get("state", "") for r in body.get("running") or []}
+
+    async def list_models(self) -> list[ServerModel]:
+        body = await self.json("GET", "/v1/models")
+        running = await self.running()
+        found = []
+        for entry in body.get("data", []):
+            kind = ((entry.get("meta") or {}).get("llamaswap") or {}).get("type", "model")
+            if kind != "model":  # aliases, peers, selectors, profiles
+                continue
+            state = RUNNING_STATES.get(running.get(entry["id"], ""), "unloaded")
+            found.append(ServerModel(id=entry["id"], state=state))
+        return found
+
+    async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:
+        model = target.server_model_id
+        if (await self.running()).get(model) == "ready":
+            return
+        try:
+            answer = await self.client.get(
+                f"/upstream/{quote(model, safe='/')}/health", timeout=target.timeout_s
+            )
+        except httpx.TransportError as exc:
+            raise AdapterError(ErrorCode.CONNECTION, f"{type(exc).__name__}: {exc}") from exc
+        # Any answer from the upstream (even a 404 from a server without /health) means it
+        # is up; only llama-swap's own errors (marked `"src": "llama-swap"`) concern the load.
+        if answer.status_code >= 400 and own_error(answer):
+            error = error_from_response(answer.status_code, answer.text, answer.headers)
+            if error.code in (ErrorCode.SERVER_ERROR, ErrorCode.BUSY):
+                raise AdapterError(ErrorCode.LOAD_FAILED, error.message, status=error.status)
+            raise error
+        state = (await self.running()).get(model)
+        if state != "ready":
+            raise AdapterError(
+                ErrorCode.LOAD_FAILED, f"llama-swap reports {model} as {state or 'stopped'}"
+            )
+
+    async def unload(self, server_model_id: str) -> None:
+        # Blocks until the process has stopped.
+        await self.request("POST", f"/api/models/unload/{quote(server_model_id, safe='/')}")
+
+    async def before_inference(self, call: InferenceCall) -> None:
+        if (await self.running()).get(call.server_model_id) != "ready":
+            raise AdapterError(
+                ErrorCode.NOT_LOADED, f"{call.server_model_id} is not running in llama-swap"
+            )
+
+    async def keep_chunks(self, chunks):
+        """Drop `sendLoadingState` progress text: chunks with no id or object."""
+        async for chunk in chunks:
+            if "id" in chunk or "object" in chunk:
+                yield chunk
+
+    async def health(self) -> None:
+        await self.request("GET", "/health")
+
+
+def own_error(response: httpx.Response) -> bool:
+    try:
+        return response.json().get("src") == "llama-swap"
+    except (ValueError, AttributeError):
+        return response.text.startswith("llama-swap:")

@@ -1,0 +1,255 @@
+"""LM Studio adapter against a replay of LM Studio's documented REST API (§2)."""
+
+import pytest
+
+from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
+from backends.adapters.lmstudio import LMStudioAdapter
+from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+
+GEMMA = {
+    "type": "llm",
+    "publisher": "google",
+    "key": "google/gemma-4-26b-a4b",
+    "display_name": "Gemma 4 26B A4B",
+    "size_bytes": 17990911801,
+    "loaded_instances": [{"id": "google/gemma-4-26b-a4b", "config": {"context_length": 4096}}],
+    "max_context_length": 262144,
+    "format": "gguf",
+}
+NOMIC = {
+    "type": "embedding",
+    "publisher": "gaianet",
+    "key": "text-embedding-nomic-embed-text-v1.5-embedding",
+    "size_bytes": 274290560,
+    "loaded_instances": [],
+    "max_context_length": 2048,
+    "format": "gguf",
+}
+NOT_LOADED_GEMMA = {**GEMMA, "loaded_instances": []}
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "model": "gemma"}
+
+
+@pytest.fixture
+def server():
+    replay = ReplayServer()
+    yield replay
+    replay.close()
+
+
+@pytest.fixture
+async def adapter(server):
+    lmstudio = LMStudioAdapter(server.url, "lm-token")
+    yield lmstudio
+    await lmstudio.close()
+
+
+def listing(*models):
+    return Reply(200, {"models": list(models)})
+
+
+async def test_lists_models_with_state_type_and_size(server, adapter):
+    server.on("GET", "/api/v1/models", listing(GEMMA, NOMIC))
+    models = await adapter.list_models()
+    assert [(m.id, m.state, m.type, m.size_mb) for m in models] == [
+        ("google/gemma-4-26b-a4b", "loaded", "llm", 17157),
+        ("text-embedding-nomic-embed-text-v1.5-embedding", "unloaded", "embedding", 261),
+    ]
+    assert server.seen[0].headers["Authorization"] == "Bearer lm-token"
+
+
+async def test_falls_back_to_the_v0_listing_on_older_servers(server, adapter):
+    server.on("GET", "/api/v1/models", Reply(200, "Unexpected endpoint or method."))
+    server.on(
+        "GET",
+        "/api/v0/models",
+        Reply(
+            200,
+            {
+                "object": "list",
+                "data": [
+                    {"id": "meta-llama-3.1-8b-instruct", "type": "llm", "state": "not-loaded"},
+                    {"id": "qwen2-vl-7b-instruct", "type": "vlm", "state": "loaded"},
+                    {"id": "nomic", "type": "embeddings", "state": "not-loaded"},
+                ],
+            },
+        ),
+    )
+    models = await adapter.list_models()
+    assert [(m.id, m.state, m.type) for m in models] == [
+        ("meta-llama-3.1-8b-instruct", "unloaded", "llm"),
+        ("qwen2-vl-7b-instruct", "loaded", "llm"),
+        ("nomic", "unloaded", "embedding"),
+    ]
+
+
+async def test_load_sends_the_load_options(server, adapter):
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    server.on(
+        "POST",
+        "/api/v1/models/load",
+        Reply(
+            200,
+            {
+                "type": "llm",
+                "instance_id": "google/gemma-4-26b-a4b",
+                "load_time_seconds": 9.099,
+                "status": "loaded",
+            },
+        ),
+    )
+    target = LoadTarget(
+        "google/gemma-4-26b-a4b",
+        options={"context_length": 16384, "flash_attention": True, "load_seconds": 3},
+    )
+    await adapter.load(target, lambda fraction: None)
+    assert server.calls() == [("GET", "/api/v1/models"), ("POST", "/api/v1/models/load")]
+    assert server.body_of("POST", "/api/v1/models/load") == {
+        "model": "google/gemma-4-26b-a4b",
+        "context_length": 16384,
+        "flash_attention": True,
+    }
+
+
+async def test_load_of_an_embedding_model_sends_only_the_context_length(server, adapter):
+    server.on("GET", "/api/v1/models", listing(NOMIC))
+    server.on("POST", "/api/v1/models/load", Reply(200, {"type": "embedding", "status": "loaded"}))
+    target = LoadTarget(NOMIC["key"], "embedding", {"context_length": 2048, "num_experts": 4})
+    await adapter.load(target, lambda fraction: None)
+    assert server.body_of("POST", "/api/v1/models/load") == {
+        "model": NOMIC["key"],
+        "context_length": 2048,
+    }
+
+
+async def test_load_of_a_loaded_model_does_not_start_a_second_instance(server, adapter):
+    server.on("GET", "/api/v1/models", listing(GEMMA))
+    await adapter.load(LoadTarget("google/gemma-4-26b-a4b"), lambda fraction: None)
+    assert server.calls() == [("GET", "/api/v1/models")]
+
+
+async def test_load_of_an_unknown_model_is_not_found(server, adapter):
+    server.on("GET", "/api/v1/models", listing(GEMMA))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget("nope"), lambda fraction: None)
+    assert raised.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_a_guardrail_refusal_is_a_load_failure_despite_its_404(server, adapter):
+    message = (
+        'Failed to load model "gemma". Error: Model loading aborted due to insufficient '
+        "system resources."
+    )
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    server.on("POST", "/api/v1/models/load", Reply(404, {"error": {"message": message}}))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget("google/gemma-4-26b-a4b"), lambda fraction: None)
+    assert raised.value.code == ErrorCode.LOAD_FAILED
+    assert raised.value.message == message
+
+
+async def test_unload_unloads_every_instance_by_instance_id(server, adapter):
+    two = {**GEMMA, "loaded_instances": [{"id": "google/gemma-4-26b-a4b"}, {"id": "gemma:2"}]}
+    server.on("GET", "/api/v1/models", listing(two))
+    server.on("POST", "/api/v1/models/unload", Reply(200, {"instance_id": "x"}))
+    await adapter.unload("google/gemma-4-26b-a4b")
+    assert [s.body for s in server.requests_to("POST", "/api/v1/models/unload")] == [
+        {"instance_id": "google/gemma-4-26b-a4b"},
+        {"instance_id": "gemma:2"},
+    ]
+
+
+async def test_unload_of_an_unloaded_model_sends_nothing(server, adapter):
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    await adapter.unload("google/gemma-4-26b-a4b")
+    assert server.calls() == [("GET", "/api/v1/models")]
+
+
+async def test_chat_runs_on_the_openai_route(server, adapter):
+    answer = {
+        "id": "chatcmpl-abc123",
+        "object": "chat.completion",
+        "created": 1731990317,
+        "model": "google/gemma-4-26b-a4b",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello!"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 24, "completion_tokens": 3, "total_tokens": 27},
+    }
+    server.on("GET", "/api/v1/models", listing(GEMMA))
+    server.on("POST", "/v1/chat/completions", Reply(200, answer))
+    result = await adapter.run(InferenceCall("chat", "google/gemma-4-26b-a4b", CHAT))
+    assert result == answer
+    assert server.body_of("POST", "/v1/chat/completions") == {
+        **CHAT,
+        "model": "google/gemma-4-26b-a4b",
+        "stream": False,
+    }
+
+
+async def test_inference_on_an_unloaded_model_never_reaches_the_server(server, adapter):
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("chat", "google/gemma-4-26b-a4b", CHAT))
+    assert raised.value.code == ErrorCode.NOT_LOADED
+    assert ("POST", "/v1/chat/completions") not in server.calls()
+
+
+async def test_streamed_chat_ends_with_the_usage_chunk(server, adapter):
+    head = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**head, "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1}},
+    ]
+    server.on("GET", "/api/v1/models", listing(GEMMA))
+    server.on("POST", "/v1/chat/completions", Stream(sse(*chunks)))
+    payload = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    call = InferenceCall("chat", "google/gemma-4-26b-a4b", payload, stream=True)
+    assert [c async for c in adapter.stream(call)] == chunks
+    sent = server.body_of("POST", "/v1/chat/completions")
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+
+
+async def test_model_not_found_on_inference(server, adapter):
+    error = {
+        "error": {
+            "message": 'Model "default" not found. Please specify a valid model.',
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
+    server.on("GET", "/api/v1/models", listing(GEMMA))
+    server.on("POST", "/v1/chat/completions", Reply(404, error))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("chat", "google/gemma-4-26b-a4b", CHAT))
+    assert raised.value.code == ErrorCode.NOT_FOUND
+    assert raised.value.message.startswith('Model "default" not found')
+
+
+async def test_no_models_loaded_answer_is_not_loaded(server, adapter):
+    message = "No models loaded. Please load a model in the developer page or use 'lms load'."
+    server.on("GET", "/api/v1/models", listing(GEMMA))
+    server.on("POST", "/v1/completions", Reply(400, {"error": {"message": message}}))
+    call = InferenceCall("completion", "google/gemma-4-26b-a4b", {"prompt": "x"})
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(call)
+    assert raised.value.code == ErrorCode.NOT_LOADED
+
+
+async def test_health_probes_the_greeting(server, adapter):
+    server.on("GET", "/lmstudio-greeting", Reply(200, {"lmstudio": True}))
+    await adapter.health()
+
+
+async def test_health_of_a_stopped_server_is_a_connection_error(server):
+    server.close()
+    lmstudio = LMStudioAdapter(server.url)
+    with pytest.raises(AdapterError) as raised:
+        await lmstudio.health()
+    assert raised.value.code == ErrorCode.CONNECTION
+    await lmstudio.close()
