@@ -13,6 +13,9 @@ must go) and then serves it, inline.
 
 Both sides count a wait from arrival to the moment the request is sent to a server; a request
 still waiting when its class's max wait runs out is expired, and its wait is that max wait.
+
+Simulated servers never fail and deployments have no idle TTL, pinning or preload, so the
+policy's retry, cooldown and housekeeping paths are not exercised here.
 """
 
 import heapq

@@ -22,6 +22,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("trace", nargs="?", help="a JSON trace (scheduler/simulation_trace.py)")
         parser.add_argument("--seed", type=int, default=0, help="seed of the generated day")
+        parser.add_argument(
+            "--hours", type=float, default=24.0, help="generate only the first hours of the day"
+        )
         parser.add_argument("--write-trace", metavar="PATH", help="save the generated day here")
 
     def handle(self, *args, **options) -> None:
@@ -30,7 +33,7 @@ class Command(BaseCommand):
         except TraceError as error:
             raise CommandError(str(error)) from error
         if trace is None:
-            trace = generate_day(options["seed"])
+            trace = generate_day(options["seed"], options["hours"])
             if options["write_trace"]:
                 write_trace(trace, options["write_trace"])
         try:
@@ -38,7 +41,9 @@ class Command(BaseCommand):
         except PolicyLivelock as error:
             raise CommandError(f"the policy did not settle: {error}") from error
         fifo = simulate_fifo(trace)
-        source = options["trace"] or f"generated day, seed {options['seed']}"
+        source = options["trace"] or (
+            f"generated day, seed {options['seed']}, {options['hours']:g} hours"
+        )
         self.stdout.write(
             f"{len(trace.requests)} requests ({source}), {len(trace.servers)} servers, "
             f"{len(trace.models)} models\n"
