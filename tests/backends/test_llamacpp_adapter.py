@@ -1,0 +1,273 @@
+"""llama.cpp adapter against replays of llama-server in single-model and router mode (§4)."""
+
+import json
+
+import pytest
+
+from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
+from backends.adapters.llamacpp import LlamaCppAdapter
+from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+
+GEMMA = "ggml-org/gemma-3-4b-it-GGUF:Q4_K_M"
+ARGS = ["llama-server", "-ctx", "4096"]
+SINGLE = {
+    "object": "list",
+    "data": [
+        {
+            "id": "../models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
+            "object": "model",
+            "created": 1735142223,
+            "owned_by": "llamacpp",
+            "meta": {"n_ctx_train": 131072},
+        }
+    ],
+}
+LOADING = Reply(
+    503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+)
+CHAT = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def router(*statuses: dict) -> Reply:
+    data = [
+        {"id": GEMMA, "aliases": ["gemma"], "object": "model", "status": statuses[0]},
+        {"id": "nomic", "aliases": [], "object": "model", "status": statuses[1]},
+    ]
+    return Reply(200, {"object": "list", "data": data})
+
+
+def status_event(status: str, **extra) -> str:
+    return json.dumps(
+        {"model": GEMMA, "event": "model_status", "data": {"status": status, **extra}}
+    )
+
+
+@pytest.fixture
+def server():
+    replay = ReplayServer()
+    yield replay
+    replay.close()
+
+
+@pytest.fixture
+async def adapter(server):
+    llama = LlamaCppAdapter(server.url, "sk-local")
+    llama.poll_interval_s = 0
+    yield llama
+    await llama.close()
+
+
+# -- single-model mode --------------------------------------------------------------------
+
+
+async def test_single_mode_states(server, adapter):
+    model_id = SINGLE["data"][0]["id"]
+    server.on("GET", "/v1/models", Reply(200, SINGLE))
+    server.on("GET", "/health", LOADING, Reply(200, {"status": "ok"}))
+    server.on(
+        "GET", "/props", Reply(200, {"is_sleeping": False}), Reply(200, {"is_sleeping": True})
+    )
+    assert [(m.id, m.state) for m in await adapter.list_models()] == [(model_id, "loading")]
+    assert [m.state for m in await adapter.list_models()] == ["loaded"]
+    assert [m.state for m in await adapter.list_models()] == ["sleeping"]
+
+
+async def test_single_mode_load_waits_for_health(server, adapter):
+    server.on("GET", "/v1/models", Reply(200, SINGLE))
+    server.on("GET", "/health", LOADING, LOADING, Reply(200, {"status": "ok"}))
+    server.on("GET", "/props", Reply(200, {"is_sleeping": False}))
+    await adapter.load(LoadTarget(SINGLE["data"][0]["id"]), lambda f: None)
+    assert server.calls().count(("GET", "/health")) == 3
+
+
+async def test_single_mode_cannot_unload_or_load_another_model(server, adapter):
+    server.on("GET", "/v1/models", Reply(200, SINGLE))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget("other.gguf"), lambda f: None)
+    assert raised.value.code == ErrorCode.NOT_FOUND
+    with pytest.raises(AdapterError) as raised:
+        await adapter.unload(SINGLE["data"][0]["id"])
+    assert raised.value.code == ErrorCode.BAD_REQUEST
+
+
+async def test_single_mode_inference_while_loading_is_busy(server, adapter):
+    server.on("GET", "/v1/models", Reply(200, SINGLE))
+    server.on("POST", "/v1/chat/completions", LOADING)
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("chat", "m.gguf", CHAT))
+    assert (raised.value.code, raised.value.message) == (ErrorCode.BUSY, "Loading model")
+    assert server.requests_to("POST", "/v1/chat/completions")[0].query == {}
+
+
+# -- router mode --------------------------------------------------------------------------
+
+
+async def test_router_lists_every_state(server, adapter):
+    server.on(
+        "GET",
+        "/v1/models",
+        router({"value": "sleeping", "args": ARGS}, {"value": "downloading", "progress": {}}),
+        router({"value": "unloaded", "args": ARGS, "failed": True, "exit_code": 1}, {"value": "x"}),
+    )
+    assert [(m.id, m.state) for m in await adapter.list_models()] == [
+        (GEMMA, "sleeping"),
+        ("nomic", "loading"),
+    ]
+    assert [m.state for m in await adapter.list_models()] == ["unloaded", "unloaded"]
+
+
+async def test_router_load_follows_progress_on_the_event_stream(server, adapter):
+    server.on("GET", "/v1/models", router({"value": "unloaded", "args": ARGS}, {}))
+    server.on("POST", "/models/load", Reply(200, {"success": True}))
+    stages = ["text_model", "mmproj_model"]
+    events = [
+        json.dumps({"model": "nomic", "event": "model_status", "data": {"status": "loaded"}}),
+        status_event("loading"),
+        status_event("loading", progress={"stages": stages, "current": "text_model", "value": 0.5}),
+        status_event(
+            "loading", progress={"stages": stages, "current": "mmproj_model", "value": 0.5}
+        ),
+        status_event("loaded", info={}),
+    ]
+    server.on(
+        "GET",
+        "/models/sse",
+        Stream(sse(*events, done=False), after=("POST", "/models/load"), hold_open=True),
+    )
+    seen: list[float] = []
+    await adapter.load(LoadTarget("gemma", options={"context_length": 4096}), seen.append)
+    assert seen == [0.25, 0.75, 1.0]
+    assert server.body_of("POST", "/models/load") == {"model": "gemma"}
+    assert server.calls() == [
+        ("GET", "/v1/models"),
+        ("GET", "/models/sse"),
+        ("POST", "/models/load"),
+    ]
+
+
+async def test_router_load_failure_reports_the_exit_code(server, adapter):
+    server.on(
+        "GET",
+        "/v1/models",
+        router({"value": "unloaded", "args": ARGS}, {}),
+        router({"value": "unloaded", "args": ARGS, "failed": True, "exit_code": 1}, {}),
+    )
+    server.on("POST", "/models/load", Reply(200, {"success": True}))
+    events = [status_event("loading"), status_event("unloaded")]
+    server.on(
+        "GET",
+        "/models/sse",
+        Stream(sse(*events, done=False), after=("POST", "/models/load"), hold_open=True),
+    )
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget(GEMMA), lambda f: None)
+    assert raised.value.code == ErrorCode.LOAD_FAILED
+    assert "exit code 1" in raised.value.message
+
+
+async def test_router_load_joins_a_load_already_running(server, adapter):
+    server.on("GET", "/v1/models", router({"value": "unloaded", "args": ARGS}, {}))
+    error = {
+        "error": {
+            "code": 400,
+            "message": "model is already running",
+            "type": "invalid_request_error",
+        }
+    }
+    server.on("POST", "/models/load", Reply(400, error))
+    server.on(
+        "GET",
+        "/models/sse",
+        Stream(
+            sse(status_event("loaded"), done=False), after=("POST", "/models/load"), hold_open=True
+        ),
+    )
+    await adapter.load(LoadTarget(GEMMA), lambda f: None)
+
+
+async def test_router_load_of_an_unknown_model(server, adapter):
+    server.on("GET", "/v1/models", router({"value": "unloaded"}, {}))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget("nope"), lambda f: None)
+    assert raised.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_router_unload_waits_for_the_child_to_exit(server, adapter):
+    server.on(
+        "GET",
+        "/v1/models",
+        router({"value": "loaded", "args": ARGS}, {}),
+        router({"value": "loaded", "args": ARGS}, {}),
+        router({"value": "unloaded", "args": ARGS}, {}),
+    )
+    server.on("POST", "/models/unload", Reply(200, {"success": True}))
+    await adapter.unload(GEMMA)
+    assert server.body_of("POST", "/models/unload") == {"model": GEMMA}
+    assert server.calls().count(("GET", "/v1/models")) == 3
+
+
+async def test_router_unload_of_a_model_not_running_is_done(server, adapter):
+    server.on("GET", "/v1/models", router({"value": "unloaded", "args": ARGS}, {}))
+    error = {
+        "error": {"code": 400, "message": "model is not running", "type": "invalid_request_error"}
+    }
+    server.on("POST", "/models/unload", Reply(400, error))
+    await adapter.unload(GEMMA)
+
+
+async def test_router_inference_never_autoloads(server, adapter):
+    server.on("GET", "/v1/models", router({"value": "unloaded", "args": ARGS}, {}))
+    error = {
+        "error": {"code": 400, "message": "model is not loaded", "type": "invalid_request_error"}
+    }
+    server.on("POST", "/v1/chat/completions", Reply(400, error))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("chat", GEMMA, CHAT))
+    assert raised.value.code == ErrorCode.NOT_LOADED
+    sent = server.requests_to("POST", "/v1/chat/completions")[0]
+    assert sent.query == {"autoload": ["false"]}
+    assert sent.body == {**CHAT, "model": GEMMA, "stream": False}
+    assert sent.headers["Authorization"] == "Bearer sk-local"
+
+
+async def test_router_streamed_chat_with_usage_on_the_finish_chunk(server, adapter):
+    """Older builds put usage on the finish chunk: the adapter still ends with a usage chunk."""
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": GEMMA}
+    usage = {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage},
+    ]
+    server.on("GET", "/v1/models", router({"value": "loaded", "args": ARGS}, {}))
+    server.on("POST", "/v1/chat/completions", Stream([": ping\n\n", *sse(*chunks)]))
+    payload = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    out = [c async for c in adapter.stream(InferenceCall("chat", GEMMA, payload, True))]
+    assert out[:2] == chunks
+    assert out[2] == {**head, "choices": [], "usage": usage}
+
+
+async def test_mid_stream_error_without_done(server, adapter):
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": GEMMA}
+    first = {**head, "choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+    error = {"error": {"code": 500, "message": "failed to decode", "type": "server_error"}}
+    server.on("GET", "/v1/models", router({"value": "loaded"}, {}))
+    server.on("POST", "/v1/completions", Stream(sse(first, error, done=False)))
+    call = InferenceCall("completion", GEMMA, {"prompt": "x", "stream": True}, True)
+    with pytest.raises(AdapterError) as raised:
+        async for _ in adapter.stream(call):
+            pass
+    assert (raised.value.code, raised.value.message) == (ErrorCode.SERVER_ERROR, "failed to decode")
+
+
+async def test_embeddings(server, adapter):
+    answer = {"object": "list", "data": [{"object": "embedding", "embedding": [0.5], "index": 0}]}
+    server.on("GET", "/v1/models", router({"value": "loaded"}, {"value": "loaded"}))
+    server.on("POST", "/v1/embeddings", Reply(200, answer))
+    call = InferenceCall("embedding", "nomic", {"model": "e", "input": "x"})
+    assert await adapter.run(call) == answer
+    assert server.body_of("POST", "/v1/embeddings") == {"model": "nomic", "input": "x"}
+
+
+async def test_health_is_up_while_loading(server, adapter):
+    server.on("GET", "/health", LOADING)
+    await adapter.health()

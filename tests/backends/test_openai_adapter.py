@@ -1,0 +1,109 @@
+"""The generic OpenAI-compatible adapter against the test upstream and a replay."""
+
+import pytest
+
+from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
+from backends.adapters.openai import OpenAIAdapter
+from tests.support.openai_upstream import Upstream
+from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+
+CHAT = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def upstream():
+    server = Upstream(["qwen3-8b"])
+    yield server
+    server.close()
+
+
+@pytest.fixture
+async def adapter(upstream):
+    openai = OpenAIAdapter(upstream.url, "sk-test")
+    yield openai
+    await openai.close()
+
+
+async def test_lists_what_the_server_lists_as_loaded(adapter):
+    assert [(m.id, m.state) for m in await adapter.list_models()] == [("qwen3-8b", "loaded")]
+
+
+async def test_load_checks_the_listing(adapter):
+    seen: list[float] = []
+    await adapter.load(LoadTarget("qwen3-8b"), seen.append)
+    assert seen == [1.0]
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget("nope"), seen.append)
+    assert raised.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_run_and_stream(upstream, adapter):
+    result = await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
+    assert result["choices"][0]["message"]["content"] == "Hello from upstream"
+    call = InferenceCall("chat", "qwen3-8b", {**CHAT, "stream": True}, stream=True)
+    text = "".join(
+        [c["choices"][0]["delta"].get("content", "") async for c in adapter.stream(call)]
+    )
+    assert text == "Hello from upstream"
+    assert upstream.received[0]["body"] == {**CHAT, "model": "qwen3-8b", "stream": False}
+    assert upstream.received[0]["headers"]["Authorization"] == "Bearer sk-test"
+
+
+async def test_errors_keep_the_servers_message(upstream, adapter):
+    upstream.fail_next = [(503, "engine is currently overloaded"), (400, "bad temperature")]
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
+    assert (raised.value.code, raised.value.message) == (
+        ErrorCode.BUSY,
+        "engine is currently overloaded",
+    )
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
+    assert (raised.value.code, raised.value.message) == (ErrorCode.BAD_REQUEST, "bad temperature")
+
+
+async def test_sse_parsing_follows_the_spec():
+    """No space after `data:`, comment pings, multi-line data, and a cut before [DONE]."""
+    replay = ReplayServer()
+    chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": "a"}}]}
+    pieces = [": ping\n\n", 'data:{"id": "c",\ndata: "choices": []}\n\n', *sse(chunk, done=False)]
+    replay.on("POST", "/v1/completions", Stream(pieces))
+    openai = OpenAIAdapter(replay.url)
+    try:
+        call = InferenceCall("completion", "m", {"prompt": "x", "stream": True}, stream=True)
+        seen = []
+        with pytest.raises(AdapterError) as raised:
+            async for c in openai.stream(call):
+                seen.append(c)
+        assert seen == [{"id": "c", "choices": []}, chunk]
+        assert raised.value.code == ErrorCode.CONNECTION
+    finally:
+        await openai.close()
+        replay.close()
+
+
+async def test_a_refused_connection_is_a_connection_error():
+    replay = ReplayServer()
+    replay.close()
+    openai = OpenAIAdapter(replay.url)
+    with pytest.raises(AdapterError) as raised:
+        await openai.health()
+    assert raised.value.code == ErrorCode.CONNECTION
+    await openai.close()
+
+
+async def test_retry_after_ms_is_read():
+    replay = ReplayServer()
+    replay.on(
+        "POST",
+        "/v1/embeddings",
+        Reply(429, {"error": {"message": "slow"}}, {"retry-after-ms": "250"}),
+    )
+    openai = OpenAIAdapter(replay.url)
+    try:
+        with pytest.raises(AdapterError) as raised:
+            await openai.run(InferenceCall("embedding", "m", {"input": "x"}))
+        assert (raised.value.code, raised.value.retry_after_s) == (ErrorCode.BUSY, 0.25)
+    finally:
+        await openai.close()
+        replay.close()

@@ -1,0 +1,158 @@
+"""vLLM adapter against a replay of vLLM's server with sleep mode (§6)."""
+
+import pytest
+
+from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
+from backends.adapters.vllm import VLLMAdapter
+from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+
+QWEN = "Qwen/Qwen3-0.6B"
+MODELS = Reply(
+    200,
+    {
+        "object": "list",
+        "data": [{"id": QWEN, "object": "model", "owned_by": "vllm", "max_model_len": 40960}],
+    },
+)
+ASLEEP, AWAKE = Reply(200, {"is_sleeping": True}), Reply(200, {"is_sleeping": False})
+NO_DEV_MODE = Reply(404, {"detail": "Not Found"})
+CHAT = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def server():
+    replay = ReplayServer()
+    yield replay
+    replay.close()
+
+
+@pytest.fixture
+async def adapter(server):
+    vllm = VLLMAdapter(server.url, "vllm-key")
+    vllm.poll_interval_s = 0
+    yield vllm
+    await vllm.close()
+
+
+async def test_lists_the_served_model_awake_or_sleeping(server, adapter):
+    server.on("GET", "/v1/models", MODELS)
+    server.on("GET", "/is_sleeping", AWAKE, ASLEEP)
+    assert [(m.id, m.state) for m in await adapter.list_models()] == [(QWEN, "loaded")]
+    assert [m.state for m in await adapter.list_models()] == ["sleeping"]
+
+
+async def test_without_dev_mode_the_model_is_always_loaded(server, adapter):
+    server.on("GET", "/v1/models", MODELS)
+    server.on("GET", "/is_sleeping", NO_DEV_MODE)
+    assert [m.state for m in await adapter.list_models()] == ["loaded"]
+    assert [m.state for m in await adapter.list_models()] == ["loaded"]
+    assert server.calls().count(("GET", "/is_sleeping")) == 1
+    with pytest.raises(AdapterError) as raised:
+        await adapter.unload(QWEN)
+    assert raised.value.code == ErrorCode.BAD_REQUEST
+
+
+async def test_load_wakes_it_up_and_waits(server, adapter):
+    server.on("GET", "/v1/models", MODELS)
+    server.on("GET", "/is_sleeping", ASLEEP, ASLEEP, AWAKE)
+    server.on("POST", "/wake_up", Reply(200))
+    await adapter.load(LoadTarget(QWEN), lambda f: None)
+    assert server.calls() == [
+        ("GET", "/v1/models"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/wake_up"),
+        ("GET", "/is_sleeping"),
+        ("GET", "/is_sleeping"),
+    ]
+
+
+async def test_load_of_another_model_is_not_found(server, adapter):
+    server.on("GET", "/v1/models", MODELS)
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget("other"), lambda f: None)
+    assert raised.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_unload_sleeps_at_the_deployments_level(server, adapter):
+    server.on("GET", "/v1/models", MODELS)
+    server.on("GET", "/is_sleeping", AWAKE, AWAKE, ASLEEP)
+    server.on("POST", "/sleep", Reply(200))
+    await adapter.load(LoadTarget(QWEN, options={"sleep_level": 2}), lambda f: None)
+    await adapter.unload(QWEN)
+    assert server.requests_to("POST", "/sleep")[0].query == {"level": ["2"]}
+
+
+async def test_inference_while_asleep_is_refused(server, adapter):
+    server.on("GET", "/is_sleeping", ASLEEP)
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("chat", QWEN, CHAT))
+    assert raised.value.code == ErrorCode.NOT_LOADED
+    assert ("POST", "/v1/chat/completions") not in server.calls()
+
+
+async def test_chat_and_stream(server, adapter):
+    answer = {"id": "chatcmpl-1", "object": "chat.completion", "choices": []}
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": QWEN}
+    chunk = {**head, "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]}
+    usage = {**head, "choices": [], "usage": {"prompt_tokens": 3, "total_tokens": 4}}
+    server.on("GET", "/is_sleeping", AWAKE)
+    server.on("POST", "/v1/chat/completions", Reply(200, answer), Stream(sse(chunk, usage)))
+    assert await adapter.run(InferenceCall("chat", QWEN, CHAT)) == answer
+    payload = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    assert [c async for c in adapter.stream(InferenceCall("chat", QWEN, payload, True))] == [
+        chunk,
+        usage,
+    ]
+    sent = server.requests_to("POST", "/v1/chat/completions")
+    assert sent[0].body == {**CHAT, "model": QWEN, "stream": False}
+    assert sent[1].body == {**payload, "model": QWEN}
+    assert sent[1].headers["Authorization"] == "Bearer vllm-key"
+
+
+async def test_error_event_then_done_raises(server, adapter):
+    error = {"error": {"message": "engine error", "type": "InternalServerError", "code": 500}}
+    server.on("GET", "/is_sleeping", AWAKE)
+    server.on("POST", "/v1/completions", Stream(sse(error)))
+    call = InferenceCall("completion", QWEN, {"prompt": "x", "stream": True}, True)
+    with pytest.raises(AdapterError) as raised:
+        async for _ in adapter.stream(call):
+            pass
+    assert (raised.value.code, raised.value.message) == (ErrorCode.SERVER_ERROR, "engine error")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {
+            "error": {
+                "message": "The model `foo` does not exist.",
+                "type": "NotFoundError",
+                "code": 404,
+            }
+        },
+        {
+            "object": "error",
+            "message": "The model `foo` does not exist.",
+            "type": "NotFoundError",
+            "code": 404,
+        },
+    ],
+    ids=["nested", "flat"],
+)
+async def test_unknown_model_in_both_error_envelopes(server, adapter, body):
+    server.on("GET", "/is_sleeping", AWAKE)
+    server.on("POST", "/v1/embeddings", Reply(404, body))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("embedding", "foo", {"input": "x"}))
+    assert (raised.value.code, raised.value.message) == (
+        ErrorCode.NOT_FOUND,
+        "The model `foo` does not exist.",
+    )
+
+
+async def test_health_of_a_dead_engine(server, adapter):
+    server.on("GET", "/health", Reply(200), Reply(503))
+    await adapter.health()
+    with pytest.raises(AdapterError) as raised:
+        await adapter.health()
+    assert raised.value.server_fault
