@@ -1,4 +1,5 @@
-"""Websockets for staff: every message carries the full state, sent after commit."""
+"""Websockets for staff. Every message carries the full state, read after the commit that
+sent the hint; hints in a burst are folded into one read (see `coalesce.py`)."""
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -6,60 +7,74 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from scheduler.announce import DASHBOARD_GROUP, request_group
 
 from . import state
+from .coalesce import Coalescer
+
+REFUSED = 4403
 
 
 class StaffConsumer(AsyncJsonWebsocketConsumer):
-    groups_to_join: list[str] = []
+    # At most about four full-state reads a second per open page, the last always sent.
+    push_interval_s = 0.25
+    message_type = ""
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         if not (user and user.is_authenticated and user.is_staff):
-            await self.close(code=4403)
+            await self.close(code=REFUSED)
             return
+        self.coalescer = Coalescer(self.push, self.push_interval_s)
         for group in self.group_names():
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
-        await self.push()
+        self.coalescer.hint()
 
     async def disconnect(self, code) -> None:
-        for group in self.group_names():
-            await self.channel_layer.group_discard(group, self.channel_name)
+        if hasattr(self, "coalescer"):
+            self.coalescer.close()
+            for group in self.group_names():
+                await self.channel_layer.group_discard(group, self.channel_name)
 
     def group_names(self) -> list[str]:
         raise NotImplementedError
 
-    async def push(self) -> None:
+    def read_state(self) -> dict | None:
         raise NotImplementedError
+
+    async def push(self) -> None:
+        current = await database_sync_to_async(self.read_state)()
+        await self.send_json({"type": self.message_type, "state": current})
+
+    async def dashboard_changed(self, message) -> None:
+        self.coalescer.hint()
 
 
 class DashboardConsumer(StaffConsumer):
+    message_type = "overview"
+
     def group_names(self) -> list[str]:
         return [DASHBOARD_GROUP]
 
-    async def push(self) -> None:
-        await self.send_json(
-            {"type": "overview", "state": await database_sync_to_async(state.overview)()}
-        )
-
-    async def dashboard_changed(self, message) -> None:
-        await self.push()
+    def read_state(self) -> dict:
+        return state.overview()
 
 
 class RequestConsumer(StaffConsumer):
-    def group_names(self) -> list[str]:
-        return [request_group(self.scope["url_route"]["kwargs"]["request_id"]), DASHBOARD_GROUP]
+    """One request's page; it also follows the dashboard group, because its place in line,
+    its ETA and its model's load move when other rows do."""
 
-    async def push(self) -> None:
-        detail = await database_sync_to_async(state.request_detail)(
-            self.scope["url_route"]["kwargs"]["request_id"]
-        )
-        await self.send_json({"type": "request", "state": detail})
+    message_type = "request"
+
+    def request_id(self):
+        return self.scope["url_route"]["kwargs"]["request_id"]
+
+    def group_names(self) -> list[str]:
+        return [request_group(self.request_id()), DASHBOARD_GROUP]
+
+    def read_state(self) -> dict | None:
+        return state.request_detail(self.request_id())
 
     async def request_moved(self, message) -> None:
-        await self.push()
-
-    async def dashboard_changed(self, message) -> None:
-        await self.push()
+        self.coalescer.hint()
 
     async def stream_chunk(self, message) -> None:
         """Tokens are for the caller, not the dashboard."""

@@ -1,103 +1,258 @@
-"""The full state a dashboard shows, as plain JSON-able dicts (messages carry full state)."""
+"""The full state a dashboard shows, as plain JSON-able dicts (messages carry full state).
 
+Each function runs a fixed number of queries however many rows it shows: the overview reads
+servers, their deployments, and three bounded lists of requests, nothing per row.
+"""
+
+from datetime import datetime
+
+from django.db.models import Prefetch, Q
 from django.utils import timezone
 
-from backends.models import Deployment, DeploymentState, Server
-from scheduler.api.intake import position_in_line
-from scheduler.models import WAITING_STATES, Request
+from backends.models import Deployment, DeploymentState, Health, Server
+from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 
 WAITING_SHOWN = 100
+RUNNING_SHOWN = 100
+RECENT_SHOWN = 20
+# An estimated bar stops short of full: the load is done when the server says so.
+ESTIMATE_CAP = 0.99
 
 
-def load_progress(d: Deployment, now) -> dict | None:
+def iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at else None
+
+
+def seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def server_status(s: Server, now: datetime) -> dict:
+    """One word an operator reads at a glance, and when a cooldown ends."""
+    cooling = s.health == Health.COOLDOWN
+    if not s.enabled:
+        status = "disabled"
+    elif cooling:
+        status = "cooldown"
+    else:
+        status = s.health
+    left = (s.cooldown_until - now).total_seconds() if cooling and s.cooldown_until else None
+    return {
+        "status": status,
+        "cooldown_until": iso(s.cooldown_until) if cooling else None,
+        # Past its end a cooldown lasts until the probe answers.
+        "cooldown_left_s": seconds(max(left, 0.0)) if left is not None else None,
+        "last_error": s.last_error if status in ("down", "cooldown") else "",
+    }
+
+
+def load_progress(d: Deployment, now: datetime) -> dict | None:
+    """How far a load has come: the adapter's own figure when it reports one, else the time
+    elapsed over the deployment's moving average of load time, marked as an estimate."""
     if d.state != DeploymentState.LOADING or d.load_started_at is None:
         return None
-    elapsed = (now - d.load_started_at).total_seconds()
+    elapsed = max((now - d.load_started_at).total_seconds(), 0.0)
     expected = d.avg_load_s
-    if d.load_progress is not None and not d.load_progress_estimated and d.load_progress > 0:
-        fraction, estimated = d.load_progress, False
+    if d.load_progress and not d.load_progress_estimated:
+        fraction, estimated = min(d.load_progress, 1.0), False
     elif expected:
-        fraction, estimated = min(elapsed / expected, 0.99), True
+        fraction, estimated = min(elapsed / expected, ESTIMATE_CAP), True
     else:
         fraction, estimated = None, True
     return {
-        "elapsed_s": round(elapsed, 1),
-        "expected_s": expected and round(expected, 1),
-        "fraction": fraction,
+        "started_at": iso(d.load_started_at),
+        "elapsed_s": seconds(elapsed),
+        "expected_s": seconds(expected),
+        "fraction": None if fraction is None else round(fraction, 3),
         "estimated": estimated,
     }
 
 
-def overview() -> dict:
-    now = timezone.now()
-    servers = []
-    for s in Server.objects.prefetch_related("deployments__model"):
-        deployments = list(s.deployments.all())
-        servers.append(
-            {
-                "name": s.name,
-                "kind": s.kind,
-                "simulated": s.is_simulated,
-                "health": s.health,
-                "enabled": s.enabled,
-                "slots": s.slots,
-                "in_use": sum(d.in_flight for d in deployments),
-                "cooldown_until": s.cooldown_until and s.cooldown_until.isoformat(),
-                "models": [
-                    {
-                        "model": d.model.name,
-                        "state": d.state,
-                        "in_flight": d.in_flight,
-                        "pinned": d.pinned,
-                        "progress": load_progress(d, now),
-                    }
-                    for d in deployments
-                    if d.state != DeploymentState.UNLOADED
-                ],
-            }
-        )
-    waiting = Request.objects.filter(state__in=WAITING_STATES).select_related("server")
-    rows = [
-        {
-            "id": str(r.pk),
-            "model": r.model_name,
-            "priority": r.priority_name,
-            "state": r.state,
-            "server": r.server.name if r.server else None,
-            "waited_s": round((now - r.created_at).total_seconds(), 1),
-        }
-        for r in waiting.order_by("priority", "created_at", "id")[:WAITING_SHOWN]
-    ]
+def load_left_s(d: Deployment, now: datetime) -> float | None:
+    """Seconds until the model is loaded there: 0 when it is, None when nobody can say."""
+    if d.state == DeploymentState.LOADED:
+        return 0.0
+    if d.avg_load_s is None:
+        return None
+    if d.state == DeploymentState.LOADING and d.load_started_at:
+        return max(d.avg_load_s - (now - d.load_started_at).total_seconds(), 0.0)
+    return d.avg_load_s
+
+
+def eta_s(r: Request, ahead_on_deployment: int, slots: int, now: datetime) -> float | None:
+    """A rough estimate of the seconds until `r` finishes, from the deployment's moving
+    averages: what is left of the load, then one inference per round of `slots` requests
+    ahead of it (or running) on the same deployment. None when a figure is missing."""
+    d = r.deployment
+    if d is None or d.avg_inference_s is None:
+        return None
+    if r.state == State.PROCESSING:
+        if r.started_at is None:
+            return None
+        return seconds(max(d.avg_inference_s - (now - r.started_at).total_seconds(), 0.0))
+    if r.state not in WAITING_STATES:
+        return None
+    load_left = load_left_s(d, now)
+    if load_left is None:
+        return None
+    rounds = (ahead_on_deployment + d.in_flight) // max(slots, 1) + 1
+    return seconds(load_left + rounds * d.avg_inference_s)
+
+
+def deployment_row(d: Deployment, now: datetime) -> dict:
     return {
-        "at": now.isoformat(),
-        "servers": servers,
-        "waiting": rows,
-        "waiting_total": waiting.count(),
+        "model": d.model.name,
+        "server_model_id": d.server_model_id,
+        "state": d.state,
+        "in_flight": d.in_flight,
+        "pinned": d.pinned,
+        "progress": load_progress(d, now),
+        "error": d.last_error if d.state == DeploymentState.FAILED else "",
     }
 
 
-def request_detail(request_id) -> dict | None:
-    r = Request.objects.select_related("server", "deployment").filter(pk=request_id).first()
-    if r is None:
-        return None
-    now = timezone.now()
-    eta_s = None
-    position = position_in_line(r)
-    if r.deployment and r.deployment.avg_inference_s and position:
-        eta_s = round(r.deployment.avg_inference_s * position, 1)
+def server_row(s: Server, now: datetime) -> dict:
+    deployments = list(s.deployments.all())  # prefetched, without the unloaded ones
+    return {
+        "name": s.name,
+        "kind": s.kind,
+        "kind_label": s.get_kind_display(),
+        "simulated": s.is_simulated,
+        "enabled": s.enabled,
+        "health": s.health,
+        **server_status(s, now),
+        "slots": s.slots,
+        "in_use": sum(d.in_flight for d in deployments),
+        "models": [deployment_row(d, now) for d in deployments],
+    }
+
+
+def waited_until(r: Request, now: datetime) -> datetime:
+    """A request waits in line until it is sent (a retry waits again)."""
+    if r.state in WAITING_STATES:
+        return now
+    return r.started_at or r.finished_at or now
+
+
+def request_row(r: Request, now: datetime) -> dict:
     return {
         "id": str(r.pk),
         "model": r.model_name,
+        "kind": r.kind,
         "priority": r.priority_name,
         "state": r.state,
         "server": r.server.name if r.server else None,
+        "created_at": iso(r.created_at),
+        "waited_s": seconds((waited_until(r, now) - r.created_at).total_seconds()),
+    }
+
+
+def waiting_rows(now: datetime) -> list[dict]:
+    """The head of the line in queue order, each with its place and an ETA. Rows further
+    back cannot be ahead of these, so the shown rows are enough to count who is ahead."""
+    rows = []
+    ahead: dict[int, int] = {}
+    waiting = (
+        Request.objects.filter(state__in=WAITING_STATES)
+        .select_related("server", "deployment")
+        .order_by("priority", "created_at", "id")[:WAITING_SHOWN]
+    )
+    for position, r in enumerate(waiting, start=1):
+        slots = r.server.slots if r.server else 1
+        row = request_row(r, now)
+        row["position"] = position
+        row["eta_s"] = eta_s(r, ahead.get(r.deployment_id, 0), slots, now)
+        rows.append(row)
+        if r.deployment_id is not None:
+            ahead[r.deployment_id] = ahead.get(r.deployment_id, 0) + 1
+    return rows
+
+
+def overview(now: datetime | None = None) -> dict:
+    now = now or timezone.now()
+    shown = Deployment.objects.exclude(state=DeploymentState.UNLOADED).select_related("model")
+    servers = Server.objects.prefetch_related(Prefetch("deployments", queryset=shown))
+    running = (
+        Request.objects.filter(state=State.PROCESSING)
+        .select_related("server", "deployment")
+        .order_by("started_at", "id")[:RUNNING_SHOWN]
+    )
+    recent = (
+        Request.objects.filter(state__in=TERMINAL_STATES)
+        .select_related("server")
+        .order_by("-finished_at", "-created_at")[:RECENT_SHOWN]
+    )
+    return {
+        "at": iso(now),
+        "servers": [server_row(s, now) for s in servers],
+        "waiting": waiting_rows(now),
+        "waiting_total": Request.objects.filter(state__in=WAITING_STATES).count(),
+        "running": [
+            {**request_row(r, now), "eta_s": eta_s(r, 0, 1, now), "started_at": iso(r.started_at)}
+            for r in running
+        ],
+        "recent": [
+            {
+                **request_row(r, now),
+                "finished_at": iso(r.finished_at),
+                "took_s": seconds(((r.finished_at or now) - r.created_at).total_seconds()),
+                "error": r.error,
+            }
+            for r in recent
+        ],
+    }
+
+
+def ahead_of(r: Request) -> Q:
+    """Waiting requests before `r` in line: a better class, or the same class and earlier."""
+    return Q(state__in=WAITING_STATES) & (
+        Q(priority__lt=r.priority) | Q(priority=r.priority, created_at__lt=r.created_at)
+    )
+
+
+def answer_text(result: dict | None) -> str:
+    """The text of a finished chat or completion, for a glance (embeddings have none)."""
+    choices = (result or {}).get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    first = choices[0]
+    message = first.get("message")
+    text = message.get("content") if isinstance(message, dict) else first.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def request_detail(request_id, now: datetime | None = None) -> dict | None:
+    now = now or timezone.now()
+    r = (
+        Request.objects.select_related("server", "deployment")
+        .prefetch_related("traces")
+        .filter(pk=request_id)
+        .first()
+    )
+    if r is None:
+        return None
+    position = waiting_total = eta = None
+    if r.state in WAITING_STATES:
+        position = Request.objects.filter(ahead_of(r)).count() + 1
+        waiting_total = Request.objects.filter(state__in=WAITING_STATES).count()
+    if r.deployment is not None and (r.state in WAITING_STATES or r.state == State.PROCESSING):
+        same = Request.objects.filter(ahead_of(r), deployment=r.deployment).count()
+        eta = eta_s(r, same, r.server.slots if r.server else 1, now)
+    return {
+        **request_row(r, now),
+        "at": iso(now),
         "position": position,
-        "eta_s": eta_s,
+        "waiting_total": waiting_total,
+        "eta_s": eta,
         "load": load_progress(r.deployment, now) if r.deployment else None,
+        "started_at": iso(r.started_at),
+        "finished_at": iso(r.finished_at),
+        "attempts": r.attempts,
         "error": r.error,
+        "answer": answer_text(r.result)[:2000],
         "trace": [
             {
-                "at": t.at.isoformat(),
+                "at": iso(t.at),
                 "from": t.from_state,
                 "to": t.to_state,
                 "server": t.server,

@@ -6,4 +6,5 @@ urlpatterns = [
     path("", views.index, name="dashboard"),
     path("dashboard/state.json", views.overview_json, name="dashboard-state"),
     path("requests/<uuid:request_id>/", views.request_page, name="request-page"),
+    path("requests/<uuid:request_id>/state.json", views.request_json, name="request-state"),
 ]

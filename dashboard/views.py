@@ -1,8 +1,18 @@
+"""Staff pages. Each renders the current state into the page, then the browser follows it
+over a websocket; the JSON views let a page that missed a message re-read the truth."""
+
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import Http404, JsonResponse
 from django.shortcuts import render
 
 from . import state
+
+
+def detail_or_404(request_id) -> dict:
+    detail = state.request_detail(request_id)
+    if detail is None:
+        raise Http404("no such request")
+    return detail
 
 
 @staff_member_required
@@ -12,12 +22,15 @@ def index(request):
 
 @staff_member_required
 def request_page(request, request_id):
-    detail = state.request_detail(request_id)
-    if detail is None:
-        raise Http404("no such request")
+    detail = detail_or_404(request_id)
     return render(request, "dashboard/request.html", {"initial": detail, "id": request_id})
 
 
 @staff_member_required
 def overview_json(request):
     return JsonResponse(state.overview())
+
+
+@staff_member_required
+def request_json(request, request_id):
+    return JsonResponse(detail_or_404(request_id))

@@ -1,51 +1,159 @@
-// Live dashboard: render the full state each websocket message carries.
+// Live dashboard: each websocket message carries the full state, and the page is redrawn
+// from it. Between messages a one-second tick moves clocks and estimated load bars along.
 "use strict";
 const Switchyard = (() => {
   const el = (tag, attrs = {}, ...children) => {
     const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
-    for (const c of children) node.append(c instanceof Node ? c : String(c ?? ""));
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v !== null && v !== undefined && v !== false) node.setAttribute(k, v);
+    }
+    for (const c of children) {
+      if (c !== null && c !== undefined && c !== "") node.append(c instanceof Node ? c : String(c));
+    }
     return node;
   };
   const initial = JSON.parse(document.getElementById("initial-state").textContent);
 
+  // The server's clock, as this browser sees it: state.at is when the state was read.
+  let skewMs = 0;
+  const syncClock = (at) => { if (at) skewMs = Date.now() - Date.parse(at); };
+  const serverNow = () => Date.now() - skewMs;
+
+  const secs = (s) => (s === null || s === undefined ? "–" : s < 60 ? `${s.toFixed(1)} s`
+    : `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`);
+  const clock = (iso) => (iso ? new Date(iso).toLocaleTimeString() : "–");
+  // A clock that counts up from `iso` (server time) on every tick.
+  const since = (iso, cls = "since") => el("span", {class: cls, "data-since": iso},
+    iso ? secs((serverNow() - Date.parse(iso)) / 1000) : "–");
+  const eta = (s) => (s === null || s === undefined ? el("span", {class: "muted"}, "unknown")
+    : el("span", {}, `~${secs(s)} `, el("span", {class: "tag estimate"}, "estimate")));
+  const pill = (state) => el("span", {class: `pill state-${state}`}, state.replace("_", " "));
+
   function progress(p) {
-    if (!p) return "";
-    const label = `${p.elapsed_s}s` + (p.expected_s ? ` of ~${p.expected_s}s` : "") +
-      (p.estimated ? " (estimate)" : "");
-    const bar = el("progress", {max: 1, "data-estimated": p.estimated});
+    if (!p) return null;
+    const bar = el("progress", {max: 1});
     if (p.fraction !== null) bar.value = p.fraction;
-    return el("span", {class: "load"}, bar, " ", label);
+    const label = el("span", {class: "load-label"});
+    const node = el("span", {
+      class: "load", "data-started": p.started_at, "data-expected": p.expected_s,
+      "data-estimated": p.estimated ? "true" : "false",
+    }, bar, " ", label, p.estimated ? el("span", {class: "tag estimate"}, "estimate") : null);
+    if (p.fraction !== null && !p.estimated) node.dataset.fraction = p.fraction;
+    tickLoad(node);
+    return node;
+  }
+
+  // Redraw one load bar for the current time; only estimated bars move on their own.
+  function tickLoad(node) {
+    const elapsed = Math.max((serverNow() - Date.parse(node.dataset.started)) / 1000, 0);
+    const expected = node.dataset.expected ? Number(node.dataset.expected) : null;
+    const bar = node.querySelector("progress");
+    if (node.dataset.estimated === "true" && expected) bar.value = Math.min(elapsed / expected, 0.99);
+    const pct = bar.hasAttribute("value") ? ` · ${Math.round(bar.value * 100)}%` : "";
+    node.querySelector(".load-label").textContent =
+      `loading ${secs(elapsed)}` + (expected ? ` of ~${secs(expected)}` : "") + pct + " ";
+  }
+
+  function tick() {
+    document.querySelectorAll("[data-since]").forEach((node) => {
+      node.textContent = secs((serverNow() - Date.parse(node.dataset.since)) / 1000);
+    });
+    document.querySelectorAll("[data-until]").forEach((node) => {
+      const left = (Date.parse(node.dataset.until) - serverNow()) / 1000;
+      node.textContent = left > 0 ? `${secs(left)} left` : "ended, waiting for a probe";
+    });
+    document.querySelectorAll(".load[data-started]").forEach(tickLoad);
+  }
+
+  function status(s) {
+    const node = el("span", {class: `status status-${s.status}`}, s.status);
+    if (s.status === "cooldown" && s.cooldown_until) {
+      node.append(` until ${clock(s.cooldown_until)} (`,
+        el("span", {"data-until": s.cooldown_until}), ")");
+    }
+    return node;
+  }
+
+  function serverCard(s) {
+    const kind = s.simulated
+      ? el("span", {class: "badge simulated", title: "in-process demo server, not real hardware"}, "simulated")
+      : el("span", {class: "badge"}, s.kind_label);
+    const models = s.models.length
+      ? el("ul", {class: "models"}, ...s.models.map((m) => el("li", {"data-model": m.model},
+        el("span", {class: "model-name"}, m.model), " ", pill(m.state),
+        m.pinned ? el("span", {class: "tag"}, "pinned") : null,
+        m.in_flight ? el("span", {class: "muted"}, ` ${m.in_flight} in flight`) : null,
+        m.progress ? el("div", {}, progress(m.progress)) : null,
+        m.error ? el("div", {class: "error"}, m.error) : null)))
+      : el("p", {class: "muted"}, "no model loaded");
+    const slots = el("span", {class: "slots"}, `slots ${s.in_use}/${s.slots}`,
+      el("meter", {min: 0, max: s.slots, value: s.in_use}));
+    return el("article", {class: `server server-${s.status}` + (s.simulated ? " is-simulated" : ""),
+      "data-server": s.name},
+      el("header", {}, el("strong", {}, s.name), " ", kind, " ", status(s), " ", slots),
+      s.last_error ? el("div", {class: "error"}, s.last_error) : null,
+      models);
+  }
+
+  const requestLink = (r) => el("a", {class: "request-link", href: `/requests/${r.id}/`},
+    r.id.slice(0, 8));
+
+  function fillTable(id, rows, emptyText, columns) {
+    const body = document.querySelector(`#${id} tbody`);
+    if (!rows.length) {
+      const span = document.querySelectorAll(`#${id} thead th`).length;
+      body.replaceChildren(el("tr", {class: "empty"}, el("td", {colspan: span}, emptyText)));
+      return;
+    }
+    body.replaceChildren(...rows.map((r) => el("tr", {"data-request": r.id},
+      ...columns(r).map((c) => el("td", {}, c)))));
   }
 
   function renderOverview(state) {
+    syncClock(state.at);
     const servers = document.getElementById("servers");
-    servers.replaceChildren(...state.servers.map((s) => el("div", {class: "server", "data-server": s.name},
-      el("strong", {}, s.name), " ",
-      el("span", {class: "badge" + (s.simulated ? " simulated" : "")}, s.simulated ? "simulated" : s.kind), " ",
-      el("span", {class: "health-" + s.health}, s.health), ` · slots ${s.in_use}/${s.slots}`,
-      el("ul", {}, ...s.models.map((m) => el("li", {"data-model": m.model},
-        `${m.model}: ${m.state}` + (m.in_flight ? ` (${m.in_flight} in flight)` : ""), " ",
-        progress(m.progress)))))));
-    document.getElementById("waiting-total").textContent = `(${state.waiting_total})`;
-    const rows = state.waiting.map((r, i) => el("tr", {"data-request": r.id},
-      el("td", {}, i + 1), el("td", {}, el("a", {href: `/requests/${r.id}/`}, r.model)),
-      el("td", {}, r.priority), el("td", {}, r.state), el("td", {}, r.server || "–"),
-      el("td", {}, `${r.waited_s}s`)));
-    document.querySelector("#waiting tbody").replaceChildren(...rows);
+    if (state.servers.length) servers.replaceChildren(...state.servers.map(serverCard));
+    else servers.replaceChildren(el("p", {class: "muted"}, "No servers yet: add one in the admin."));
+    const more = state.waiting_total > state.waiting.length
+      ? ` (showing the first ${state.waiting.length})` : "";
+    document.getElementById("waiting-total").textContent = `${state.waiting_total}${more}`;
+    fillTable("waiting", state.waiting, "Nobody is waiting.", (r) => [
+      r.position, requestLink(r), r.model, r.priority, pill(r.state), r.server || "–",
+      since(r.created_at), eta(r.eta_s)]);
+    fillTable("running", state.running, "Nothing is running.", (r) => [
+      requestLink(r), r.model, r.priority, r.server || "–", since(r.started_at), eta(r.eta_s)]);
+    fillTable("recent", state.recent, "Nothing has finished yet.", (r) => [
+      requestLink(r), r.model, pill(r.state), r.server || "–", clock(r.finished_at),
+      secs(r.took_s), r.error ? el("span", {class: "error"}, r.error) : ""]);
   }
 
   function renderRequest(r) {
-    if (!r) return;
-    const facts = [["state", r.state], ["model", r.model], ["priority", r.priority],
-      ["server", r.server || "–"], ["position", r.position ?? "–"],
-      ["ETA", r.eta_s ? `~${r.eta_s}s` : "–"], ["error", r.error || "–"]];
-    document.getElementById("request").replaceChildren(...facts.flatMap(([k, v]) =>
-      [el("dt", {}, k), el("dd", {id: "request-" + k.toLowerCase()}, v)]));
-    document.getElementById("load").replaceChildren(r.load ? progress(r.load) : "");
+    const box = document.getElementById("request");
+    if (!r) {
+      box.replaceChildren(el("p", {class: "error"}, "This request no longer exists."));
+      return;
+    }
+    syncClock(r.at);
+    const waiting = r.position !== null;
+    const facts = [
+      ["state", pill(r.state)],
+      ["position", waiting ? `${r.position} of ${r.waiting_total} waiting` : "–"],
+      ["ETA", waiting || r.state === "processing" ? eta(r.eta_s) : "–"],
+      ["model", r.model], ["priority", r.priority], ["server", r.server || "not routed yet"],
+      ["waited", waiting ? since(r.created_at) : secs(r.waited_s)],
+      ["created", clock(r.created_at)], ["finished", clock(r.finished_at)],
+      ["attempts", r.attempts],
+    ];
+    if (r.error) facts.push(["error", el("span", {class: "error"}, r.error)]);
+    box.replaceChildren(el("dl", {class: "facts"}, ...facts.flatMap(([k, v]) =>
+      [el("dt", {}, k), el("dd", {id: "request-" + k.toLowerCase()}, v)])));
+    document.getElementById("load").replaceChildren(
+      r.load ? el("p", {}, "Its model is loading: ", progress(r.load)) : "");
+    document.getElementById("answer").replaceChildren(
+      r.answer ? el("blockquote", {}, r.answer) : "");
     document.querySelector("#trace tbody").replaceChildren(...r.trace.map((t) => el("tr", {},
-      el("td", {}, t.at), el("td", {}, t.from), el("td", {}, t.to), el("td", {}, t.server),
-      el("td", {}, t.reason))));
+      el("td", {title: t.at}, clock(t.at)), el("td", {}, t.from || "·"), el("td", {}, pill(t.to)),
+      el("td", {}, t.server || "–"), el("td", {}, t.reason))));
   }
 
   function connect(path, onState) {
@@ -53,14 +161,24 @@ const Switchyard = (() => {
     const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + path);
     ws.onopen = () => { live.textContent = "live"; live.className = "live on"; };
     ws.onmessage = (e) => onState(JSON.parse(e.data).state);
-    ws.onclose = () => {
+    ws.onclose = (e) => {
+      if (e.code === 4403) {
+        live.textContent = "signed out"; live.className = "live off";
+        return;
+      }
       live.textContent = "reconnecting…"; live.className = "live off";
       setTimeout(() => connect(path, onState), 2000);
     };
   }
 
+  function start(path, render) {
+    render(initial);
+    connect(path, render);
+    setInterval(tick, 1000);
+  }
+
   return {
-    overview(path) { renderOverview(initial); connect(path, renderOverview); },
-    request(path) { renderRequest(initial); connect(path, renderRequest); },
+    overview(path) { start(path, renderOverview); },
+    request(path) { start(path, renderRequest); },
   };
 })();

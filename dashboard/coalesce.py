@@ -1,0 +1,36 @@
+"""Hints come in bursts (a load reports progress, ten requests move at once); a dashboard
+needs the state after the burst, not one re-read per hint."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+
+class Coalescer:
+    """Runs `push` at most once per `interval_s`, and always once more after the last hint:
+    hints that arrive while a push waits or runs fold into the next push."""
+
+    def __init__(self, push: Callable[[], Awaitable[None]], interval_s: float) -> None:
+        self.push = push
+        self.interval_s = interval_s
+        self.dirty = False
+        self.last_push = float("-inf")
+        self.task: asyncio.Task | None = None
+
+    def hint(self) -> None:
+        self.dirty = True
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self.drain())
+
+    async def drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.dirty:
+            wait = self.last_push + self.interval_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)  # rate limit, not a wait for an event
+            self.dirty = False  # hints from here on need another push
+            self.last_push = loop.time()
+            await self.push()
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()

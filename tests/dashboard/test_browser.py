@@ -1,0 +1,107 @@
+"""A real Chromium against a live Switchyard (`manage.py serve`): an operator signs in
+through the admin, watches a model load on a simulated server and the request complete.
+Playwright's `expect` waits for each state; nothing sleeps."""
+
+import re
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect, sync_playwright
+
+from tests import factories
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+LOAD_S = 2.0
+# Long enough to open the request's page while its model still loads, on a busy machine.
+OTHER_LOAD_S = 3.0
+
+
+@pytest.fixture
+def browser_page():
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        yield page
+        browser.close()
+    assert errors == [], "the page's JavaScript failed"
+
+
+@pytest.fixture
+def live(served):
+    User.objects.create_superuser("operator", "op@example.com", "a-long-password")
+    for server_name, model_name, load_s in (
+        ("sim-1", "slow", LOAD_S),
+        ("sim-2", "other", OTHER_LOAD_S),
+    ):
+        factories.deployment(
+            factories.server(server_name, kind="simulated", slots=1),
+            model_name,
+            load_s=load_s,
+            avg_load_s=load_s,
+            load_options={"tokens_per_second": 50},
+        )
+    return served()
+
+
+def sign_in(page: Page, url: str) -> None:
+    page.goto(f"{url}/admin/login/?next=/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "a-long-password")
+    page.click("input[type=submit]")
+    expect(page).to_have_url(f"{url}/")
+    expect(page.locator("#live")).to_have_text("live")
+
+
+def submit(url: str, model: str) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    response = httpx.post(f"{url}/api/v1/requests", json={"kind": "chat", "body": body})
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
+    page = browser_page
+    sign_in(page, live.url)
+    server = page.locator('[data-server="sim-1"]')
+    expect(server.locator(".badge.simulated")).to_have_text("simulated")
+    expect(server.locator(".status")).to_have_text("up")
+    expect(page.locator("#waiting tr.empty")).to_have_text("Nobody is waiting.")
+
+    # The dashboard: a load under way, then its request done.
+    request_id = submit(live.url, "slow")
+    model = server.locator('[data-model="slow"]')
+    expect(model.locator(".pill")).to_have_text("loading")
+    expect(model.locator(".load progress")).to_be_visible()
+    expect(model.locator(".load-label")).to_contain_text(f"of ~{LOAD_S:.1f} s")
+    row = page.locator(f'#waiting tr[data-request="{request_id}"]')
+    expect(row.locator(".pill")).to_have_text("needs loading")
+    expect(row.locator("a.request-link")).to_have_attribute("href", f"/requests/{request_id}/")
+
+    done = page.locator(f'#recent tr[data-request="{request_id}"]')
+    expect(done.locator(".pill")).to_have_text("completed")
+    expect(model.locator(".pill")).to_have_text("loaded")
+    expect(model.locator(".load")).to_have_count(0)
+    expect(page.locator("#waiting tr.empty")).to_be_visible()
+
+    done.locator("a.request-link").click()
+    expect(page).to_have_url(re.compile(f"/requests/{request_id}/$"))
+    expect(page.locator("#request-state")).to_have_text("completed")
+    expect(page.locator("#request-server")).to_have_text("sim-1")
+    expect(page.locator("#answer")).to_contain_text("This answer comes from")
+    expect(page.locator("#trace tbody tr")).to_have_count(4)  # loading, ready, sent, done
+
+    # A request's own page, followed live through its model's load on the other server.
+    request_id = submit(live.url, "other")
+    page.goto(f"{live.url}/requests/{request_id}/")
+    expect(page.locator("#live")).to_have_text("live")
+    expect(page.locator("#request-state")).to_have_text("needs loading")
+    expect(page.locator("#request-position")).to_have_text("1 of 1 waiting")
+    expect(page.locator("#load progress")).to_be_visible()
+    expect(page.locator("#request-state")).to_have_text("completed")
+    expect(page.locator("#request-position")).to_have_text("–")
+    expect(page.locator("#load")).to_be_empty()

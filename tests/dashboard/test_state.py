@@ -1,0 +1,240 @@
+"""The dashboard's state, read from database rows at a fixed `now`."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from backends.models import DeploymentState
+from dashboard import state
+from scheduler.models import Priority, State, Trace
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now()
+
+
+def ago(seconds: float):
+    return NOW - timedelta(seconds=seconds)
+
+
+def server_named(overview: dict, name: str) -> dict:
+    return next(s for s in overview["servers"] if s["name"] == name)
+
+
+def test_simulated_servers_are_marked_and_real_ones_are_not():
+    factories.server("sim", kind="simulated")
+    factories.server("box", kind="openai", base_url="http://127.0.0.1:9")
+    view = state.overview(NOW)
+    assert server_named(view, "sim")["simulated"] is True
+    assert server_named(view, "box")["simulated"] is False
+    assert server_named(view, "box")["kind_label"] == "OpenAI-compatible (no load control)"
+
+
+def test_down_cooldown_and_disabled_servers_say_so():
+    factories.server("up-1")
+    down = factories.server("down-1")
+    down.health, down.last_error = "down", "connection refused"
+    down.save()
+    cool = factories.server("cool-1")
+    cool.health, cool.cooldown_until, cool.last_error = "cooldown", NOW + timedelta(seconds=42), "x"
+    cool.save()
+    factories.server("off-1", enabled=False)
+    view = state.overview(NOW)
+    assert server_named(view, "up-1")["status"] == "up"
+    assert server_named(view, "up-1")["last_error"] == ""
+    assert server_named(view, "down-1")["status"] == "down"
+    assert server_named(view, "down-1")["last_error"] == "connection refused"
+    cooling = server_named(view, "cool-1")
+    assert cooling["status"] == "cooldown"
+    assert cooling["cooldown_until"] == (NOW + timedelta(seconds=42)).isoformat()
+    assert cooling["cooldown_left_s"] == 42.0
+    assert server_named(view, "off-1")["status"] == "disabled"
+
+
+def test_a_cooldown_past_its_end_lasts_until_the_probe_answers():
+    cool = factories.server("cool-1")
+    cool.health, cool.cooldown_until = "cooldown", ago(5)
+    cool.save()
+    assert server_named(state.overview(NOW), "cool-1")["cooldown_left_s"] == 0.0
+
+
+def test_loaded_and_loading_models_are_listed_unloaded_ones_are_not():
+    srv = factories.server("sim", slots=4)
+    factories.deployment(srv, "a", state=DeploymentState.LOADED, in_flight=3)
+    factories.deployment(
+        srv, "b", state=DeploymentState.LOADING, load_started_at=ago(1), load_progress=0.5
+    )
+    factories.deployment(srv, "c", state=DeploymentState.UNLOADED)
+    view = server_named(state.overview(NOW), "sim")
+    assert [(m["model"], m["state"]) for m in view["models"]] == [
+        ("a", "loaded"),
+        ("b", "loading"),
+    ]
+    assert (view["in_use"], view["slots"]) == (3, 4)
+
+
+def test_load_progress_is_the_adapters_own_figure_when_it_reports_one():
+    srv = factories.server()
+    d = factories.deployment(
+        srv,
+        "m",
+        state=DeploymentState.LOADING,
+        load_started_at=ago(3),
+        load_progress=0.25,
+        avg_load_s=10,
+    )
+    assert state.load_progress(d, NOW) == {
+        "started_at": ago(3).isoformat(),
+        "elapsed_s": 3.0,
+        "expected_s": 10.0,
+        "fraction": 0.25,
+        "estimated": False,
+    }
+
+
+def test_load_progress_is_estimated_from_the_moving_average_otherwise():
+    srv = factories.server()
+    d = factories.deployment(
+        srv, "m", state=DeploymentState.LOADING, load_started_at=ago(4), load_progress=0.0
+    )
+    assert state.load_progress(d, NOW)["fraction"] is None  # never loaded: nothing to go by
+    d.avg_load_s = 10
+    progress = state.load_progress(d, NOW)
+    assert (progress["fraction"], progress["estimated"]) == (0.4, True)
+    # A load slower than usual stays short of full until the server says it is done.
+    assert state.load_progress(d, NOW + timedelta(seconds=60))["fraction"] == 0.99
+
+
+def test_waiting_rows_are_in_line_order_with_place_and_eta():
+    srv = factories.server("sim", slots=1)
+    loaded = factories.deployment(srv, "a", state=DeploymentState.LOADED, avg_inference_s=2.0)
+    loading = factories.deployment(
+        srv,
+        "b",
+        state=DeploymentState.LOADING,
+        load_started_at=ago(4),
+        avg_load_s=10.0,
+        avg_inference_s=3.0,
+    )
+    background = factories.request("a", Priority.BACKGROUND, created_at=ago(30))
+    first = factories.request(
+        "a", state=State.READY, server=srv, deployment=loaded, created_at=ago(20)
+    )
+    second = factories.request(
+        "a", state=State.READY, server=srv, deployment=loaded, created_at=ago(10)
+    )
+    joined = factories.request(
+        "b", Priority.INTERACTIVE, state=State.NEEDS_LOADING, server=srv, deployment=loading
+    )
+    unrouted = factories.request("a", created_at=ago(5))
+    rows = state.overview(NOW)["waiting"]
+    assert [r["id"] for r in rows] == [
+        str(r.pk) for r in (joined, first, second, unrouted, background)
+    ]
+    assert [r["position"] for r in rows] == [1, 2, 3, 4, 5]
+    # load left 6 s + one inference; one inference; one behind it; not routed: unknown
+    assert [r["eta_s"] for r in rows] == [9.0, 2.0, 4.0, None, None]
+    assert rows[1]["server"] == "sim"
+    assert rows[1]["waited_s"] == 20.0
+
+
+def test_running_and_recently_finished_requests():
+    srv = factories.server("sim")
+    d = factories.deployment(srv, "a", state=DeploymentState.LOADED, avg_inference_s=5.0)
+    running = factories.request(
+        "a", state=State.PROCESSING, server=srv, deployment=d, started_at=ago(2)
+    )
+    done = factories.request(
+        "a", state=State.COMPLETED, server=srv, created_at=ago(9), finished_at=ago(1)
+    )
+    failed = factories.request(
+        "a", state=State.FAILED, error="boom", created_at=ago(9), finished_at=ago(3)
+    )
+    view = state.overview(NOW)
+    assert [(r["id"], r["eta_s"]) for r in view["running"]] == [(str(running.pk), 3.0)]
+    assert [(r["id"], r["state"]) for r in view["recent"]] == [
+        (str(done.pk), "completed"),
+        (str(failed.pk), "failed"),
+    ]
+    assert view["recent"][0]["took_s"] == 8.0
+    assert view["recent"][1]["error"] == "boom"
+
+
+def test_the_overview_runs_the_same_few_queries_for_three_rows_or_a_hundred_and_twenty():
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            view = state.overview(NOW)
+        return len(ctx.captured_queries), len(view["waiting"])
+
+    for i in range(3):
+        srv = factories.server(f"s{i}", slots=2)
+        for name in ("a", "b"):
+            factories.deployment(srv, name, state=DeploymentState.LOADED)
+    d = factories.deployment(factories.server("s9"), "a", state=DeploymentState.LOADED)
+
+    def add(n: int) -> None:
+        for _ in range(n):
+            factories.request("a", state=State.READY, server=d.server, deployment=d)
+            factories.request("b", state=State.COMPLETED, finished_at=NOW)
+
+    add(3)
+    few, shown = queries()
+    assert shown == 3
+    add(117)
+    many, shown = queries()
+    assert shown == state.WAITING_SHOWN
+    assert many == few <= 6
+
+
+def test_request_detail_has_place_eta_load_and_trace():
+    srv = factories.server("sim", slots=1)
+    d = factories.deployment(
+        srv,
+        "m",
+        state=DeploymentState.LOADING,
+        load_started_at=ago(1),
+        load_progress=0.5,
+        avg_load_s=4.0,
+        avg_inference_s=1.0,
+    )
+    factories.request("other", Priority.INTERACTIVE)
+    ahead = factories.request(
+        "m", state=State.NEEDS_LOADING, server=srv, deployment=d, created_at=ago(3)
+    )
+    r = factories.request("m", state=State.NEEDS_LOADING, server=srv, deployment=d)
+    Trace.objects.create(
+        request=r,
+        at=ago(1),
+        from_state="pending",
+        to_state="needs_loading",
+        server="sim",
+        reason="routed; loading m",
+    )
+    detail = state.request_detail(r.pk, NOW)
+    assert (detail["position"], detail["waiting_total"]) == (3, 3)
+    assert detail["eta_s"] == 3.0 + 2 * 1.0  # load left, then the one ahead, then itself
+    assert detail["load"]["fraction"] == 0.5
+    assert [(t["to"], t["reason"]) for t in detail["trace"]] == [
+        ("needs_loading", "routed; loading m")
+    ]
+    assert state.request_detail(ahead.pk, NOW)["position"] == 2
+
+
+def test_a_finished_request_shows_its_answer_and_no_place():
+    r = factories.request(
+        "m",
+        state=State.COMPLETED,
+        finished_at=NOW,
+        result={"choices": [{"message": {"role": "assistant", "content": "Hello"}}]},
+    )
+    detail = state.request_detail(r.pk, NOW)
+    assert (detail["state"], detail["position"], detail["eta_s"]) == ("completed", None, None)
+    assert detail["answer"] == "Hello"
+
+
+def test_an_unknown_request_has_no_detail():
+    assert state.request_detail("00000000-0000-0000-0000-000000000000") is None
