@@ -2,13 +2,16 @@
 the OpenAI-compatible inference every server kind also speaks."""
 
 import asyncio
+import functools
 import json
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import certifi
 import httpx
 
 from .base import Adapter, AdapterError, ErrorCode, InferenceCall, ServerModel
@@ -43,6 +46,12 @@ OPENAI_PATHS = {
     "completion": "/v1/completions",
     "embedding": "/v1/embeddings",
 }
+
+
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """Built once: loading the CA bundle for every server's client is slow."""
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 def error_from_response(
@@ -160,6 +169,7 @@ class HttpAdapter(Adapter):
         self.client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=headers,
+            verify=ssl_context(),
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
