@@ -1,7 +1,17 @@
 from django.contrib import admin, messages
+from django.db import models
 from django.db.models import Count, Q
+from django.utils import timezone
 
-from .models import Deployment, DeploymentState, Model, Server
+from .discovery import sync_server
+from .models import Deployment, DeploymentState, Health, Model, Server
+
+
+def server_label(server: Server | None) -> str:
+    """A server's name, marked when it is a simulated one so nobody mistakes it for hardware."""
+    if server is None:
+        return "-"
+    return f"{server.name} (simulated)" if server.is_simulated else server.name
 
 
 class DeploymentInline(admin.TabularInline):
@@ -20,6 +30,7 @@ class DeploymentInline(admin.TabularInline):
         "load_options",
     ]
     readonly_fields = ["state", "in_flight"]
+    autocomplete_fields = ["model"]
 
 
 @admin.register(Server)
@@ -32,8 +43,10 @@ class ServerAdmin(admin.ModelAdmin):
         "health",
         "slots",
         "loaded_models",
+        "deployment_count",
         "last_seen",
         "consecutive_failures",
+        "cooldown_until",
     ]
     list_filter = ["kind", "health", "enabled"]
     search_fields = ["name", "base_url"]
@@ -45,47 +58,70 @@ class ServerAdmin(admin.ModelAdmin):
         "cooldown_until",
     ]
     inlines = [DeploymentInline]
-    actions = ["enable", "disable", "end_cooldown"]
+    actions = ["enable", "disable", "end_cooldown", "sync_models"]
+    # Inference servers are local and usually plain http.
+    formfield_overrides = {models.URLField: {"assume_scheme": "http"}}
 
     def get_queryset(self, request):
         return (
             super()
             .get_queryset(request)
             .annotate(
-                n_loaded=Count("deployments", filter=Q(deployments__state=DeploymentState.LOADED))
+                n_loaded=Count("deployments", filter=Q(deployments__state=DeploymentState.LOADED)),
+                n_deployments=Count("deployments"),
             )
         )
 
     @admin.display(description="kind", ordering="kind")
     def kind_label(self, server: Server) -> str:
-        return f"{server.get_kind_display()}" + (" ⚠ simulated" if server.is_simulated else "")
+        return server.get_kind_display() + (" ⚠ simulated" if server.is_simulated else "")
 
     @admin.display(description="loaded", ordering="n_loaded")
     def loaded_models(self, server: Server) -> int:
         return server.n_loaded
 
+    @admin.display(description="deployments", ordering="n_deployments")
+    def deployment_count(self, server: Server) -> int:
+        return server.n_deployments
+
     @admin.action(description="Enable selected servers")
     def enable(self, request, queryset):
-        queryset.update(enabled=True)
+        n = queryset.update(enabled=True)
+        self.message_user(request, f"{n} server(s) enabled.", messages.SUCCESS)
 
     @admin.action(description="Disable selected servers (no new work is sent)")
     def disable(self, request, queryset):
-        queryset.update(enabled=False)
+        n = queryset.update(enabled=False)
+        self.message_user(
+            request, f"{n} server(s) disabled; work already sent finishes.", messages.SUCCESS
+        )
 
     @admin.action(description="End cooldown now (probe at once)")
     def end_cooldown(self, request, queryset):
-        n = queryset.filter(health="cooldown").update(cooldown_until=None)
+        n = queryset.filter(health=Health.COOLDOWN).update(cooldown_until=None)
         self.message_user(request, f"{n} server(s) will be probed now.", messages.SUCCESS)
+
+    @admin.action(description="Sync models from server")
+    def sync_models(self, request, queryset):
+        for server in queryset:
+            report = sync_server(server)
+            self.message_user(
+                request, str(report), messages.ERROR if report.error else messages.SUCCESS
+            )
 
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "type", "aliases", "load_timeout_s", "deployment_count"]
+    list_display = ["name", "type", "alias_list", "load_timeout_s", "deployment_count"]
     list_filter = ["type"]
     search_fields = ["name", "aliases"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(n_deployments=Count("deployments"))
+
+    @admin.display(description="aliases")
+    def alias_list(self, model: Model) -> str:
+        return ", ".join(model.aliases or []) or "-"
 
     @admin.display(description="deployments", ordering="n_deployments")
     def deployment_count(self, model: Model) -> int:
@@ -96,20 +132,24 @@ class ModelAdmin(admin.ModelAdmin):
 class DeploymentAdmin(admin.ModelAdmin):
     list_display = [
         "model",
-        "server",
+        "server_column",
         "server_model_id",
         "state",
         "in_flight",
+        "size_mb",
+        "device",
         "pinned",
         "preload",
         "last_used_at",
         "avg_load_s",
         "avg_inference_s",
+        "load_failures",
         "last_error",
     ]
-    list_filter = ["state", "server", "pinned", "preload", "device"]
+    list_filter = ["state", "server", "server__kind", "model__type", "pinned", "preload", "device"]
     search_fields = ["model__name", "server__name", "server_model_id"]
     list_select_related = ["model", "server"]
+    autocomplete_fields = ["model", "server"]
     readonly_fields = [
         "state",
         "state_changed_at",
@@ -131,13 +171,24 @@ class DeploymentAdmin(admin.ModelAdmin):
     ]
     actions = ["reset_failed"]
 
+    @admin.display(description="server", ordering="server__name")
+    def server_column(self, deployment: Deployment) -> str:
+        return server_label(deployment.server)
+
     @admin.action(description="Reset failed deployments (allow loading again)")
     def reset_failed(self, request, queryset):
         n = queryset.filter(state=DeploymentState.FAILED).update(
             state=DeploymentState.UNLOADED,
+            state_changed_at=timezone.now(),
             load_failures=0,
             last_error="",
             last_error_code="",
             next_load_at=None,
         )
-        self.message_user(request, f"{n} deployment(s) reset.", messages.SUCCESS)
+        skipped = queryset.count() - n
+        self.message_user(
+            request,
+            f"{n} deployment(s) reset."
+            + (f" {skipped} were not failed and were left alone." if skipped else ""),
+            messages.SUCCESS if n else messages.WARNING,
+        )

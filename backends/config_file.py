@@ -1,16 +1,20 @@
 """Declarative servers, models and deployments from a YAML or TOML file.
 
 Applying a file creates or updates what it names and leaves everything else alone, so it is
-safe to apply the same file again.
+safe to apply the same file again. Every problem is reported with where it is: the line for
+YAML (and for TOML syntax errors, which tomllib reports by line), the path such as
+`servers[1].deployments[0].size_mb` always. A file with any problem changes nothing.
 """
 
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from django.core.exceptions import ValidationError
+from django.db import models as db
 from django.db import transaction
 
 from .models import Deployment, Model, Server
@@ -43,21 +47,51 @@ class ConfigError(ValueError):
 
 
 class _Mapping(dict):
+    """A YAML mapping that remembers its line and the line of each key."""
+
     line: int | None = None
+    key_lines: dict[str, int]
+
+
+class _Sequence(list):
+    """A YAML sequence that remembers its line and the line of each entry."""
+
+    line: int | None = None
+    item_lines: list[int]
 
 
 class _LineLoader(yaml.SafeLoader):
-    """Remembers the line of each mapping so errors can point at it."""
-
-    def construct_mapping(self, node, deep=False):
-        mapping = _Mapping(super().construct_mapping(node, deep=deep))
-        mapping.line = node.start_mark.line + 1
-        return mapping
+    pass
 
 
-def where(item: Any, path: str) -> str:
-    line = getattr(item, "line", None)
-    return f"{path} (line {line})" if line else path
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode):
+    mapping = _Mapping()
+    mapping.line = node.start_mark.line + 1
+    mapping.key_lines = {
+        k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)
+    }
+    yield mapping  # yielded first so that nested and recursive nodes can refer to it
+    mapping.update(loader.construct_mapping(node))
+
+
+def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode):
+    sequence = _Sequence()
+    sequence.line = node.start_mark.line + 1
+    sequence.item_lines = [item.start_mark.line + 1 for item in node.value]
+    yield sequence
+    sequence.extend(loader.construct_sequence(node))
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def where(item: Any, path: str, key: str | None = None) -> str:
+    """`path.key` plus the YAML line of `key` in `item` (or of `item` itself) when known."""
+    line = getattr(item, "key_lines", {}).get(key) if key else None
+    line = line or getattr(item, "line", None)
+    full = f"{path}.{key}" if path and key else (key or path)
+    return f"{full} (line {line})" if line else full
 
 
 @dataclass
@@ -65,7 +99,13 @@ class Summary:
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
 
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated)
+
     def __str__(self) -> str:
+        if not self.changed:
+            return "nothing changed"
         return (
             f"created {len(self.created)}: {', '.join(self.created) or '-'}; "
             f"updated {len(self.updated)}: {', '.join(self.updated) or '-'}"
@@ -73,86 +113,213 @@ class Summary:
 
 
 def load_file(path: str | Path) -> dict:
+    """Parse a .toml file as TOML and anything else as YAML."""
     path = Path(path)
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}") from exc
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
         else:
-            data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+            data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        raise ConfigError(str(exc)) from exc  # tomllib says "(at line N, column M)"
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        at = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{at} {getattr(exc, 'problem', exc)}") from exc
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or exc
+        context = getattr(exc, "context", None)
+        raise ConfigError(f"{at}{problem}" + (f" ({context})" if context else "")) from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping with 'models' and 'servers'")
+        raise ConfigError("expected a mapping with 'models' and/or 'servers'")
     return data
 
 
-def _check_keys(item: Any, allowed: set[str], path: str) -> None:
+def _check_mapping(item: Any, allowed: set[str], path: str, parent: Any, index: int = 0) -> None:
     if not isinstance(item, dict):
-        raise ConfigError(f"{where(item, path)}: expected a mapping")
-    unknown = set(item) - allowed
+        lines = getattr(parent, "item_lines", None)
+        at = f" (line {lines[index]})" if lines else ""
+        raise ConfigError(f"{path}{at}: expected a mapping, got {item!r}")
+    unknown = sorted(set(item) - allowed, key=str)
     if unknown:
         raise ConfigError(
-            f"{where(item, path)}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}"
+            f"{where(item, path, unknown[0])}: unknown keys {unknown}; allowed: {sorted(allowed)}"
         )
 
 
-def _save(obj, item: Any, path: str) -> None:
+def _list(container: dict, key: str, path: str) -> list:
+    value = container.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{where(container, path, key)}: expected a list, got {value!r}")
+    return value
+
+
+def _name(item: dict, key: str, path: str, what: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where(item, path, key)}: {what} needs a {key} (a non-empty string)")
+    return value
+
+
+def _check_types(item: dict, path: str) -> None:
+    """What the model fields cannot check themselves (JSON fields take anything)."""
+    aliases = item.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise ConfigError(f"{where(item, path, 'aliases')}: expected a list of names")
+    if not isinstance(item.get("load_options", {}), dict):
+        raise ConfigError(f"{where(item, path, 'load_options')}: expected a mapping")
+
+
+def base_url_problem(url: str) -> str | None:
+    """Why `url` cannot be a server's base URL, or None.
+
+    Django's URLValidator wants a dotted domain, but inference servers are usually reached by
+    a bare host name (`http://gpu-1:1234`), so this check only asks for http(s), a host and a
+    valid port.
+    """
+    if not url:
+        return None
     try:
-        obj.full_clean(validate_unique=False, validate_constraints=False)
-    except ValidationError as exc:
-        problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
-        raise ConfigError(f"{where(item, path)}: {problems}") from exc
-    obj.save()
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        return f"{url!r} has an invalid port"
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
+        return f"{url!r} is not an http(s) URL with a host, e.g. http://gpu-1:1234"
+    return None if port_ok else f"{url!r} has an invalid port"
 
 
-def _upsert(model_cls, lookup: dict, values: dict, item: Any, path: str, summary: Summary):
+def _field_values(obj: db.Model) -> dict[str, Any]:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+def _upsert(
+    model_cls: type[db.Model],
+    lookup: dict,
+    values: dict,
+    item: Any,
+    path: str,
+    summary: Summary,
+    create_defaults: dict | None = None,
+):
+    """Create or update one row; only what the file says is written, and only if it differs."""
     obj = model_cls.objects.filter(**lookup).first()
     created = obj is None
-    obj = obj or model_cls(**lookup)
-    changed = created
+    if created:
+        obj = model_cls(**lookup, **(create_defaults or {}))
+    before = None if created else _field_values(obj)
     for key, value in values.items():
-        if getattr(obj, key) != value:
-            setattr(obj, key, value)
-            changed = True
-    if changed:
-        _save(obj, item, path)
-        (summary.created if created else summary.updated).append(str(obj))
+        setattr(obj, key, value)
+    try:
+        # Cleaning also converts values ("8" → 8), so the comparison below sees real changes.
+        obj.full_clean(exclude=["base_url"], validate_unique=False, validate_constraints=False)
+        problem = base_url_problem(getattr(obj, "base_url", ""))
+        if problem:
+            raise ValidationError({"base_url": [problem]})
+    except ValidationError as exc:
+        problems = [
+            f"{where(item, path, None if key == '__all__' else key)}: {' '.join(msgs)}"
+            for key, msgs in exc.message_dict.items()
+        ]
+        raise ConfigError("; ".join(problems)) from exc
+    if created or _field_values(obj) != before:
+        obj.save()
+        (summary.created if created else summary.updated).append(
+            f"{model_cls._meta.verbose_name} {obj}"
+        )
     return obj
+
+
+def _apply_models(data: dict, summary: Summary) -> dict[str, Model]:
+    models: dict[str, Model] = {}
+    located: dict[str, tuple[str, dict]] = {}
+    items = _list(data, "models", "")
+    for i, item in enumerate(items):
+        path = f"models[{i}]"
+        _check_mapping(item, MODEL_FIELDS | {"name"}, path, items, i)
+        name = _name(item, "name", path, "a model")
+        if name in located:
+            raise ConfigError(
+                f"{where(item, path, 'name')}: model {name!r} is also {located[name][0]}"
+            )
+        located[name] = (path, item)
+        _check_types(item, path)
+        values = {k: v for k, v in item.items() if k != "name"}
+        models[name] = _upsert(Model, {"name": name}, values, item, path, summary)
+    _check_aliases(models, located)
+    return models
+
+
+def _check_aliases(models: dict[str, Model], located: dict[str, tuple[str, dict]]) -> None:
+    """An alias may not be another model's name or alias: a request must mean one model."""
+    owner: dict[str, str] = {}
+    for other in Model.objects.order_by("name"):
+        for public in [other.name, *(other.aliases or [])]:
+            owner.setdefault(public, other.name)
+    for name, model in models.items():
+        for alias in model.aliases:
+            if owner.get(alias, name) != name:
+                path, item = located[name]
+                raise ConfigError(
+                    f"{where(item, path, 'aliases')}: {alias!r} already names model "
+                    f"{owner[alias]!r}"
+                )
+
+
+def _apply_deployments(
+    server: Server, item: dict, path: str, models: dict[str, Model], summary: Summary
+) -> None:
+    deployments = _list(item, "deployments", path)
+    seen: dict[str, str] = {}
+    for j, dep in enumerate(deployments):
+        dpath = f"{path}.deployments[{j}]"
+        _check_mapping(dep, DEPLOYMENT_FIELDS | {"model"}, dpath, deployments, j)
+        name = _name(dep, "model", dpath, "a deployment")
+        if name in seen:
+            raise ConfigError(
+                f"{where(dep, dpath, 'model')}: model {name!r} is deployed twice on "
+                f"{server.name} (also {seen[name]})"
+            )
+        seen[name] = dpath
+        model = models.get(name) or Model.objects.filter(name=name).first()
+        if model is None:
+            raise ConfigError(
+                f"{where(dep, dpath, 'model')}: unknown model {name!r} "
+                "(list it under 'models' or create it first)"
+            )
+        _check_types(dep, dpath)
+        values = {k: v for k, v in dep.items() if k != "model"}
+        _upsert(
+            Deployment,
+            {"server": server, "model": model},
+            values,
+            dep,
+            dpath,
+            summary,
+            create_defaults={"server_model_id": model.name},
+        )
 
 
 @transaction.atomic
 def apply(data: dict) -> Summary:
     """Create or update everything the file names; raises ConfigError and changes nothing."""
     summary = Summary()
-    _check_keys(data, {"models", "servers"}, "file")
-    models: dict[str, Model] = {}
-    for i, item in enumerate(data.get("models") or []):
-        path = f"models[{i}]"
-        _check_keys(item, MODEL_FIELDS | {"name"}, path)
-        if "name" not in item:
-            raise ConfigError(f"{where(item, path)}: a model needs a name")
-        values = {k: v for k, v in item.items() if k != "name"}
-        models[item["name"]] = _upsert(Model, {"name": item["name"]}, values, item, path, summary)
-    for i, item in enumerate(data.get("servers") or []):
+    _check_mapping(data, {"models", "servers"}, "", data)
+    models = _apply_models(data, summary)
+    servers = _list(data, "servers", "")
+    seen: dict[str, str] = {}
+    for i, item in enumerate(servers):
         path = f"servers[{i}]"
-        _check_keys(item, SERVER_FIELDS | {"name", "deployments"}, path)
-        if "name" not in item:
-            raise ConfigError(f"{where(item, path)}: a server needs a name")
+        _check_mapping(item, SERVER_FIELDS | {"name", "deployments"}, path, servers, i)
+        name = _name(item, "name", path, "a server")
+        if name in seen:
+            raise ConfigError(f"{where(item, path, 'name')}: server {name!r} is also {seen[name]}")
+        seen[name] = path
         values = {k: v for k, v in item.items() if k in SERVER_FIELDS}
-        server = _upsert(Server, {"name": item["name"]}, values, item, path, summary)
-        for j, dep in enumerate(item.get("deployments") or []):
-            dpath = f"{path}.deployments[{j}]"
-            _check_keys(dep, DEPLOYMENT_FIELDS | {"model"}, dpath)
-            name = dep.get("model")
-            model = models.get(name) or Model.objects.filter(name=name).first()
-            if model is None:
-                raise ConfigError(f"{where(dep, dpath)}: unknown model {name!r}")
-            values = {k: v for k, v in dep.items() if k != "model"}
-            values.setdefault("server_model_id", model.name)
-            _upsert(Deployment, {"server": server, "model": model}, values, dep, dpath, summary)
+        server = _upsert(Server, {"name": name}, values, item, path, summary)
+        _apply_deployments(server, item, path, models, summary)
     return summary

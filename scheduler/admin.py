@@ -1,7 +1,27 @@
+from datetime import timedelta
+
+from django.conf import settings
 from django.contrib import admin, messages
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from backends.admin import server_label
 
 from .models import WAITING_STATES, Request, State, Trace, Worker
 from .transitions import move
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows written only by Switchyard itself: operators look, they do not edit."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 class TraceInline(admin.TabularInline):
@@ -14,51 +34,101 @@ class TraceInline(admin.TabularInline):
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
 
 @admin.register(Request)
-class RequestAdmin(admin.ModelAdmin):
+class RequestAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "kind",
         "model_name",
         "priority",
         "state",
-        "server",
+        "server_column",
         "created_at",
         "started_at",
         "finished_at",
         "attempts",
         "error_code",
     ]
-    list_filter = ["state", "priority", "kind", "server"]
+    list_filter = ["state", "priority", "kind", "server", "stream"]
     search_fields = ["id", "model_name", "error"]
     date_hierarchy = "created_at"
     list_select_related = ["server"]
     inlines = [TraceInline]
     actions = ["cancel"]
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
+    @admin.display(description="server", ordering="server__name")
+    def server_column(self, obj: Request) -> str:
+        return server_label(obj.server)
 
     @admin.action(description="Cancel selected requests (those not yet processing)")
     def cancel(self, request, queryset):
+        ids = list(queryset.values_list("pk", flat=True))
         cancelled = sum(
             move(pk, WAITING_STATES, State.CANCELLED, f"cancelled in admin by {request.user}")
-            for pk in queryset.values_list("pk", flat=True)
+            for pk in ids
         )
-        skipped = queryset.count() - cancelled
-        self.message_user(
-            request,
-            f"Cancelled {cancelled} request(s)"
-            + (f"; {skipped} were processing or finished and were left alone." if skipped else "."),
-            messages.SUCCESS if cancelled else messages.WARNING,
-        )
+        skipped = len(ids) - cancelled
+        if cancelled:
+            self.message_user(request, f"Cancelled {cancelled} request(s).", messages.SUCCESS)
+        if skipped:
+            self.message_user(
+                request,
+                f"{skipped} request(s) were already processing or finished and were left alone "
+                "(a request that is processing runs to its end).",
+                messages.WARNING,
+            )
+
+
+@admin.register(Trace)
+class TraceAdmin(ReadOnlyAdmin):
+    list_display = ["at", "request_link", "from_state", "to_state", "server", "reason"]
+    list_filter = ["to_state", "from_state", "server"]
+    search_fields = ["reason", "request__id", "request__model_name"]
+    list_select_related = ["request"]
+    date_hierarchy = "at"
+
+    @admin.display(description="request", ordering="request__created_at")
+    def request_link(self, trace: Trace) -> str:
+        return f"{trace.request.model_name} {str(trace.request_id)[:8]}"
+
+
+class AliveFilter(admin.SimpleListFilter):
+    title = "heartbeat"
+    parameter_name = "alive"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "alive"), ("no", "stale")]
+
+    def queryset(self, request, queryset):
+        if self.value() is None:
+            return queryset
+        since = timezone.now() - timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
+        fresh = Q(last_heartbeat__gte=since)
+        return queryset.filter(fresh if self.value() == "yes" else ~fresh)
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
-    list_display = ["id", "host", "pid", "started_at", "last_heartbeat"]
-    readonly_fields = ["host", "pid", "started_at", "last_heartbeat"]
+class WorkerAdmin(ReadOnlyAdmin):
+    list_display = ["id", "host", "pid", "started_at", "last_heartbeat", "alive", "processing"]
+    list_filter = [AliveFilter, "host"]
+    search_fields = ["host", "pid"]
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(n_processing=Count("requests", filter=Q(requests__state=State.PROCESSING)))
+        )
+
+    @admin.display(boolean=True, description="alive")
+    def alive(self, worker: Worker) -> bool:
+        stale_after = timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
+        return timezone.now() - worker.last_heartbeat < stale_after
+
+    @admin.display(description="processing", ordering="n_processing")
+    def processing(self, worker: Worker) -> int:
+        return worker.n_processing

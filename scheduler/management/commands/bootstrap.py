@@ -9,20 +9,36 @@ from django.core.management.base import BaseCommand
 
 from backends.models import Server
 
+DEMO_FILE = settings.BASE_DIR / "config" / "demo.yaml"
+
 
 class Command(BaseCommand):
-    help = "Migrate, load demo data when the database is empty, create an admin user once."
+    help = (
+        "Migrate, load the demo data when the database has no servers, and create an admin "
+        "user with a random password (printed once) when there is no superuser."
+    )
 
     def handle(self, *args, **options) -> None:
         call_command("migrate", interactive=False, verbosity=0)
-        if not Server.objects.exists():
-            call_command("apply_config", str(settings.BASE_DIR / "config" / "demo.yaml"))
+        if Server.objects.exists():
+            self.stdout.write("Servers already configured: demo data not loaded.")
+        else:
+            call_command("apply_config", str(DEMO_FILE), stdout=self.stdout)
+        self.create_admin()
+
+    def create_admin(self) -> None:
         users = get_user_model()
-        if not users.objects.filter(is_superuser=True).exists():
-            password = secrets.token_urlsafe(12)
-            users.objects.create_superuser("admin", "", password)
-            self.stdout.write(
-                self.style.WARNING(
-                    f"Created the admin user: admin / {password}  (shown once; keep it)"
-                )
+        if users.objects.filter(is_superuser=True).exists():
+            return
+        username = "admin"
+        if users.objects.filter(username=username).exists():
+            # Someone named their ordinary account "admin": never take it over.
+            username = f"admin-{secrets.token_hex(3)}"
+        password = secrets.token_urlsafe(12)
+        users.objects.create_superuser(username, "", password)
+        self.stdout.write(
+            self.style.WARNING(
+                f"Created the admin user: {username} / {password}  "
+                "(shown only this once; change it in the admin)"
             )
+        )

@@ -1,0 +1,119 @@
+"""Create deployments for the models a server says it has.
+
+Discovery only adds: an operator's models and deployments are never deleted or overwritten.
+The one thing it writes on an existing deployment is a fact the operator left empty (its size).
+"""
+
+from dataclasses import dataclass, field
+
+from asgiref.sync import async_to_sync
+from django.db import transaction
+
+from .adapters.base import AdapterError, ServerModel
+from .adapters.registry import adapter_for
+from .models import Deployment, Model, ModelType, Server
+
+NAME_MAX = Model._meta.get_field("name").max_length
+
+
+@dataclass
+class SyncReport:
+    server: str
+    created_models: list[str] = field(default_factory=list)
+    created_deployments: list[str] = field(default_factory=list)
+    filled: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    listed: int = 0
+    error: str = ""
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"{self.server}: could not list models ({self.error})"
+        parts = [f"{self.server}: {self.listed} listed"]
+        for label, names in (
+            ("new deployments", self.created_deployments),
+            ("new models", self.created_models),
+            ("sizes filled", self.filled),
+            ("skipped", self.skipped),
+        ):
+            if names:
+                parts.append(f"{label}: {', '.join(names)}")
+        if not (self.created_deployments or self.filled):
+            parts.append("nothing new")
+        return "; ".join(parts)
+
+
+async def _list(server: Server) -> list[ServerModel]:
+    adapter = adapter_for(server)
+    try:
+        return await adapter.list_models()
+    finally:
+        await adapter.close()
+
+
+def listed_models(server: Server) -> list[ServerModel]:
+    """What the server lists right now (raises AdapterError or ValueError for unknown kinds)."""
+    return async_to_sync(_list)(server)
+
+
+def _find_model(name: str) -> Model | None:
+    """The operator's model with this public name or alias."""
+    found = Model.objects.filter(name=name).first()
+    if found:
+        return found
+    # Aliases live in a JSON list; few models exist, so look through them here rather than
+    # rely on JSON containment lookups that SQLite lacks.
+    for candidate in Model.objects.exclude(aliases=[]):
+        if name in (candidate.aliases or []):
+            return candidate
+    return None
+
+
+def _model_type(listed: ServerModel) -> str:
+    return listed.type if listed.type in ModelType.values else ModelType.LLM
+
+
+@transaction.atomic
+def record(server: Server, listed: list[ServerModel], report: SyncReport) -> None:
+    """Add what is missing for `listed` on `server`; fill only empty facts on what exists."""
+    report.listed = len(listed)
+    known = {d.server_model_id: d for d in server.deployments.select_related("model")}
+    for item in listed:
+        existing = known.get(item.id)
+        if existing is not None:
+            if existing.size_mb is None and item.size_mb:
+                existing.size_mb = item.size_mb
+                existing.save(update_fields=["size_mb"])
+                report.filled.append(str(existing))
+            continue
+        if len(item.id) > NAME_MAX:
+            report.skipped.append(f"{item.id[:40]}… (name longer than {NAME_MAX} characters)")
+            continue
+        model = _find_model(item.id)
+        if model is None:
+            model = Model.objects.create(name=item.id, type=_model_type(item))
+            report.created_models.append(model.name)
+        elif server.deployments.filter(model=model).exists():
+            # The operator already put this model on this server under another server name.
+            report.skipped.append(f"{item.id} ({model.name} is already deployed here)")
+            continue
+        deployment = Deployment.objects.create(
+            server=server, model=model, server_model_id=item.id, size_mb=item.size_mb
+        )
+        known[item.id] = deployment
+        report.created_deployments.append(str(deployment))
+
+
+def sync_server(server: Server) -> SyncReport:
+    """Ask the server what it has and add what Switchyard does not know yet."""
+    report = SyncReport(server=server.name)
+    try:
+        listed = listed_models(server)
+    except AdapterError as exc:
+        report.error = exc.message
+        return report
+    except ValueError as exc:
+        report.error = str(exc)
+        return report
+    record(server, listed, report)
+    return report

@@ -1,0 +1,161 @@
+"""Admin for servers, models and deployments, through the test client as a superuser."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from backends.models import Deployment, Model, Server
+from tests import factories
+from tests.conftest import free_port
+from tests.support.openai_upstream import Upstream
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """The admin_client fixture hashes a password; the real hasher is slow on purpose."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def changelist(name: str) -> str:
+    return reverse(f"admin:backends_{name}_changelist")
+
+
+def act(client, name: str, action: str, pks: list) -> str:
+    """Run an admin action; returns the messages shown on the page it lands on."""
+    response = client.post(
+        changelist(name), {"action": action, "_selected_action": pks}, follow=True
+    )
+    assert response.status_code == 200
+    return "\n".join(str(m) for m in response.context["messages"])
+
+
+@pytest.fixture
+def fleet():
+    sim = factories.server("sim-1", kind="simulated")
+    real = factories.server("gpu-1", kind="openai", base_url="http://127.0.0.1:9")
+    factories.deployment(sim, "qwen3-8b", state="loaded")
+    factories.deployment(real, "qwen3-8b", server_model_id="qwen/qwen3-8b")
+    factories.deployment(real, "nomic-embed", state="failed", load_failures=3)
+    Model.objects.filter(name="nomic-embed").update(type="embedding", aliases=["nomic"])
+    return sim, real
+
+
+FILTERS = {
+    "server": ["kind=openai", "health=up", "enabled__exact=1", "q=gpu"],
+    "model": ["type=embedding", "q=nomic"],
+    "deployment": [
+        "state=failed",
+        "server__kind=simulated",
+        "model__type=llm",
+        "pinned__exact=0",
+        "device=gpu",
+        "q=qwen",
+    ],
+}
+
+
+@pytest.mark.parametrize("name", FILTERS)
+def test_changelists_render_with_each_filter(admin_client, fleet, name):
+    for query in ["", *FILTERS[name]]:
+        response = admin_client.get(f"{changelist(name)}?{query}")
+        assert response.status_code == 200, query
+        assert "errornote" not in response.content.decode(), query
+
+
+def test_search_finds_the_right_rows(admin_client, fleet):
+    servers = admin_client.get(changelist("server") + "?q=sim").context["cl"].result_list
+    assert [s.name for s in servers] == ["sim-1"]
+    models = admin_client.get(changelist("model") + "?q=nomic").context["cl"].result_list
+    assert [m.name for m in models] == ["nomic-embed"]
+    found = admin_client.get(changelist("deployment") + "?q=qwen/qwen3").context["cl"]
+    assert [d.server.name for d in found.result_list] == ["gpu-1"]
+
+
+def test_filters_narrow_the_rows(admin_client, fleet):
+    failed = admin_client.get(changelist("deployment") + "?state=failed").context["cl"]
+    assert [d.model.name for d in failed.result_list] == ["nomic-embed"]
+    simulated = admin_client.get(changelist("server") + "?kind=simulated").context["cl"]
+    assert [s.name for s in simulated.result_list] == ["sim-1"]
+
+
+def test_simulated_servers_are_marked_in_list_views(admin_client, fleet):
+    servers = admin_client.get(changelist("server")).content.decode()
+    assert "⚠ simulated" in servers
+    deployments = admin_client.get(changelist("deployment")).content.decode()
+    assert "sim-1 (simulated)" in deployments
+    assert "gpu-1 (simulated)" not in deployments
+
+
+@pytest.mark.parametrize("name", ["server", "model", "deployment"])
+def test_list_pages_do_not_query_per_row(admin_client, django_assert_max_num_queries, name):
+    srv = factories.server("s-0", kind="simulated")
+    factories.deployment(srv, "m-0")
+    with CaptureQueriesContext(connection) as one_row:
+        assert admin_client.get(changelist(name)).status_code == 200
+    for i in range(1, 25):
+        srv = factories.server(f"s-{i}", kind="openai" if i % 2 else "simulated")
+        factories.deployment(srv, f"m-{i}")
+        factories.deployment(srv, "m-0")
+    with django_assert_max_num_queries(len(one_row)):
+        assert admin_client.get(changelist(name)).status_code == 200
+
+
+def test_server_actions(admin_client, fleet):
+    sim, real = fleet
+    Server.objects.filter(pk=real.pk).update(
+        health="cooldown", cooldown_until=timezone.now() + timezone.timedelta(minutes=5)
+    )
+
+    assert "2 server(s) disabled" in act(admin_client, "server", "disable", [sim.pk, real.pk])
+    assert not Server.objects.filter(enabled=True).exists()
+    assert "1 server(s) enabled" in act(admin_client, "server", "enable", [sim.pk])
+    assert Server.objects.get(pk=sim.pk).enabled
+
+    page = act(admin_client, "server", "end_cooldown", [sim.pk, real.pk])
+    assert "1 server(s) will be probed now" in page
+    assert Server.objects.get(pk=real.pk).cooldown_until is None
+
+
+def test_sync_models_action_reports_what_it_created(admin_client):
+    upstream = Upstream(["qwen3-8b", "phi-4"])
+    try:
+        srv = factories.server("up", kind="openai", base_url=upstream.url)
+        factories.model("qwen3-8b", load_timeout_s=33)
+        page = act(admin_client, "server", "sync_models", [srv.pk])
+    finally:
+        upstream.close()
+
+    assert "up: 2 listed" in page
+    assert "new deployments: qwen3-8b@up, phi-4@up" in page
+    assert "new models: phi-4" in page
+    assert Model.objects.get(name="qwen3-8b").load_timeout_s == 33
+
+
+def test_sync_models_action_shows_an_unreachable_server_as_an_error(admin_client):
+    down = factories.server("down", kind="openai", base_url=f"http://127.0.0.1:{free_port()}")
+    page = act(admin_client, "server", "sync_models", [down.pk])
+    assert "down: could not list models" in page
+    assert not Deployment.objects.exists()
+
+
+def test_reset_failed_resets_only_failed_deployments(admin_client, fleet):
+    failed = Deployment.objects.get(state="failed")
+    loaded = Deployment.objects.get(state="loaded")
+
+    page = act(admin_client, "deployment", "reset_failed", [failed.pk, loaded.pk])
+
+    assert "1 deployment(s) reset. 1 were not failed" in page
+    failed.refresh_from_db()
+    assert (failed.state, failed.load_failures) == ("unloaded", 0)
+    assert Deployment.objects.get(pk=loaded.pk).state == "loaded"
+
+
+def test_server_page_shows_its_deployments(admin_client, fleet):
+    _, real = fleet
+    page = admin_client.get(reverse("admin:backends_server_change", args=[real.pk]))
+    assert page.status_code == 200
+    assert "qwen/qwen3-8b" in page.content.decode()

@@ -1,0 +1,163 @@
+"""Discovery: deployments for what a real server lists, never touching the operator's rows."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from backends.adapters.base import ServerModel
+from backends.discovery import SyncReport, record, sync_server
+from backends.models import Deployment, Model
+from tests import factories
+from tests.conftest import free_port
+from tests.support.openai_upstream import Upstream
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    """One server for the module: it only answers GET /v1/models, which nothing changes."""
+    up = Upstream(["qwen3-8b", "llama-3.2-1b", "nomic-embed-text"])
+    yield up
+    up.close()
+
+
+@pytest.fixture
+def server(upstream):
+    return factories.server("up", kind="openai", base_url=upstream.url)
+
+
+def test_creates_models_and_deployments_for_what_the_server_lists(server):
+    report = sync_server(server)
+
+    assert report.error == ""
+    assert report.listed == 3
+    assert sorted(report.created_models) == ["llama-3.2-1b", "nomic-embed-text", "qwen3-8b"]
+    deployments = Deployment.objects.filter(server=server).select_related("model")
+    assert sorted((d.model.name, d.server_model_id) for d in deployments) == [
+        ("llama-3.2-1b", "llama-3.2-1b"),
+        ("nomic-embed-text", "nomic-embed-text"),
+        ("qwen3-8b", "qwen3-8b"),
+    ]
+    # The OpenAI listing says nothing about types: everything is an LLM until told otherwise.
+    assert set(Model.objects.values_list("type", flat=True)) == {"llm"}
+    assert "3 listed" in str(report)
+
+
+def test_syncing_again_creates_nothing(server):
+    sync_server(server)
+    rows = list(Deployment.objects.order_by("pk").values())
+
+    again = sync_server(server)
+
+    assert again.created_deployments == again.created_models == []
+    assert "nothing new" in str(again)
+    assert list(Deployment.objects.order_by("pk").values()) == rows
+
+
+def test_operator_settings_are_never_overwritten(server):
+    # A model the operator defined, by name and by alias, and a deployment they tuned.
+    mine = factories.model("qwen3-8b", type="llm", aliases=["qwen"], load_timeout_s=42)
+    llama = factories.model("llama", aliases=["llama-3.2-1b"])
+    tuned = factories.deployment(
+        server, "qwen3-8b", server_model_id="qwen3-8b", pinned=True, device="cpu"
+    )
+    options = dict(tuned.load_options)
+
+    report = sync_server(server)
+
+    assert report.created_models == ["nomic-embed-text"]
+    tuned.refresh_from_db()
+    assert (tuned.pinned, tuned.device, tuned.load_options) == (True, "cpu", options)
+    mine.refresh_from_db()
+    assert (mine.aliases, mine.load_timeout_s) == (["qwen"], 42)
+    # The server's name for llama is an alias of the operator's model: deployed under it.
+    assert Deployment.objects.get(server=server, server_model_id="llama-3.2-1b").model == llama
+    assert Model.objects.count() == 3
+
+
+def test_a_model_already_deployed_under_another_server_name_is_skipped(server):
+    factories.deployment(server, "qwen3-8b", server_model_id="qwen3-8b-q4")
+
+    report = sync_server(server)
+
+    assert any(s.startswith("qwen3-8b ") for s in report.skipped)
+    assert Deployment.objects.filter(server=server, model__name="qwen3-8b").count() == 1
+
+
+def test_same_model_on_a_second_server_shares_the_model(server, upstream):
+    other_up = Upstream(["qwen3-8b"])
+    try:
+        other = factories.server("up-2", kind="openai", base_url=other_up.url)
+        sync_server(server)
+        report = sync_server(other)
+    finally:
+        other_up.close()
+
+    assert report.created_models == []
+    assert report.created_deployments == ["qwen3-8b@up-2"]
+    assert Model.objects.get(name="qwen3-8b").deployments.count() == 2
+
+
+def test_types_and_sizes_come_from_the_server_when_it_says(server):
+    """Fills empty facts on existing deployments, never replaces ones the operator set."""
+    sized = factories.deployment(server, "a", size_mb=111)
+    unsized = factories.deployment(server, "b")
+    listed = [
+        ServerModel("a", type="llm", size_mb=999),
+        ServerModel("b", type="llm", size_mb=2048),
+        ServerModel("embed", type="embedding", size_mb=300),
+        ServerModel("odd", type="vision"),
+    ]
+    report = SyncReport(server.name)
+
+    record(server, listed, report)
+
+    sized.refresh_from_db()
+    unsized.refresh_from_db()
+    assert (sized.size_mb, unsized.size_mb) == (111, 2048)
+    assert report.filled == ["b@up"]
+    assert Model.objects.get(name="embed").type == "embedding"
+    assert Deployment.objects.get(model__name="embed").size_mb == 300
+    assert Model.objects.get(name="odd").type == "llm"
+
+
+def test_unreachable_server_reports_and_creates_nothing():
+    down = factories.server("down", kind="openai", base_url=f"http://127.0.0.1:{free_port()}")
+
+    report = sync_server(down)
+
+    assert report.error
+    assert "could not list models" in str(report)
+    assert not Deployment.objects.exists()
+
+
+def test_command_syncs_named_servers_and_reports(server):
+    out = StringIO()
+    call_command("sync_models", "up", stdout=out)
+
+    assert "new deployments" in out.getvalue()
+    assert Deployment.objects.filter(server=server).count() == 3
+
+
+def test_command_without_names_syncs_enabled_servers(server):
+    factories.server("off", kind="openai", base_url="http://127.0.0.1:9", enabled=False)
+    out = StringIO()
+    call_command("sync_models", stdout=out)
+
+    assert "up: 3 listed" in out.getvalue()
+    assert "off" not in out.getvalue()
+
+
+def test_command_rejects_unknown_servers_and_fails_on_unreachable_ones(server):
+    with pytest.raises(CommandError, match="no such server: ghost"):
+        call_command("sync_models", "up", "ghost")
+    assert not Deployment.objects.exists()
+
+    factories.server("down", kind="openai", base_url=f"http://127.0.0.1:{free_port()}")
+    out = StringIO()
+    with pytest.raises(CommandError, match="could not list models on: down"):
+        call_command("sync_models", "up", "down", stdout=out)
+    # The reachable server was still synced.
+    assert Deployment.objects.filter(server=server).count() == 3

@@ -1,0 +1,158 @@
+"""Admin for requests, traces and workers, through the test client as a superuser."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from scheduler.models import Request, State, Trace, Worker
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """The admin_client fixture hashes a password; the real hasher is slow on purpose."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def changelist(name: str) -> str:
+    return reverse(f"admin:scheduler_{name}_changelist")
+
+
+def act(client, action: str, pks: list) -> str:
+    """Run an admin action; returns the messages shown on the page it lands on."""
+    response = client.post(
+        changelist("request"), {"action": action, "_selected_action": pks}, follow=True
+    )
+    assert response.status_code == 200
+    return "\n".join(str(m) for m in response.context["messages"])
+
+
+@pytest.fixture
+def queue():
+    """One request in each state that matters, with a trace row each."""
+    sim = factories.server("sim-1", kind="simulated")
+    worker = Worker.objects.create(host="box", pid=42)
+    rows = {}
+    for state in [State.PENDING, State.NEEDS_LOADING, State.READY, State.PROCESSING]:
+        rows[state] = factories.request(
+            "qwen3-8b", state=state, server=sim, worker=worker if state == "processing" else None
+        )
+    rows[State.COMPLETED] = factories.request("nomic-embed", kind="embedding", state="completed")
+    for row in rows.values():
+        Trace.objects.create(request=row, to_state=row.state, server="sim-1", reason="seeded")
+    return rows
+
+
+FILTERS = {
+    "request": [
+        "state=pending",
+        "priority=2",
+        "kind=embedding",
+        "stream__exact=0",
+        "q=qwen",
+        f"created_at__year={timezone.now().year}",
+    ],
+    "trace": ["to_state=ready", "server=sim-1", "q=seeded"],
+    "worker": ["alive=yes", "alive=no", "host=box", "q=box"],
+}
+
+
+@pytest.mark.parametrize("name", FILTERS)
+def test_changelists_render_with_each_filter(admin_client, queue, name):
+    for query in ["", *FILTERS[name]]:
+        response = admin_client.get(f"{changelist(name)}?{query}")
+        assert response.status_code == 200, query
+        assert "errornote" not in response.content.decode(), query
+
+
+def test_request_search_by_model_and_by_id(admin_client, queue):
+    found = admin_client.get(changelist("request") + "?q=nomic").context["cl"].result_list
+    assert [r.model_name for r in found] == ["nomic-embed"]
+    ready = queue[State.READY]
+    found = admin_client.get(f"{changelist('request')}?q={ready.pk}").context["cl"].result_list
+    assert [r.pk for r in found] == [ready.pk]
+
+
+def test_trace_search_by_request(admin_client, queue):
+    ready = queue[State.READY]
+    found = admin_client.get(f"{changelist('trace')}?q={ready.pk}").context["cl"].result_list
+    assert [t.request_id for t in found] == [ready.pk]
+
+
+def test_worker_alive_filter(admin_client, queue):
+    Worker.objects.create(host="gone", pid=7, last_heartbeat=timezone.now() - timedelta(hours=1))
+    alive = admin_client.get(changelist("worker") + "?alive=yes").context["cl"].result_list
+    stale = admin_client.get(changelist("worker") + "?alive=no").context["cl"].result_list
+    assert [w.host for w in alive] == ["box"]
+    assert [w.host for w in stale] == ["gone"]
+    assert alive[0].n_processing == 1
+
+
+def test_simulated_server_is_marked_in_the_request_list(admin_client, queue):
+    page = admin_client.get(changelist("request")).content.decode()
+    assert "sim-1 (simulated)" in page
+
+
+def test_request_page_shows_its_trace_and_is_read_only(admin_client, queue):
+    ready = queue[State.READY]
+    url = reverse("admin:scheduler_request_change", args=[ready.pk])
+    page = admin_client.get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "seeded" in html
+    assert 'name="_save"' not in html
+    assert admin_client.post(url, {"state": "completed"}).status_code == 403
+    assert Request.objects.get(pk=ready.pk).state == State.READY
+    assert admin_client.get(reverse("admin:scheduler_request_add")).status_code == 403
+    assert admin_client.get(f"{url}delete/").status_code == 403
+
+
+def test_cancel_action_cancels_only_waiting_requests_and_traces_it(admin_client, queue):
+    page = act(admin_client, "cancel", [r.pk for r in queue.values()])
+
+    assert "Cancelled 3 request(s)." in page
+    assert "2 request(s) were already processing or finished and were left alone" in page
+    states = {s: Request.objects.get(pk=r.pk).state for s, r in queue.items()}
+    assert states == {
+        State.PENDING: State.CANCELLED,
+        State.NEEDS_LOADING: State.CANCELLED,
+        State.READY: State.CANCELLED,
+        State.PROCESSING: State.PROCESSING,
+        State.COMPLETED: State.COMPLETED,
+    }
+    trace = Trace.objects.filter(request=queue[State.READY]).last()
+    assert (trace.from_state, trace.to_state) == (State.READY, State.CANCELLED)
+    assert "cancelled in admin by admin" in trace.reason
+    assert Request.objects.get(pk=queue[State.READY].pk).finished_at is not None
+    assert not Trace.objects.filter(
+        request__in=[queue[State.PROCESSING], queue[State.COMPLETED]], to_state="cancelled"
+    ).exists()
+
+
+def test_cancel_action_on_nothing_cancellable_says_so(admin_client, queue):
+    page = act(admin_client, "cancel", [queue[State.PROCESSING].pk])
+    assert "Cancelled" not in page
+    assert "1 request(s) were already processing or finished and were left alone" in page
+
+
+@pytest.mark.parametrize("name", ["request", "trace", "worker"])
+def test_list_pages_do_not_query_per_row(admin_client, django_assert_max_num_queries, name):
+    def add_rows(n: int, start: int) -> None:
+        for i in range(start, start + n):
+            srv = factories.server(f"s-{i}", kind="simulated" if i % 2 else "openai")
+            worker = Worker.objects.create(host=f"h-{i}", pid=i)
+            row = factories.request(f"m-{i}", server=srv, worker=worker, state="processing")
+            Trace.objects.create(request=row, to_state="processing", server=srv.name, reason="x")
+
+    add_rows(1, 0)
+    with CaptureQueriesContext(connection) as one_row:
+        assert admin_client.get(changelist(name)).status_code == 200
+    add_rows(20, 1)
+    with django_assert_max_num_queries(len(one_row)):
+        assert admin_client.get(changelist(name)).status_code == 200
