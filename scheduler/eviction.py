@@ -5,8 +5,13 @@ long it has been idle:
 
     keep_value = expected_load_s / max(idle_s, 1)
 
-The model with the lowest value goes first: at equal idleness a model that takes 90 s to
-load is kept over one that takes 3 s, and at equal load time the least recently used goes.
+`expected_load_s` is the deployment's measured average load time (the policy's default when
+it was never loaded) and `idle_s` the seconds since it was last used (or loaded). The model
+with the lowest value goes first: at equal idleness a model that takes 90 s to load is kept
+over one that takes 3 s, and at equal load time the least recently used goes.
+
+Only models that help are evicted: when the server is over its count for the target's type,
+models of that type; when it is over its memory budget, models with a known size.
 """
 
 from collections.abc import Callable, Iterable
@@ -22,6 +27,7 @@ class NoRoom:
 
     reason: str
     permanent: bool = False
+    code: str = "no_room"
 
 
 def keep_value(deployment: DeploymentView, now: datetime, default_load_s: float) -> float:
@@ -41,48 +47,62 @@ def evictions_for(
     """The deployments to unload so that `target` fits on `server`, cheapest first.
 
     `resident` is what the server holds or is bringing in (loading, loaded, unloading);
-    `may_evict` is the policy's say on idle models (residency, guards, collation).
+    `may_evict` is the policy's say on idle models (residency, guards, collation). Pinned
+    models, busy models and models not fully loaded are never evicted.
     """
-    others = [d for d in resident if d.id != target.id and d.occupies_room]
-    if server.memory_mb is not None and (target.size_mb or 0) > server.memory_mb:
+    limit = server.capacity.get(target.model_type, 1)
+    if limit < 1:
+        return NoRoom(f"{server.name} takes no {target.model_type} models", True)
+    size = target.size_mb or 0
+    if server.memory_mb is not None and size > server.memory_mb:
         return NoRoom(
-            f"{target.model} needs {target.size_mb} MB, more than {server.name}'s budget "
-            f"of {server.memory_mb} MB",
+            f"{target.model} needs {size} MB, more than {server.name}'s budget of "
+            f"{server.memory_mb} MB",
             permanent=True,
+            code="model_too_large",
         )
 
-    must_go: list[DeploymentView] = []
-    if target.device == "npu":
-        must_go = [d for d in others if d.device == "npu"]
+    others = [d for d in resident if d.id != target.id and d.occupies_room]
+    verdicts: dict[int, bool] = {}
 
-    def over_capacity(kept: list[DeploymentView]) -> bool:
-        same_type = sum(1 for d in kept if d.model_type == target.model_type)
-        if same_type + 1 > server.capacity.get(target.model_type, 1):
-            return True
+    def evictable(d: DeploymentView) -> bool:
+        if d.id not in verdicts:
+            verdicts[d.id] = (
+                d.state == "loaded" and d.in_flight == 0 and not d.pinned and may_evict(d)
+            )
+        return verdicts[d.id]
+
+    def over(kept: list[DeploymentView]) -> tuple[bool, bool]:
+        """(over the type count, over the memory budget) if `target` joined `kept`."""
+        count = sum(1 for d in kept if d.model_type == target.model_type) + 1 > limit
         if server.memory_mb is None:
-            return False
-        used = sum(d.size_mb or 0 for d in kept)
-        return used + (target.size_mb or 0) > server.memory_mb
+            return count, False
+        return count, sum(d.size_mb or 0 for d in kept) + size > server.memory_mb
 
+    # An NPU runs one model at a time: every other NPU model must go.
+    must_go = [d for d in others if target.device == "npu" and d.device == "npu"]
     kept = [d for d in others if d not in must_go]
-    candidates = sorted(
-        (d for d in kept if d.model_type == target.model_type or server.memory_mb is not None),
-        key=lambda d: (keep_value(d, now, default_load_s), d.id),
-    )
-    for candidate in candidates:
-        if not over_capacity(kept):
+    by_value = sorted(kept, key=lambda d: (keep_value(d, now, default_load_s), d.id))
+    while any(over(kept)):
+        count_over, memory_over = over(kept)
+        helpful = [
+            d
+            for d in by_value
+            if d in kept
+            and (
+                (count_over and d.model_type == target.model_type)
+                or (memory_over and (d.size_mb or 0) > 0)
+            )
+            and evictable(d)
+        ]
+        if not helpful:
             break
-        if _evictable(candidate, may_evict):
-            must_go.append(candidate)
-            kept.remove(candidate)
+        must_go.append(helpful[0])
+        kept.remove(helpful[0])
 
-    blocked = [d for d in must_go if not _evictable(d, may_evict)]
-    if not over_capacity(kept) and not blocked:
+    blocked = [d for d in must_go if not evictable(d)]
+    if not any(over(kept)) and not blocked:
         return tuple(d.id for d in must_go)
-    if any(d.pinned for d in blocked) or over_capacity([d for d in others if d.pinned]):
+    if any(d.pinned for d in blocked) or any(over([d for d in others if d.pinned])):
         return NoRoom(f"pinned models leave no room for {target.model} on {server.name}", True)
     return NoRoom(f"{server.name} has no idle model it may unload now")
-
-
-def _evictable(d: DeploymentView, may_evict: Callable[[DeploymentView], bool]) -> bool:
-    return d.state == "loaded" and d.in_flight == 0 and not d.pinned and may_evict(d)

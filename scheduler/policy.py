@@ -2,23 +2,29 @@
 
 Read `scheduler/README.md` first. One pass, in this order:
 
-0. expire requests that waited past their class's limit; probe servers whose cooldown ended;
+0. expire requests that waited past their limit; probe servers whose cooldown ended;
 1. follow routed requests: a finished load makes its waiters ready; a deployment that went
-   away sends them back to routing;
-2. route pending requests, best first: a server with the model loaded (least busy first),
-   else join a load under way, else start a load with the least disruption;
-3. dispatch ready requests into free slots, best first;
+   away, failed or sits on an unusable server sends them back to routing;
+2. route pending requests, best first, in two rounds. First those that disturb nothing: to
+   a server with the model loaded and a free slot, to one with it loaded and a short queue,
+   or to a load of it under way. Then the rest, best first: a free parallel load beside a
+   long queue, else the loaded model's queue; or a new load with the least disruption.
+   Routing the cheap ones first lets collation see every request for a loaded model;
+3. dispatch ready requests into free slots, best first, on any server that has their
+   model loaded (their own first);
 4. housekeeping: unload models idle past their TTL, preload marked deployments;
 5. one `Defer` for the earliest moment something above changes by itself.
 
-"Best first" is (effective priority, arrival, id); the effective priority of a request moves
-up one class for every `aging_step_s` it has waited, so nothing starves.
+"Best first" is (effective class, arrival, id). The effective class of a request is its
+priority minus one for every `aging_step_s` it has waited; it keeps falling below 0 so that
+an interactive request that has waited a full step outranks fresh interactive ones.
 """
 
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
+from uuid import UUID
 
 from .decisions import (
     Decision,
@@ -37,7 +43,7 @@ from .eviction import NoRoom, evictions_for, keep_value
 from .snapshot import DeploymentView, RequestView, ServerView, Snapshot
 
 INTERACTIVE, HIGH, NORMAL, BACKGROUND = 0, 1, 2, 3
-PERMANENT_LOAD_ERRORS = ("not_found", "model_too_large", "no_room")
+Wakes = list[tuple[datetime, str]]
 
 
 def plan(snapshot: Snapshot, now: datetime) -> list[Decision]:
@@ -45,8 +51,9 @@ def plan(snapshot: Snapshot, now: datetime) -> list[Decision]:
 
 
 def effective_priority(request: RequestView, now: datetime, aging_step_s: float) -> int:
+    """The request's class after aging: one class up per `aging_step_s` waited, unbounded."""
     waited_s = max((now - request.created_at).total_seconds(), 0.0)
-    return max(INTERACTIVE, request.priority - int(waited_s // aging_step_s))
+    return request.priority - int(waited_s // aging_step_s)
 
 
 class _Pass:
@@ -58,9 +65,10 @@ class _Pass:
         self.config = snapshot.config
         self.servers = {s.id: s for s in snapshot.servers}
         self.deployments = {d.id: d for d in snapshot.deployments}
-        self.requests = sorted(snapshot.requests, key=self.rank)
+        self.requests: dict[UUID, RequestView] = {r.id: r for r in snapshot.requests}
+        self.order = [r.id for r in sorted(snapshot.requests, key=self.rank)]
         self.decisions: list[Decision] = []
-        self.wake_times: list[tuple[datetime, str]] = []
+        self.wake_times: Wakes = []
         self.in_flight: dict[int, int] = defaultdict(int)
         for d in snapshot.deployments:
             self.in_flight[d.server_id] += d.in_flight
@@ -73,9 +81,14 @@ class _Pass:
     def effective(self, r: RequestView) -> int:
         return effective_priority(r, self.now, self.config.aging_step_s)
 
-    def wake_at(self, at: datetime | None, reason: str) -> None:
+    def ranked(self, state: str) -> list[RequestView]:
+        """The requests now in `state`, best first."""
+        found = (self.requests.get(rid) for rid in self.order)
+        return [r for r in found if r is not None and r.state == state]
+
+    def wake_at(self, at: datetime | None, reason: str, into: Wakes | None = None) -> None:
         if at is not None and at > self.now:
-            self.wake_times.append((at, reason))
+            (self.wake_times if into is None else into).append((at, reason))
 
     def on_server(self, server_id: int) -> list[DeploymentView]:
         return [d for d in self.deployments.values() if d.server_id == server_id]
@@ -90,7 +103,7 @@ class _Pass:
     def waiting_on(self, deployment_id: int) -> list[RequestView]:
         return [
             r
-            for r in self.requests
+            for r in self.requests.values()
             if r.deployment_id == deployment_id and r.state in ("ready", "needs_loading")
         ]
 
@@ -99,7 +112,7 @@ class _Pass:
 
     def set_request(self, request: RequestView, **changes) -> RequestView:
         updated = replace(request, **changes)
-        self.requests[self.requests.index(request)] = updated
+        self.requests[request.id] = updated
         return updated
 
     # -- the pass ------------------------------------------------------------------------
@@ -107,8 +120,7 @@ class _Pass:
     def run(self) -> list[Decision]:
         self.expire_and_probe()
         self.follow_routed()
-        for request in [r for r in self.requests if r.state == "pending"]:
-            self.route(request)
+        self.route_pending()
         self.dispatch()
         self.housekeeping()
         if self.wake_times:
@@ -117,11 +129,11 @@ class _Pass:
         return self.decisions
 
     def expire_and_probe(self) -> None:
-        for r in list(self.requests):
+        for r in list(self.requests.values()):
             if r.expires_at <= self.now:
                 waited = (self.now - r.created_at).total_seconds()
                 self.decisions.append(Expire(r.id, f"still waiting after {waited:.0f} s"))
-                self.requests.remove(r)
+                del self.requests[r.id]
             else:
                 self.wake_at(r.expires_at, "a request expires")
         for s in self.servers.values():
@@ -133,17 +145,12 @@ class _Pass:
                 self.wake_at(s.cooldown_until, f"{s.name} cooldown ends")
 
     def follow_routed(self) -> None:
-        for r in list(self.requests):
+        for r in list(self.requests.values()):
             if r.state == "pending" or r.deployment_id is None:
                 continue
             d = self.deployments.get(r.deployment_id)
             if d is None:
                 self.requeue(r, "its deployment was removed")
-            elif d.state == "failed" and r.state == "needs_loading":
-                if d.last_error_code in PERMANENT_LOAD_ERRORS:
-                    self.fail(r, d.last_error_code, d.last_error or "the model failed to load")
-                else:
-                    self.requeue(r, f"load failed: {d.last_error or 'unknown error'}")
             elif not self.usable(d.server_id):
                 self.requeue(r, f"server {self.servers[d.server_id].name} is unavailable")
             elif r.state == "needs_loading" and d.state == "loaded":
@@ -151,6 +158,8 @@ class _Pass:
                 self.set_request(r, state="ready")
             elif r.state == "needs_loading" and d.state == "loading":
                 continue
+            elif r.state == "needs_loading" and d.last_error:
+                self.requeue(r, f"loading {d.model} failed: {d.last_error}")
             elif d.state != "loaded":
                 self.requeue(r, f"{d.model} is {d.state} on its server")
 
@@ -160,81 +169,131 @@ class _Pass:
 
     def fail(self, r: RequestView, code: str, message: str) -> None:
         self.decisions.append(Fail(r.id, code, message))
-        self.requests.remove(r)
+        del self.requests[r.id]
 
     # -- routing -------------------------------------------------------------------------
 
-    def route(self, r: RequestView) -> None:
-        deployments = [d for d in self.deployments.values() if d.model == r.model]
-        if not deployments:
-            self.fail(r, "model_not_deployed", f"no server has a deployment of {r.model}")
-            return
-        candidates = [d for d in deployments if self.usable(d.server_id)]
+    def route_pending(self) -> None:
+        later = []
+        for r in self.ranked("pending"):
+            if not any(d.model == r.model for d in self.deployments.values()):
+                self.fail(r, "model_not_deployed", f"no server has a deployment of {r.model}")
+            elif not self.route_quietly(r):
+                later.append(r.id)
+        for rid in later:
+            self.place(self.requests[rid])
 
-        loaded = [d for d in candidates if d.state == "loaded"]
-        if loaded:
-            best = min(loaded, key=lambda d: (self.busyness(d.server_id), d.id))
-            self.route_to(r, best, ready=True, reason="model loaded there")
-            return
-        loading = [d for d in candidates if d.state == "loading"]
-        if loading:
-            best = min(loading, key=lambda d: (self.busyness(d.server_id), d.id))
-            self.route_to(r, best, ready=False, reason="joins the load under way")
-            return
-        self.route_to_new_load(r, candidates, deployments)
+    def candidates(self, model: str, state: str | None = None) -> list[DeploymentView]:
+        return [
+            d
+            for d in self.deployments.values()
+            if d.model == model and self.usable(d.server_id) and state in (None, d.state)
+        ]
+
+    def route_quietly(self, r: RequestView) -> bool:
+        """Routes that disturb nothing: loaded with room or a short queue; a load under way."""
+        loaded = self.least_busy(self.candidates(r.model, "loaded"))
+        if loaded is not None and not self.crowded(loaded):
+            self.route_to(r, loaded, ready=True, reason="model loaded there")
+            return True
+        loading = self.least_busy(self.candidates(r.model, "loading"))
+        if loaded is None and loading is not None:
+            self.route_to(r, loading, ready=False, reason="joins the load under way")
+            return True
+        return False
+
+    def place(self, r: RequestView) -> None:
+        """Routes that cost something, best request first."""
+        loaded = self.least_busy(self.candidates(r.model, "loaded"))
+        loading = self.least_busy(self.candidates(r.model, "loading"))
+        if loaded is not None:
+            # A long queue for a busy model: load it where there is free room, else queue.
+            if loading is not None or not self.start_new_load(r, free_only=True):
+                self.route_to(r, loaded, ready=True, reason="model loaded there, queued")
+        elif loading is not None:
+            self.route_to(r, loading, ready=False, reason="joins the load under way")
+        else:
+            self.start_new_load(r)
+
+    def least_busy(self, deployments: list[DeploymentView]) -> DeploymentView | None:
+        return min(deployments, key=lambda d: (self.busyness(d.server_id), d.id), default=None)
+
+    def queued(self, server_id: int) -> list[RequestView]:
+        return [
+            r
+            for r in self.requests.values()
+            if r.state == "ready" and self.deployments[r.deployment_id].server_id == server_id
+        ]
 
     def busyness(self, server_id: int) -> float:
-        queued = sum(
-            1
-            for r in self.requests
-            if r.state == "ready" and self.deployments[r.deployment_id].server_id == server_id
-        )
-        return (self.in_flight[server_id] + queued) / max(self.servers[server_id].slots, 1)
+        busy = self.in_flight[server_id] + len(self.queued(server_id))
+        return busy / max(self.servers[server_id].slots, 1)
+
+    def crowded(self, d: DeploymentView) -> bool:
+        """No free slot, and enough requests queue for this model there to load it twice."""
+        if self.busyness(d.server_id) < 1:
+            return False
+        ahead = sum(1 for r in self.queued(d.server_id) if r.deployment_id == d.id)
+        return ahead >= self.config.parallel_load_queue
 
     def route_to(self, r: RequestView, d: DeploymentView, ready: bool, reason: str) -> None:
         server = self.servers[d.server_id].name
         self.decisions.append(Route(r.id, d.id, ready, f"{reason} ({server})"))
         self.set_request(r, state="ready" if ready else "needs_loading", deployment_id=d.id)
 
-    def route_to_new_load(
-        self, r: RequestView, candidates: list[DeploymentView], all_of_model: list
-    ) -> None:
+    def start_new_load(self, r: RequestView, free_only: bool = False) -> bool:
+        """Start a load for `r` with the least disruption: free room first, then the cheapest
+        eviction, then the server with the fewest waiting requests. Fails `r` when no server
+        ever could; otherwise it waits (with a `Defer` when a rule lifts at a known time)."""
+        wakes: Wakes = []
         options: list[tuple[tuple, DeploymentView, tuple[int, ...]]] = []
         reasons: list[NoRoom] = []
+        candidates = self.candidates(r.model)
         for d in candidates:
             if d.state == "failed":
-                reasons.append(NoRoom(d.last_error, d.last_error_code in PERMANENT_LOAD_ERRORS))
-                continue
-            if d.next_load_at and d.next_load_at > self.now:
-                self.wake_at(d.next_load_at, f"retry loading {d.model}")
+                message = d.last_error or f"{d.model} failed to load"
+                reasons.append(NoRoom(message, True, d.last_error_code or "load_failed"))
+            elif d.state != "unloaded":
+                reasons.append(NoRoom(f"{d.model} is {d.state} there"))
+            elif d.next_load_at and d.next_load_at > self.now:
+                self.wake_at(d.next_load_at, f"retry loading {d.model}", wakes)
                 reasons.append(NoRoom("waiting to retry the load"))
-                continue
-            if self.load_under_way(d.server_id):
+            elif self.load_under_way(d.server_id):
                 reasons.append(NoRoom("another load is under way there"))
-                continue
-            outcome = self.room_for(d, r)
-            if isinstance(outcome, NoRoom):
-                reasons.append(outcome)
-                continue
-            cost = sum(
-                keep_value(self.deployments[e], self.now, self.config.default_load_s)
-                for e in outcome
-            )
-            waiting_there = sum(
-                1
-                for w in self.requests
-                if w.deployment_id and self.deployments[w.deployment_id].server_id == d.server_id
-            )
-            options.append(((len(outcome) > 0, cost, waiting_there, d.id), d, outcome))
+            else:
+                outcome = self.room_for(d, r, wakes, free_only)
+                if isinstance(outcome, NoRoom):
+                    reasons.append(outcome)
+                    continue
+                cost = sum(
+                    keep_value(self.deployments[e], self.now, self.config.default_load_s)
+                    for e in outcome
+                )
+                waiting = sum(
+                    1
+                    for w in self.requests.values()
+                    if w.deployment_id
+                    and self.deployments[w.deployment_id].server_id == d.server_id
+                )
+                options.append(((len(outcome) > 0, cost, waiting, d.id), d, outcome))
 
         if options:
             _, d, evict = min(options, key=lambda o: o[0])
-            self.start_load(d, evict, f"{r.model} requested")
+            why = "a parallel load beside a long queue" if free_only else f"{r.model} requested"
+            self.start_load(d, evict, why)
             self.route_to(r, d, ready=False, reason="load started")
-            return
-        unreachable = len(candidates) < len(all_of_model)
-        if reasons and all(n.permanent for n in reasons) and not unreachable:
-            self.fail(r, "model_unavailable", "; ".join(n.reason for n in reasons))
+            return True
+        if free_only:
+            return False
+        self.wake_times.extend(wakes)
+        every_server_up = len(candidates) == sum(
+            1 for d in self.deployments.values() if d.model == r.model
+        )
+        if reasons and all(n.permanent for n in reasons) and every_server_up:
+            codes = {n.code for n in reasons}
+            code = codes.pop() if len(codes) == 1 else "model_unavailable"
+            self.fail(r, code, "; ".join(dict.fromkeys(n.reason for n in reasons)))
+        return False
 
     def start_load(self, d: DeploymentView, evict: Iterable[int], reason: str) -> None:
         evict = tuple(evict)
@@ -243,50 +302,53 @@ class _Pass:
         for e in evict:
             self.set_state(self.deployments[e], "unloading")
 
-    def room_for(self, d: DeploymentView, r: RequestView) -> tuple[int, ...] | NoRoom:
+    def room_for(
+        self, d: DeploymentView, r: RequestView, wakes: Wakes, free_only: bool
+    ) -> tuple[int, ...] | NoRoom:
         server = self.servers[d.server_id]
         resident = self.on_server(d.server_id)
-        if d.load_failures and d.last_error_code not in PERMANENT_LOAD_ERRORS:
-            # After a failed load, clear the whole server and try once more.
+        if free_only:
+            return evictions_for(d, server, resident, self.now, lambda _: False)
+        if d.load_failures and d.last_error_code != "not_found":
+            # The last load failed (often out of memory): clear the server and try again.
             outcome = evictions_for(d, server, resident, self.now, lambda _: True)
             if isinstance(outcome, NoRoom):
                 return outcome
-            idle = [
+            idle = {
                 x.id
                 for x in resident
                 if x.id != d.id and x.state == "loaded" and x.in_flight == 0 and not x.pinned
-            ]
-            return tuple(sorted(set(outcome) | set(idle)))
+            }
+            return tuple(sorted(set(outcome) | idle))
         return evictions_for(
             d,
             server,
             resident,
             self.now,
-            lambda victim: self.may_evict(victim, r, server),
+            lambda victim: self.may_evict(victim, r, server, wakes),
             self.config.default_load_s,
         )
 
-    def may_evict(self, victim: DeploymentView, r: RequestView, server: ServerView) -> bool:
-        """The anti-thrash rules: collation, minimum residency, affinity guards."""
+    def may_evict(
+        self, victim: DeploymentView, r: RequestView, server: ServerView, wakes: Wakes
+    ) -> bool:
+        """The anti-thrash rules, in order: collation, minimum residency, warm window,
+        activity window. Each holds `r` back unless it outranks the victim's users."""
         mine = self.effective(r)
         theirs = [self.effective(w) for w in self.waiting_on(victim.id)]
         # Collation: finish the loaded model's queue unless this request outranks all of it.
         if theirs and mine >= min(theirs):
             return False
-        resident_until = (
-            victim.loaded_at + timedelta(seconds=self.config.min_residency_s)
-            if victim.loaded_at
-            else None
-        )
-        if resident_until and resident_until > self.now:
+        if victim.loaded_at:
+            resident_until = victim.loaded_at + timedelta(seconds=self.config.min_residency_s)
             users = theirs or ([victim.last_priority] if victim.last_priority is not None else [])
-            if users and mine >= min(users):
-                self.wake_at(resident_until, f"{victim.model} minimum residency ends")
+            if resident_until > self.now and users and mine >= min(users):
+                self.wake_at(resident_until, f"{victim.model} minimum residency ends", wakes)
                 return False
         if mine >= NORMAL and victim.last_interactive_at:
             warm_until = victim.last_interactive_at + timedelta(seconds=self.config.warm_window_s)
             if warm_until > self.now:
-                self.wake_at(warm_until, f"{victim.model} warm window ends")
+                self.wake_at(warm_until, f"{victim.model} warm window ends", wakes)
                 return False
         if mine >= BACKGROUND:
             last = max(
@@ -296,26 +358,37 @@ class _Pass:
             if last:
                 active_until = last + timedelta(seconds=self.config.activity_window_s)
                 if active_until > self.now:
-                    self.wake_at(active_until, f"interactive activity on {server.name}")
+                    self.wake_at(active_until, f"interactive activity on {server.name}", wakes)
                     return False
         return True
 
     # -- dispatch ------------------------------------------------------------------------
 
     def dispatch(self) -> None:
-        for r in [r for r in self.requests if r.state == "ready"]:
-            d = self.deployments[r.deployment_id]
-            if d.state != "loaded":
-                continue
-            if self.in_flight[d.server_id] >= self.servers[d.server_id].slots:
-                continue
+        for r in self.ranked("ready"):
             if r.not_before and r.not_before > self.now:
                 self.wake_at(r.not_before, "retry a request")
+                continue
+            d = self.free_slot_for(r)
+            if d is None:
                 continue
             self.decisions.append(Dispatch(r.id, d.id))
             self.in_flight[d.server_id] += 1
             self.deployments[d.id] = replace(d, in_flight=d.in_flight + 1)
-            self.requests.remove(r)
+            del self.requests[r.id]
+
+    def free_slot_for(self, r: RequestView) -> DeploymentView | None:
+        """Its own deployment if it has a free slot, else another server with its model
+        loaded and a free slot: a queue on a busy server drains onto an idle one."""
+        own = self.deployments[r.deployment_id]
+        others = sorted(self.candidates(r.model, "loaded"), key=lambda d: d.id)
+        for d in [own, *others]:
+            if (
+                d.state == "loaded"
+                and self.in_flight[d.server_id] < self.servers[d.server_id].slots
+            ):
+                return d
+        return None
 
     # -- housekeeping --------------------------------------------------------------------
 
@@ -326,23 +399,24 @@ class _Pass:
             if d.state == "loaded" and d.idle_ttl_s is not None and not d.pinned:
                 self.unload_if_idle(d)
             elif d.preload and d.state == "unloaded" and not self.load_under_way(d.server_id):
-                if d.next_load_at and d.next_load_at > self.now:
-                    self.wake_at(d.next_load_at, f"retry preloading {d.model}")
-                    continue
-                outcome = evictions_for(
-                    d,
-                    self.servers[d.server_id],
-                    self.on_server(d.server_id),
-                    self.now,
-                    lambda _: False,
-                )
-                if outcome == ():
-                    self.start_load(d, (), "preload")
+                self.preload(d)
+
+    def preload(self, d: DeploymentView) -> None:
+        """Load a preload deployment when its server is up and has room without evicting."""
+        if self.servers[d.server_id].health != "up":
+            return
+        if d.next_load_at and d.next_load_at > self.now:
+            self.wake_at(d.next_load_at, f"retry preloading {d.model}")
+            return
+        resident = self.on_server(d.server_id)
+        outcome = evictions_for(d, self.servers[d.server_id], resident, self.now, lambda _: False)
+        if outcome == ():
+            self.start_load(d, (), "preload")
 
     def unload_if_idle(self, d: DeploymentView) -> None:
         if d.in_flight or self.waiting_on(d.id) or self.load_under_way(d.server_id):
             return
-        if any(r.state == "pending" and r.model == d.model for r in self.requests):
+        if any(r.state == "pending" and r.model == d.model for r in self.requests.values()):
             return
         last = d.last_used_at or d.loaded_at or self.now
         idle_until = last + timedelta(seconds=d.idle_ttl_s)

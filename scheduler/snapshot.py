@@ -7,11 +7,15 @@ from uuid import UUID
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
+    """The policy's knobs; `scheduler/README.md` explains each one."""
+
     aging_step_s: float = 150.0
     min_residency_s: float = 30.0
     warm_window_s: float = 120.0
     activity_window_s: float = 300.0
     default_load_s: float = 10.0
+    parallel_load_queue: int = 2
+    """Start a load on a second server once this many requests queue for a busy model."""
 
 
 @dataclass(frozen=True, slots=True)
