@@ -195,7 +195,7 @@ def overview(now: datetime | None = None) -> dict:
             {
                 **request_row(r, now),
                 "finished_at": iso(r.finished_at),
-                "took_s": seconds(((r.finished_at or now) - r.created_at).total_seconds()),
+                "took_s": seconds(max(((r.finished_at or now) - r.created_at).total_seconds(), 0)),
                 "error": r.error,
             }
             for r in recent

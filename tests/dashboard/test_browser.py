@@ -3,12 +3,15 @@ through the admin, watches a model load on a simulated server and the request co
 Playwright's `expect` waits for each state; nothing sleeps."""
 
 import re
+from datetime import timedelta
 
 import httpx
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 from playwright.sync_api import Page, expect, sync_playwright
 
+from backends.models import Server
 from tests import factories
 
 pytestmark = pytest.mark.browser
@@ -45,6 +48,12 @@ def live(served):
             avg_load_s=load_s,
             load_options={"tokens_per_second": 50},
         )
+    # A real server's breaker is open: no probe before its cooldown ends, so it stays so.
+    Server.objects.filter(pk=factories.server("gpu-box", kind="openai").pk).update(
+        health="cooldown",
+        cooldown_until=timezone.now() + timedelta(hours=1),
+        last_error="3 failures in a row: connection refused",
+    )
     return served()
 
 
@@ -71,6 +80,10 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(server.locator(".badge.simulated")).to_have_text("simulated")
     expect(server.locator(".status")).to_have_text("up")
     expect(page.locator("#waiting tr.empty")).to_have_text("Nobody is waiting.")
+    broken = page.locator('[data-server="gpu-box"]')
+    expect(broken.locator(".badge")).to_have_text("OpenAI-compatible (no load control)")
+    expect(broken.locator(".status")).to_contain_text(re.compile(r"cooldown until .+ min .+ left"))
+    expect(broken.locator(".error")).to_have_text("3 failures in a row: connection refused")
 
     # The dashboard: a load under way, then its request done.
     request_id = submit(live.url, "slow")

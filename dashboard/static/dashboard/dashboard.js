@@ -26,7 +26,8 @@ const Switchyard = (() => {
   const since = (iso, cls = "since") => el("span", {class: cls, "data-since": iso},
     iso ? secs((serverNow() - Date.parse(iso)) / 1000) : "–");
   const eta = (s) => (s === null || s === undefined ? el("span", {class: "muted"}, "unknown")
-    : el("span", {}, `~${secs(s)} `, el("span", {class: "tag estimate"}, "estimate")));
+    : el("span", {}, s > 0 ? `~${secs(s)} ` : "any moment ",
+      el("span", {class: "tag estimate"}, "estimate")));
   const pill = (state) => el("span", {class: `pill state-${state}`}, state.replace("_", " "));
 
   function progress(p) {
@@ -54,22 +55,25 @@ const Switchyard = (() => {
       `loading ${secs(elapsed)}` + (expected ? ` of ~${secs(expected)}` : "") + pct + " ";
   }
 
+  function tickUntil(node) {
+    const left = (Date.parse(node.dataset.until) - serverNow()) / 1000;
+    node.textContent = left > 0 ? `${secs(left)} left` : "ended, waiting for a probe";
+  }
+
   function tick() {
     document.querySelectorAll("[data-since]").forEach((node) => {
       node.textContent = secs((serverNow() - Date.parse(node.dataset.since)) / 1000);
     });
-    document.querySelectorAll("[data-until]").forEach((node) => {
-      const left = (Date.parse(node.dataset.until) - serverNow()) / 1000;
-      node.textContent = left > 0 ? `${secs(left)} left` : "ended, waiting for a probe";
-    });
+    document.querySelectorAll("[data-until]").forEach(tickUntil);
     document.querySelectorAll(".load[data-started]").forEach(tickLoad);
   }
 
   function status(s) {
     const node = el("span", {class: `status status-${s.status}`}, s.status);
     if (s.status === "cooldown" && s.cooldown_until) {
-      node.append(` until ${clock(s.cooldown_until)} (`,
-        el("span", {"data-until": s.cooldown_until}), ")");
+      const left = el("span", {"data-until": s.cooldown_until});
+      tickUntil(left);
+      node.append(` until ${clock(s.cooldown_until)} (`, left, ")");
     }
     return node;
   }
@@ -105,7 +109,7 @@ const Switchyard = (() => {
       body.replaceChildren(el("tr", {class: "empty"}, el("td", {colspan: span}, emptyText)));
       return;
     }
-    body.replaceChildren(...rows.map((r) => el("tr", {"data-request": r.id},
+    body.replaceChildren(...rows.map((r) => el("tr", {"data-request": r.id ?? null},
       ...columns(r).map((c) => el("td", {}, c)))));
   }
 
@@ -151,9 +155,9 @@ const Switchyard = (() => {
       r.load ? el("p", {}, "Its model is loading: ", progress(r.load)) : "");
     document.getElementById("answer").replaceChildren(
       r.answer ? el("blockquote", {}, r.answer) : "");
-    document.querySelector("#trace tbody").replaceChildren(...r.trace.map((t) => el("tr", {},
-      el("td", {title: t.at}, clock(t.at)), el("td", {}, t.from || "·"), el("td", {}, pill(t.to)),
-      el("td", {}, t.server || "–"), el("td", {}, t.reason))));
+    fillTable("trace", r.trace, "No state changes yet.", (t) => [
+      el("span", {title: t.at}, clock(t.at)), (t.from || "·").replace("_", " "), pill(t.to),
+      t.server || "–", t.reason]);
   }
 
   function connect(path, onState) {
