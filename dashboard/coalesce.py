@@ -2,7 +2,10 @@
 needs the state after the burst, not one re-read per hint."""
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
 
 
 class Coalescer:
@@ -29,7 +32,10 @@ class Coalescer:
                 await asyncio.sleep(wait)  # rate limit, not a wait for an event
             self.dirty = False  # hints from here on need another push
             self.last_push = loop.time()
-            await self.push()
+            try:
+                await self.push()
+            except Exception:  # the next hint tries again; the page keeps its last state
+                log.exception("could not push the dashboard's state")
 
     def close(self) -> None:
         if self.task is not None:
