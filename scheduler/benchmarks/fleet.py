@@ -1,0 +1,106 @@
+"""Rows on the bench database: servers, models, deployments, backlogs, and reading back
+the timestamps the runtime stamped on each request."""
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+from backends.models import Deployment, DeploymentState, Model, Server
+from scheduler.models import Priority, Request, State
+
+from .stack import BENCH, wait_until
+
+
+def add_model(name: str, type: str = "llm") -> Model:
+    return Model.objects.using(BENCH).create(name=name, type=type)
+
+
+def add_server(name: str, kind: str = "simulated", **fields: Any) -> Server:
+    return Server.objects.using(BENCH).create(name=name, kind=kind, health="up", **fields)
+
+
+def deploy(server: Server, model: Model, preload: bool = False, **load_options: Any) -> int:
+    size_mb = load_options.pop("size_mb", None)
+    return (
+        Deployment.objects.using(BENCH)
+        .create(
+            server=server,
+            model=model,
+            server_model_id=model.name,
+            preload=preload,
+            size_mb=size_mb,
+            load_options=load_options,
+        )
+        .pk
+    )
+
+
+def wait_loaded(*deployment_ids: int, timeout_s: float = 60) -> None:
+    def loaded() -> bool:
+        states = Deployment.objects.using(BENCH).filter(pk__in=deployment_ids)
+        return states.filter(state=DeploymentState.LOADED).count() == len(deployment_ids)
+
+    wait_until(loaded, timeout_s, f"deployments {deployment_ids} to load")
+
+
+def backlog(model: Model, count: int, priority: int = Priority.BACKGROUND, tokens: int = 8) -> None:
+    """Insert `count` pending requests straight into the table, oldest first."""
+    now = timezone.now()
+    rows = [
+        Request(
+            id=uuid.uuid4(),
+            kind="chat",
+            model_name=model.name,
+            model=model,
+            payload={
+                "model": model.name,
+                "messages": [{"role": "user", "content": "backlog"}],
+                "max_tokens": tokens,
+            },
+            priority=priority,
+            state=State.PENDING,
+            created_at=now - timedelta(microseconds=count - i),
+            expires_at=now + timedelta(days=1),
+        )
+        for i in range(count)
+    ]
+    Request.objects.using(BENCH).bulk_create(rows, batch_size=2000)
+
+
+def nudge_workers(postgres: bool) -> None:
+    """Rows inserted behind the API's back: wake the workers as the API would (PostgreSQL);
+    the embedded worker finds them on its next poll."""
+    if postgres:
+        with connections[BENCH].cursor() as cursor:
+            cursor.execute("SELECT pg_notify('switchyard', '')")
+
+
+def timestamps(ids: list[str]) -> dict[str, dict[str, Any]]:
+    """created/routed/started/finished (epoch seconds), state and priority per request id."""
+    fields = ("id", "created_at", "routed_at", "started_at", "finished_at", "state", "priority")
+    out = {}
+    for chunk in range(0, len(ids), 500):
+        batch = [uuid.UUID(i) for i in ids[chunk : chunk + 500] if i]
+        for row in Request.objects.using(BENCH).filter(pk__in=batch).values_list(*fields):
+            out[str(row[0])] = {
+                name: (value.timestamp() if hasattr(value, "timestamp") else value)
+                for name, value in zip(fields[1:], row[1:], strict=True)
+            }
+    return out
+
+
+def count_in(states: tuple[str, ...], **filters: Any) -> int:
+    return Request.objects.using(BENCH).filter(state__in=states, **filters).count()
+
+
+def wait_processing(timeout_s: float = 30) -> None:
+    wait_until(lambda: count_in((State.PROCESSING, State.COMPLETED)) > 0, timeout_s, "a dispatch")
+
+
+def settle(seconds: float) -> None:
+    """Give the worker a moment to plan over rows inserted behind its back."""
+    time.sleep(seconds)

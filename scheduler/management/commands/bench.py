@@ -1,0 +1,63 @@
+"""`manage.py bench [SCENARIO ...] [--quick]`: end-to-end benchmarks on a database of their
+own; tables on stdout, JSON and PNG charts under bench-results/."""
+
+import os
+import platform
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduler.benchmarks import report
+from scheduler.benchmarks.context import Context
+from scheduler.benchmarks.scenarios import SCENARIOS
+from scheduler.benchmarks.stack import BenchDatabase
+
+
+class Command(BaseCommand):
+    help = "Benchmark Switchyard end to end: " + ", ".join(SCENARIOS)
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="default: all")
+        parser.add_argument("--quick", action="store_true", help="small scale, well under 1 min")
+        parser.add_argument("--workers", type=int, default=1, help="run_scheduler processes")
+        parser.add_argument("--profile", action="store_true", help="py-spy during `overhead`")
+        parser.add_argument("--results", default=str(Path(settings.BASE_DIR) / "bench-results"))
+        parser.add_argument(
+            "--db-name",
+            default="switchyard_bench",
+            help="PostgreSQL database the bench creates (dropped first); SQLite uses a file "
+            "in the results directory",
+        )
+
+    def handle(self, *args, scenarios, quick, workers, profile, results, db_name, **options):
+        unknown = set(scenarios) - set(SCENARIOS)
+        if unknown:
+            raise CommandError(f"unknown scenarios {sorted(unknown)}; pick from {list(SCENARIOS)}")
+        results_dir = Path(results)
+        results_dir.mkdir(parents=True, exist_ok=True)
+        db = BenchDatabase(results_dir, db_name)
+        db.create()
+        ctx = Context(db, results_dir, quick, workers, profile)
+        scale = "quick" if quick else "full"
+        self.stdout.write(f"bench database: {db.url} ({db.mode}); results in {results_dir}/")
+        try:
+            for name in scenarios or list(SCENARIOS):
+                began = time.monotonic()
+                outcome = SCENARIOS[name](ctx)
+                meta = {
+                    "scale": scale,
+                    "mode": db.mode,
+                    "workers": workers if db.mode == "postgres+redis" else 1,
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "wall_s": round(time.monotonic() - began, 1),
+                    **ctx.meta,
+                }
+                paths = report.write(outcome, meta, results_dir)
+                self.stdout.write("\n" + report.render(outcome, meta))
+                chart = paths["png"] or "(no chart: pip install matplotlib)"
+                self.stdout.write(f"→ {paths['json']}  {chart}\n")
+        finally:
+            db.close()
