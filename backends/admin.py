@@ -1,5 +1,4 @@
 from django.contrib import admin, messages
-from django.db import models
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -59,8 +58,6 @@ class ServerAdmin(admin.ModelAdmin):
     ]
     inlines = [DeploymentInline]
     actions = ["enable", "disable", "end_cooldown", "sync_models"]
-    # Inference servers are local and usually plain http.
-    formfield_overrides = {models.URLField: {"assume_scheme": "http"}}
 
     def get_queryset(self, request):
         return (

@@ -10,7 +10,6 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 from django.core.exceptions import ValidationError
@@ -174,25 +173,6 @@ def _check_types(item: dict, path: str) -> None:
         raise ConfigError(f"{where(item, path, 'load_options')}: expected a mapping")
 
 
-def base_url_problem(url: str) -> str | None:
-    """Why `url` cannot be a server's base URL, or None.
-
-    Django's URLValidator wants a dotted domain, but inference servers are usually reached by
-    a bare host name (`http://gpu-1:1234`), so this check only asks for http(s), a host and a
-    valid port.
-    """
-    if not url:
-        return None
-    try:
-        parts = urlsplit(url)
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        return f"{url!r} has an invalid port"
-    if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
-        return f"{url!r} is not an http(s) URL with a host, e.g. http://gpu-1:1234"
-    return None if port_ok else f"{url!r} has an invalid port"
-
-
 def _field_values(obj: db.Model) -> dict[str, Any]:
     return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
 
@@ -216,10 +196,7 @@ def _upsert(
         setattr(obj, key, value)
     try:
         # Cleaning also converts values ("8" → 8), so the comparison below sees real changes.
-        obj.full_clean(exclude=["base_url"], validate_unique=False, validate_constraints=False)
-        problem = base_url_problem(getattr(obj, "base_url", ""))
-        if problem:
-            raise ValidationError({"base_url": [problem]})
+        obj.full_clean(validate_unique=False, validate_constraints=False)
     except ValidationError as exc:
         problems = [
             f"{where(item, path, None if key == '__all__' else key)}: {' '.join(msgs)}"

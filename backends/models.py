@@ -1,7 +1,24 @@
 """Servers, the models apps ask for, and where each model can run (deployments)."""
 
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+
+
+def validate_base_url(url: str) -> None:
+    """http(s), a host and a valid port. Unlike Django's URLValidator this accepts bare host
+    names (`http://gpu-1:1234`), which is how inference servers on a LAN are usually reached."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValidationError(f"{url!r} has an invalid port.") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
+        raise ValidationError(f"{url!r} is not an http(s) URL with a host, e.g. http://gpu-1:1234")
+    if port == 0:
+        raise ValidationError(f"{url!r} has an invalid port.")
 
 
 class ServerKind(models.TextChoices):
@@ -45,7 +62,12 @@ class DeploymentState(models.TextChoices):
 class Server(models.Model):
     name = models.SlugField(max_length=64, unique=True)
     kind = models.CharField(max_length=16, choices=ServerKind.choices, default=ServerKind.OPENAI)
-    base_url = models.URLField(blank=True, help_text="Root URL, e.g. http://gpu-1:1234")
+    base_url = models.CharField(
+        max_length=200,
+        blank=True,
+        validators=[validate_base_url],
+        help_text="Root URL, e.g. http://gpu-1:1234",
+    )
     api_key = models.CharField(max_length=256, blank=True, help_text="Sent as a Bearer token.")
     enabled = models.BooleanField(default=True)
     slots = models.PositiveIntegerField(default=1, help_text="Requests it serves at once.")

@@ -154,6 +154,29 @@ def test_reset_failed_resets_only_failed_deployments(admin_client, fleet):
     assert Deployment.objects.get(pk=loaded.pk).state == "loaded"
 
 
+def test_a_server_can_be_added_by_bare_host_name(admin_client):
+    """LAN servers are reached as http://gpu-1:1234, which Django's URL check would refuse."""
+    form = {
+        "name": "gpu-1",
+        "kind": "lmstudio",
+        "base_url": "http://gpu-1:1234",
+        "slots": 2,
+        "max_llm": 1,
+        "max_embedding": 1,
+        "max_reranking": 1,
+        "enabled": "on",
+        "deployments-TOTAL_FORMS": 0,
+        "deployments-INITIAL_FORMS": 0,
+    }
+    add = reverse("admin:backends_server_add")
+    assert admin_client.post(add, form).status_code == 302
+    assert Server.objects.get(name="gpu-1").base_url == "http://gpu-1:1234"
+
+    refused = admin_client.post(add, {**form, "name": "gpu-2", "base_url": "gpu-2:1234"})
+    assert "not an http(s) URL with a host" in refused.content.decode()
+    assert not Server.objects.filter(name="gpu-2").exists()
+
+
 def test_server_page_shows_its_deployments(admin_client, fleet):
     _, real = fleet
     page = admin_client.get(reverse("admin:backends_server_change", args=[real.pk]))

@@ -11,6 +11,7 @@ from backends.models import Deployment, Model
 from tests import factories
 from tests.conftest import free_port
 from tests.support.openai_upstream import Upstream
+from tests.support.replay_server import ReplayServer, Reply
 
 pytestmark = pytest.mark.django_db
 
@@ -100,8 +101,57 @@ def test_same_model_on_a_second_server_shares_the_model(server, upstream):
     assert Model.objects.get(name="qwen3-8b").deployments.count() == 2
 
 
-def test_types_and_sizes_come_from_the_server_when_it_says(server):
-    """Fills empty facts on existing deployments, never replaces ones the operator set."""
+def test_lmstudio_listing_gives_types_and_sizes():
+    """LM Studio's native listing (GET /api/v1/models) says each model's type and size."""
+    lmstudio = ReplayServer()
+    lmstudio.on(
+        "GET",
+        "/api/v1/models",
+        Reply(
+            200,
+            {
+                "models": [
+                    {
+                        "type": "llm",
+                        "publisher": "qwen",
+                        "key": "qwen/qwen3-8b",
+                        "size_bytes": 5 * 2**30,
+                        "loaded_instances": [],
+                        "format": "gguf",
+                    },
+                    {
+                        "type": "embedding",
+                        "publisher": "nomic-ai",
+                        "key": "text-embedding-nomic-embed-text-v1.5",
+                        "size_bytes": 84 * 2**20,
+                        "loaded_instances": [{"id": "text-embedding-nomic-embed-text-v1.5"}],
+                        "format": "gguf",
+                    },
+                ]
+            },
+        ),
+    )
+    try:
+        srv = factories.server("lms", kind="lmstudio", base_url=lmstudio.url)
+        report = sync_server(srv)
+    finally:
+        lmstudio.close()
+
+    assert report.error == ""
+    found = {
+        d.server_model_id: (d.model.type, d.size_mb)
+        for d in Deployment.objects.filter(server=srv).select_related("model")
+    }
+    assert found == {
+        "qwen/qwen3-8b": ("llm", 5120),
+        "text-embedding-nomic-embed-text-v1.5": ("embedding", 84),
+    }
+
+
+def test_sizes_fill_only_empty_facts_and_unknown_types_are_llms(server):
+    """Fills empty facts on existing deployments, never replaces ones the operator set.
+
+    No server kind reports a type outside the three, so this feeds `record` directly."""
     sized = factories.deployment(server, "a", size_mb=111)
     unsized = factories.deployment(server, "b")
     listed = [
