@@ -56,17 +56,13 @@ def listed_models(server: Server) -> list[ServerModel]:
     return async_to_sync(_list)(server)
 
 
-def _find_model(name: str) -> Model | None:
-    """The operator's model with this public name or alias."""
-    found = Model.objects.filter(name=name).first()
-    if found:
-        return found
-    # Aliases live in a JSON list; few models exist, so look through them here rather than
-    # rely on JSON containment lookups that SQLite lacks.
-    for candidate in Model.objects.exclude(aliases=[]):
-        if name in (candidate.aliases or []):
-            return candidate
-    return None
+def _public_names() -> dict[str, Model]:
+    """Every name apps can use for a model (its name and aliases) → the model."""
+    models = list(Model.objects.all())
+    names = {alias: model for model in models for alias in model.aliases or []}
+    # A model's own name wins over another model's alias.
+    names.update({model.name: model for model in models})
+    return names
 
 
 def _model_type(listed: ServerModel) -> str:
@@ -78,6 +74,8 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
     """Add what is missing for `listed` on `server`; fill only empty facts on what exists."""
     report.listed = len(listed)
     known = {d.server_model_id: d for d in server.deployments.select_related("model")}
+    deployed = {d.model_id for d in known.values()}
+    public = _public_names()
     for item in listed:
         existing = known.get(item.id)
         if existing is not None:
@@ -89,11 +87,12 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
         if len(item.id) > NAME_MAX:
             report.skipped.append(f"{item.id[:40]}… (name longer than {NAME_MAX} characters)")
             continue
-        model = _find_model(item.id)
+        model = public.get(item.id)
         if model is None:
             model = Model.objects.create(name=item.id, type=_model_type(item))
+            public[model.name] = model
             report.created_models.append(model.name)
-        elif server.deployments.filter(model=model).exists():
+        elif model.pk in deployed:
             # The operator already put this model on this server under another server name.
             report.skipped.append(f"{item.id} ({model.name} is already deployed here)")
             continue
@@ -101,6 +100,7 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
             server=server, model=model, server_model_id=item.id, size_mb=item.size_mb
         )
         known[item.id] = deployment
+        deployed.add(model.pk)
         report.created_deployments.append(str(deployment))
 
 
