@@ -48,6 +48,8 @@ class MarkReady:
 
 @dataclass(frozen=True, slots=True)
 class StartLoad:
+    """Load a deployment, unloading `evict` first (chosen now, when the load starts)."""
+
     deployment_id: int
     evict: tuple[int, ...]
     reason: str
@@ -61,6 +63,9 @@ class Unload:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
+    """ready → processing on `deployment_id`: the one it was routed to, or another server's
+    deployment of the same model that has a free slot (a busy queue drains onto it)."""
+
     request_id: UUID
     deployment_id: int
 

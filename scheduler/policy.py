@@ -275,7 +275,8 @@ class _Pass:
                     if w.deployment_id
                     and self.deployments[w.deployment_id].server_id == d.server_id
                 )
-                options.append(((len(outcome) > 0, cost, waiting, d.id), d, outcome))
+                spare = self.spare_after(d, outcome)
+                options.append(((len(outcome) > 0, cost, waiting, spare, d.id), d, outcome))
 
         if options:
             _, d, evict = min(options, key=lambda o: o[0])
@@ -286,14 +287,27 @@ class _Pass:
         if free_only:
             return False
         self.wake_times.extend(wakes)
-        every_server_up = len(candidates) == sum(
+        all_reachable = len(candidates) == sum(
             1 for d in self.deployments.values() if d.model == r.model
         )
-        if reasons and all(n.permanent for n in reasons) and every_server_up:
+        if reasons and all(n.permanent for n in reasons) and all_reachable:
             codes = {n.code for n in reasons}
             code = codes.pop() if len(codes) == 1 else "model_unavailable"
             self.fail(r, code, "; ".join(dict.fromkeys(n.reason for n in reasons)))
         return False
+
+    def spare_after(self, d: DeploymentView, evict: tuple[int, ...]) -> float:
+        """Memory left on the server once `d` is in (best fit keeps big servers for big
+        models); without a budget, every server counts as equally full."""
+        server = self.servers[d.server_id]
+        if server.memory_mb is None:
+            return 0.0
+        used = sum(
+            x.size_mb or 0
+            for x in self.on_server(d.server_id)
+            if x.occupies_room and x.id not in evict and x.id != d.id
+        )
+        return server.memory_mb - used - (d.size_mb or 0)
 
     def start_load(self, d: DeploymentView, evict: Iterable[int], reason: str) -> None:
         evict = tuple(evict)

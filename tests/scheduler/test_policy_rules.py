@@ -318,6 +318,15 @@ def test_routing_new_load_prefers_fewest_waiting():
     assert loads(plan(s, at(0))) == [(3, ())]
 
 
+def test_routing_new_load_prefers_the_tightest_fit():
+    """Room on both: a small model goes where it leaves the least memory spare, keeping the
+    big server's room for the big models only it can hold. Breaks if small models spread
+    onto the big server first and were evicted again (seen in the simulation)."""
+    servers = [server(1, llm=2, memory_mb=48_000), server(2, llm=2, memory_mb=16_000)]
+    deployments = [dep(1, 1, "small", size_mb=800), dep(2, 2, "small", size_mb=800)]
+    assert loads(plan(snap(servers, deployments, [req("small")]), at(0))) == [(2, ())]
+
+
 # -- capacity and eviction in the policy -------------------------------------------------
 
 
