@@ -1,5 +1,5 @@
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from .discovery import sync_server
@@ -109,12 +109,18 @@ class ServerAdmin(admin.ModelAdmin):
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "type", "alias_list", "load_timeout_s", "deployment_count"]
-    list_filter = ["type"]
+    list_display = ["name", "type", "alias_list", "load_timeout_s", "deployment_count", "servers"]
+    list_filter = ["type", "deployments__server"]
     search_fields = ["name", "aliases"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(n_deployments=Count("deployments"))
+        on_servers = Deployment.objects.select_related("server").order_by("server__name")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(n_deployments=Count("deployments"))
+            .prefetch_related(Prefetch("deployments", queryset=on_servers))
+        )
 
     @admin.display(description="aliases")
     def alias_list(self, model: Model) -> str:
@@ -123,6 +129,13 @@ class ModelAdmin(admin.ModelAdmin):
     @admin.display(description="deployments", ordering="n_deployments")
     def deployment_count(self, model: Model) -> int:
         return model.n_deployments
+
+    @admin.display(description="servers (state)")
+    def servers(self, model: Model) -> str:
+        return (
+            ", ".join(f"{server_label(d.server)} ({d.state})" for d in model.deployments.all())
+            or "-"
+        )
 
 
 @admin.register(Deployment)

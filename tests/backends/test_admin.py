@@ -46,7 +46,7 @@ def fleet():
 
 FILTERS = {
     "server": ["kind=openai", "health=up", "enabled__exact=1", "q=gpu"],
-    "model": ["type=embedding", "q=nomic"],
+    "model": ["type=embedding", "q=nomic", "deployments__server__id__exact=1"],
     "deployment": [
         "state=failed",
         "server__kind=simulated",
@@ -88,6 +88,8 @@ def test_simulated_servers_are_marked_in_list_views(admin_client, fleet):
     deployments = admin_client.get(changelist("deployment")).content.decode()
     assert "sim-1 (simulated)" in deployments
     assert "gpu-1 (simulated)" not in deployments
+    models = admin_client.get(changelist("model")).content.decode()
+    assert "gpu-1 (unloaded), sim-1 (simulated) (loaded)" in models
 
 
 @pytest.mark.parametrize("name", ["server", "model", "deployment"])

@@ -130,6 +130,14 @@ def test_yaml_and_toml_describe_the_same_rows(tmp_path):
     assert snapshot() == from_yaml
 
 
+def test_dry_run_reports_without_changing(tmp_path):
+    out = StringIO()
+    call_command("apply_config", write(tmp_path, YAML), "--dry-run", stdout=out)
+    assert "Would apply" in out.getvalue()
+    assert "created 5" in out.getvalue()
+    assert snapshot() == [[], [], []]
+
+
 def test_updates_only_what_the_file_names_and_leaves_the_rest(tmp_path):
     apply(write(tmp_path, YAML))
     other = factories.server("other", kind="openai")

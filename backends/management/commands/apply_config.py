@@ -1,4 +1,5 @@
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from backends.config_file import ConfigError, apply, load_file
 
@@ -11,10 +12,19 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("file")
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Check the file and say what would change, without changing anything.",
+        )
 
-    def handle(self, *args, file: str, **options) -> None:
+    def handle(self, *args, file: str, dry_run: bool, **options) -> None:
         try:
-            summary = apply(load_file(file))
+            with transaction.atomic():
+                summary = apply(load_file(file))
+                if dry_run:
+                    transaction.set_rollback(True)
         except ConfigError as exc:
             raise CommandError(f"{file}: {exc}") from exc
-        self.stdout.write(f"Applied {file}: {summary}")
+        verb = "Would apply" if dry_run else "Applied"
+        self.stdout.write(f"{verb} {file}: {summary}")
