@@ -12,6 +12,7 @@ from datetime import datetime
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import close_old_connections
 from django.utils import timezone
 
 from backends.adapters.base import Adapter, AdapterError, ErrorCode
@@ -45,37 +46,55 @@ class Runtime:
         self.worker_id: int | None = None
         self.adapters: dict[int, Adapter] = {}
         self.tasks: dict[str, asyncio.Task] = {}
+        self.chores: set[asyncio.Future] = set()  # fire-and-forget DB writes (load progress)
         self.wake = asyncio.Event()
         self.next_wake: datetime | None = None
         self.knobs = settings.SWITCHYARD
         self.config = store.policy_config()
-        self.last_sync = 0.0
+        self.last_sync = -float("inf")
+        self.waiting = 0
         self.crashed: BaseException | None = None
+        # For tests and embedders: `passes` counts finished passes; `passed` is notified
+        # after each, so a caller can await a fact instead of sleeping.
+        self.passes = 0
+        self.passed = asyncio.Condition()
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
         self.worker_id = await db(store.register_worker)()
         wakeup.subscribe(self.wake)
-        recheck = await db(store.take_over_stale_workers)(self.knobs["WORKER_STALE_S"])
-        recheck += await db(store.orphaned_deployments)()
-        for deployment_id in set(recheck):
-            await self.recheck(deployment_id)
+        await self.take_over()
         log.info("worker %s started", self.worker_id)
 
+    async def take_over(self) -> bool:
+        """Take back work from stale workers and re-check loads that nobody holds. True if
+        anything was taken."""
+        stale_s = self.knobs["WORKER_STALE_S"]
+        moved, recheck = await db(store.take_over_stale_workers)(stale_s, self.worker_id)
+        for deployment_id in recheck:
+            await self.recheck(deployment_id)
+        return bool(moved or recheck)
+
     async def stop(self) -> None:
+        """Stop cleanly: cancel running tasks, then hand back what this worker held so that
+        any worker (this one, restarted, or another) runs it again."""
         wakeup.unsubscribe(self.wake)
         for task in self.tasks.values():
             task.cancel()
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        await asyncio.gather(*self.tasks.values(), *self.chores, return_exceptions=True)
+        if self.worker_id is not None:
+            _, recheck = await db(store.release_worker)(self.worker_id)
+            for deployment_id in recheck:
+                await self.recheck(deployment_id)
         for adapter in self.adapters.values():
             await adapter.close()
-        if self.worker_id is not None:
-            await db(store.unregister_worker)(self.worker_id)
+        await db(close_old_connections)()  # the DB thread outlives the worker
         log.info("worker %s stopped", self.worker_id)
 
     async def run(self, stop: asyncio.Event, until_idle: bool = False) -> None:
-        """Plan and execute until `stop` is set (or, with `until_idle`, nothing is left)."""
+        """Plan and execute until `stop` is set, or with `until_idle` until no request waits
+        and nothing is left to do."""
         await self.start()
         side = [asyncio.create_task(self.heartbeat(stop), name="heartbeat")]
         if settings.IS_POSTGRES:
@@ -87,9 +106,10 @@ class Runtime:
                 self.wake.clear()
                 await self.sync_status_if_due()
                 did = await self.step()
+                await self.count_pass()
                 if self.crashed:
                     raise RuntimeError("a side task of the worker crashed") from self.crashed
-                if until_idle and not did and not self.tasks:
+                if until_idle and not did and not self.tasks and not self.waiting:
                     break
                 if not did:
                     await self.wait(stop)
@@ -100,6 +120,11 @@ class Runtime:
             await asyncio.gather(*side, return_exceptions=True)
             await self.stop()
 
+    async def count_pass(self) -> None:
+        async with self.passed:
+            self.passes += 1
+            self.passed.notify_all()
+
     def side_task_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception():
             log.error("side task %s crashed: %r", task.get_name(), task.exception())
@@ -107,7 +132,11 @@ class Runtime:
             self.wake.set()
 
     async def wait(self, stop: asyncio.Event) -> None:
+        """Until woken, stopped, or the next planned moment: a deferred decision, a status
+        sync, or the poll interval (the safety net)."""
         timeout = self.knobs["POLL_INTERVAL_S"]
+        next_sync = self.last_sync + self.knobs["STATUS_SYNC_S"] - time.monotonic()
+        timeout = min(timeout, max(next_sync, 0.0))
         if self.next_wake is not None:
             timeout = min(timeout, max((self.next_wake - self.clock()).total_seconds(), 0.0))
         waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -122,13 +151,15 @@ class Runtime:
             if not await db(store.heartbeat)(self.worker_id):
                 raise RuntimeError(f"worker {self.worker_id} was taken over by another worker")
             await asyncio.sleep(self.knobs["HEARTBEAT_S"])
-            await db(store.take_over_stale_workers)(self.knobs["WORKER_STALE_S"])
+            if await self.take_over():
+                self.wake.set()
 
     # -- one pass ------------------------------------------------------------------------
 
     async def step(self) -> list[Decision]:
         """One snapshot, plan and execute pass. Returns what it did (Defer excluded)."""
         snapshot = await db(store.read_snapshot)(self.config)
+        self.waiting = len(snapshot.requests)
         decisions = plan(snapshot, self.clock())
         self.next_wake = None
         done = []
@@ -163,7 +194,7 @@ class Runtime:
                 )
             case Route(request_id=rid, deployment_id=did, ready=ready, reason=reason):
                 now = timezone.now()
-                fields = {"deployment_id": did, "routed_at": now, "server_id": None}
+                fields = {"deployment_id": did, "routed_at": now}
                 fields["server_id"] = await db(_server_of)(did)
                 if ready:
                     fields["ready_at"] = now
@@ -206,9 +237,10 @@ class Runtime:
                 return True
             case Probe(server_id=sid):
                 name = f"probe {sid}"
-                if name not in self.tasks:
-                    self.spawn(name, self.probe(sid))
-                return name in self.tasks
+                if name in self.tasks:  # one probe decides; it is still out
+                    return False
+                self.spawn(name, self.probe(sid))
+                return True
         raise TypeError(f"unknown decision {decision!r}")
 
     def spawn(self, name: str, coro) -> None:
@@ -240,30 +272,53 @@ class Runtime:
             nonlocal last_report
             if time.monotonic() - last_report >= 0.5 or fraction >= 1.0:
                 last_report = time.monotonic()
-                asyncio.ensure_future(db(store.set_load_progress)(job.deployment_id, fraction))
+                chore = asyncio.ensure_future(
+                    db(store.set_load_progress)(job.deployment_id, fraction)
+                )
+                self.chores.add(chore)
+                chore.add_done_callback(self.chores.discard)
 
         try:
-            for victim_id, server_model_id in job.evict:
-                await adapter.unload(server_model_id)
-                await db(store.evicted)(victim_id)
+            await self.evict(adapter, job)
             async with asyncio.timeout(job.target.timeout_s):
                 await adapter.load(job.target, progress)
         except TimeoutError:
-            error = AdapterError(
-                ErrorCode.LOAD_FAILED, f"load timed out after {job.target.timeout_s:.0f} s"
-            )
-            await self.load_failed(job, error)
+            message = f"load timed out after {job.target.timeout_s:.0f} s"
+            await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, message))
+            await self.unload_quietly(adapter, job.target.server_model_id)
         except AdapterError as error:
             await self.load_failed(job, error)
+        except Exception as exc:  # an adapter bug must not leave the deployment `loading`
+            log.exception("loading %s crashed", job.model_name)
+            await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, repr(exc)))
         else:
             await db(store.load_succeeded)(job.deployment_id, time.monotonic() - started)
             await db(store.server_succeeded)(job.server_id)
+
+    async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
+        """Unload the victims first. One that fails to unload is re-checked with the server,
+        so it never stays `unloading`, and the load counts as failed."""
+        for victim_id, server_model_id in job.evict:
+            try:
+                await adapter.unload(server_model_id)
+            except AdapterError:
+                for left_id, _ in job.evict:
+                    await self.recheck(left_id)
+                raise
+            await db(store.evicted)(victim_id)
+
+    async def unload_quietly(self, adapter: Adapter, server_model_id: str) -> None:
+        """After a timed-out load, ask the server to drop what it may still be loading."""
+        try:
+            await adapter.unload(server_model_id)
+        except AdapterError as error:
+            log.info("could not unload %s after its load timed out: %s", server_model_id, error)
 
     async def load_failed(self, job: store.LoadJob, error: AdapterError) -> None:
         await db(store.load_failed)(job.deployment_id, error)
         if error.server_fault:
             await db(store.server_failed)(job.server_id, error.message)
-        await self.sync_server(job.server_id)
+        self.sync_soon(job.server_id)
 
     async def unload(self, deployment_id: int, server_id: int, model_id: str, why: str) -> None:
         adapter = await self.adapter(server_id)
@@ -271,32 +326,42 @@ class Runtime:
             await adapter.unload(model_id)
         except AdapterError as error:
             log.warning("unloading %s failed: %s", model_id, error.message)
-            await self.sync_server(server_id)
-        else:
-            log.info("unloaded %s (%s)", model_id, why)
+            await self.recheck(deployment_id)
+            return
+        log.info("unloaded %s (%s)", model_id, why)
         await db(store.evicted)(deployment_id)
 
     async def serve(self, job: store.ServeJob) -> None:
         adapter = await self.adapter(job.server_id)
         started = time.monotonic()
+        relay = streams.Relay(job.request_id)
         try:
             if job.call.stream:
-                result = await streams.relay(job.request_id, adapter.stream(job.call))
+                result = await relay.run(adapter.stream(job.call))
             else:
                 result = await adapter.run(job.call)
         except AdapterError as error:
-            state = await db(store.request_failed)(job, error)
-            log.warning(
-                "request %s on %s: %s (%s) → %s",
-                job.request_id,
-                job.server_name,
-                error.code,
-                error.message,
-                state,
-            )
-            await self.sync_server(job.server_id)
+            await self.serve_failed(job, error, may_retry=not relay.sent)
             return
-        await db(store.request_completed)(job, result, time.monotonic() - started)
+        except Exception as exc:  # an adapter bug must not leave the request `processing`
+            log.exception("request %s crashed in its adapter", job.request_id)
+            error = AdapterError(ErrorCode.SERVER_ERROR, repr(exc))
+            await self.serve_failed(job, error, may_retry=False)
+            return
+        if not await db(store.request_completed)(job, result, time.monotonic() - started):
+            log.warning("request %s finished after it was taken over; result dropped", job)
+
+    async def serve_failed(self, job: store.ServeJob, error: AdapterError, may_retry: bool) -> None:
+        state = await db(store.request_failed)(job, error, may_retry)
+        log.warning(
+            "request %s on %s: %s (%s) → %s",
+            job.request_id,
+            job.server_name,
+            error.code,
+            error.message,
+            state,
+        )
+        self.sync_soon(job.server_id)
 
     async def probe(self, server_id: int) -> None:
         adapter = await self.adapter(server_id)
@@ -308,6 +373,7 @@ class Runtime:
             await db(store.probe_result)(server_id, None)
 
     async def recheck(self, deployment_id: int) -> None:
+        """Set a deployment to what its server says now (unloaded if it cannot say)."""
         server_id = await db(_server_of)(deployment_id)
         try:
             listed = await (await self.adapter(server_id)).list_models()
@@ -322,19 +388,25 @@ class Runtime:
             return
         self.last_sync = time.monotonic()
         for server in await db(store.servers_to_sync)():
-            if f"sync {server.pk}" not in self.tasks:
-                self.spawn(f"sync {server.pk}", self.sync_server(server.pk))
+            self.sync_soon(server.pk)
+
+    def sync_soon(self, server_id: int) -> None:
+        """Ask the server what it holds, in a task of its own (after a failure, the failed
+        task ends at once and the loop plans without waiting for the answer)."""
+        if f"sync {server_id}" not in self.tasks:
+            self.spawn(f"sync {server_id}", self.sync_server(server_id))
 
     async def sync_server(self, server_id: int) -> None:
         """Ask the server what it has loaded and correct our deployment states."""
         adapter = await self.adapter(server_id)
+        asked_at = timezone.now()
         try:
             listed = await adapter.list_models()
         except AdapterError as error:
             if error.server_fault:
                 await db(store.mark_down)(server_id, error.message)
             return
-        await db(store.apply_server_models)(server_id, listed)
+        await db(store.apply_server_models)(server_id, listed, asked_at)
 
 
 def _server_of(deployment_id: int) -> int:

@@ -7,12 +7,13 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ServerModel
@@ -133,46 +134,57 @@ def heartbeat(worker_id: int) -> bool:
     return Worker.objects.filter(pk=worker_id).update(last_heartbeat=timezone.now()) == 1
 
 
-def unregister_worker(worker_id: int) -> None:
-    Worker.objects.filter(pk=worker_id).delete()
+def take_over_stale_workers(stale_s: float, me: int | None = None) -> tuple[int, list[int]]:
+    """Take back what workers with a stale heartbeat held, and what no worker holds.
 
-
-def take_over_stale_workers(stale_s: float) -> list[int]:
-    """Put back the work of workers whose heartbeat is stale. Returns the deployments whose
-    load or unload was under way, to be re-checked with their servers."""
+    Requests they were processing go back to pending (they run again). Returns how many
+    requests moved and the deployments whose load or unload was under way, to be
+    re-checked with their servers."""
     cutoff = timezone.now() - timedelta(seconds=stale_s)
-    stale = list(Worker.objects.filter(last_heartbeat__lt=cutoff).values_list("pk", flat=True))
-    if not stale:
-        return []
-    recheck = list(
-        Deployment.objects.filter(
-            worker_id__in=stale, state__in=(DS.LOADING, DS.UNLOADING)
-        ).values_list("pk", flat=True)
+    stale = list(
+        Worker.objects.filter(last_heartbeat__lt=cutoff).exclude(pk=me).values_list("pk", flat=True)
     )
-    for request_id, server in Request.objects.filter(
-        worker_id__in=stale, state=State.PROCESSING
-    ).values_list("pk", "server__name"):
-        move(
+    if stale:
+        log.warning("taking over the work of stale workers %s", stale)
+    Worker.objects.filter(pk__in=stale).delete()  # what they held now points at no worker
+    return release_orphans("its worker stopped heartbeating; it will run again")
+
+
+def release_worker(worker_id: int) -> tuple[int, list[int]]:
+    """A worker stopping cleanly hands back what it holds, like a stale one."""
+    Worker.objects.filter(pk=worker_id).delete()
+    return release_orphans("its worker stopped; it will run again")
+
+
+def release_orphans(reason: str) -> tuple[int, list[int]]:
+    orphans = Request.objects.filter(state=State.PROCESSING, worker__isnull=True)
+    moved = 0
+    for request_id, server in orphans.values_list("pk", "server__name"):
+        moved += move(
             request_id,
             [State.PROCESSING],
             State.PENDING,
-            "its worker stopped heartbeating; it will run again",
+            reason,
             server or "",
-            worker=None,
             deployment=None,
             server=None,
         )
-    Worker.objects.filter(pk__in=stale).delete()
-    recount_in_flight()
-    log.warning("took over the work of stale workers %s", stale)
-    return recheck
+    if moved:
+        recount_in_flight()
+    return moved, orphaned_deployments()
 
 
 def recount_in_flight() -> None:
-    for d in Deployment.objects.all():
-        n = Request.objects.filter(deployment=d, state=State.PROCESSING).count()
-        if n != d.in_flight:
-            Deployment.objects.filter(pk=d.pk).update(in_flight=n)
+    """Set every deployment's in-flight count from the requests processing there, in one
+    statement so that a concurrent dispatch is never overwritten."""
+    processing = (
+        Request.objects.filter(deployment=OuterRef("pk"), state=State.PROCESSING)
+        .order_by()
+        .values("deployment")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    Deployment.objects.update(in_flight=Coalesce(Subquery(processing), 0))
 
 
 def orphaned_deployments() -> list[int]:
@@ -199,7 +211,15 @@ class LoadJob:
 
 def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reason: str):
     now = timezone.now()
+    server_id = Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)
     with transaction.atomic():
+        # Lock the server row: two workers never start loads on the same server at once.
+        Server.objects.select_for_update().filter(pk=server_id).first()
+        busy = Deployment.objects.filter(
+            server_id=server_id, state__in=(DS.LOADING, DS.UNLOADING)
+        ).exists()
+        if busy:
+            return None
         claimed = Deployment.objects.filter(
             pk=deployment_id, state__in=(DS.UNLOADED, DS.FAILED)
         ).update(
@@ -321,12 +341,6 @@ def load_failed(deployment_id: int, error: AdapterError) -> None:
     announce.dashboard_changed()
 
 
-def reset_failed_deployment(deployment_id: int) -> None:
-    Deployment.objects.filter(pk=deployment_id, state=DS.FAILED).update(
-        state=DS.UNLOADED, load_failures=0, last_error="", last_error_code="", next_load_at=None
-    )
-
-
 # -- requests ----------------------------------------------------------------------------
 
 
@@ -336,6 +350,7 @@ class ServeJob:
     deployment_id: int
     server_id: int
     server_name: str
+    worker_id: int
     call: InferenceCall
 
 
@@ -343,6 +358,11 @@ def dispatch(request_id, deployment_id: int, worker_id: int) -> ServeJob | None:
     now = timezone.now()
     d = Deployment.objects.select_related("server", "model").get(pk=deployment_id)
     with transaction.atomic():
+        # Lock the server row so that workers dispatching at once never overfill its slots.
+        Server.objects.select_for_update().filter(pk=d.server_id).first()
+        busy = Deployment.objects.filter(server_id=d.server_id).aggregate(n=Sum("in_flight"))["n"]
+        if (busy or 0) >= d.server.slots:
+            return None
         request = Request.objects.filter(pk=request_id).only("priority", "attempts").first()
         if request is None or not move(
             request_id,
@@ -369,7 +389,7 @@ def dispatch(request_id, deployment_id: int, worker_id: int) -> ServeJob | None:
             Request.objects.filter(pk=request_id).values_list("payload", "kind", "stream").get()
         )
     call = InferenceCall(kind, d.server_model_id, payload, stream, d.effective_load_options())
-    return ServeJob(request_id, deployment_id, d.server_id, d.server.name, call)
+    return ServeJob(request_id, deployment_id, d.server_id, d.server.name, worker_id, call)
 
 
 def _release(job: ServeJob, seconds: float | None = None) -> None:
@@ -381,47 +401,68 @@ def _release(job: ServeJob, seconds: float | None = None) -> None:
     Deployment.objects.filter(pk=job.deployment_id, in_flight__gt=0).update(**changes)
 
 
-def request_completed(job: ServeJob, result: dict, seconds: float) -> None:
+def request_completed(job: ServeJob, result: dict, seconds: float) -> bool:
+    """Store the result. False if the request was taken from this worker meanwhile."""
     with transaction.atomic():
-        move(
+        done = move(
             job.request_id,
             [State.PROCESSING],
             State.COMPLETED,
             f"completed in {seconds:.2f} s",
             job.server_name,
+            held_by=job.worker_id,
             result=result,
         )
-        _release(job, seconds)
+        if done:
+            _release(job, seconds)
     server_succeeded(job.server_id)
+    return done
 
 
-def request_failed(job: ServeJob, error: AdapterError) -> str:
-    """Retry with backoff, re-route if the model went away, or fail. Returns the new state."""
-    request = Request.objects.only("attempts").get(pk=job.request_id)
+def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -> str:
+    """Retry with backoff, re-route if the model went away, or fail. Returns the new state.
+
+    `may_retry` is False once part of a streamed answer reached the caller: running it again
+    would send the caller a second beginning."""
+    attempts = Request.objects.values_list("attempts", flat=True).get(pk=job.request_id)
+    attempts_left = may_retry and attempts < knob("REQUEST_ATTEMPTS")
     with transaction.atomic():
-        if error.code == ErrorCode.NOT_LOADED:
+        if error.code == ErrorCode.NOT_LOADED and attempts_left:
             Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADED).update(
                 state=DS.UNLOADED, state_changed_at=timezone.now(), loaded_at=None
             )
             state = State.PENDING
             reason = f"the server no longer has the model loaded ({error.message}); routing again"
             fields: dict[str, Any] = {"deployment": None, "server": None, "worker": None}
-        elif error.retryable and request.attempts < knob("REQUEST_ATTEMPTS"):
+        elif error.retryable and attempts_left:
             delay = error.retry_after_s or backoff_s(
-                request.attempts, knob("RETRY_BASE_S"), knob("RETRY_MAX_S")
+                attempts, knob("RETRY_BASE_S"), knob("RETRY_MAX_S")
             )
             state = State.READY
-            reason = f"{error.code}: {error.message}; retry {request.attempts + 1} in {delay:.0f} s"
+            reason = f"{error.code}: {error.message}; retry {attempts + 1} in {delay:.2f} s"
             fields = {"not_before": timezone.now() + timedelta(seconds=delay), "worker": None}
         else:
             state = State.FAILED
             reason = f"{error.code}: {error.message}"
+            if error.retryable and not may_retry:
+                reason += " (the stream had begun: not retried)"
+            elif error.retryable:
+                reason += f" (after {attempts} attempts)"
             fields = {"error": error.message[:4000], "error_code": error.code}
-        move(job.request_id, [State.PROCESSING], state, reason, job.server_name, **fields)
-        _release(job)
+        moved = move(
+            job.request_id,
+            [State.PROCESSING],
+            state,
+            reason,
+            job.server_name,
+            held_by=job.worker_id,
+            **fields,
+        )
+        if moved:
+            _release(job)
     if error.server_fault:
         server_failed(job.server_id, error.message)
-    return state
+    return state if moved else "taken over"
 
 
 # -- servers -----------------------------------------------------------------------------
@@ -474,8 +515,10 @@ def mark_down(server_id: int, message: str) -> None:
         announce.dashboard_changed()
 
 
-def apply_server_models(server_id: int, listed: list[ServerModel]) -> list[str]:
-    """Correct deployment states from what the server reports; returns what changed."""
+def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: datetime) -> list[str]:
+    """Correct deployment states from what the server reported when asked at `asked_at`;
+    returns what changed. A deployment whose state changed after the question (a load that
+    finished meanwhile) is left alone: the answer is older than what we know."""
     now = timezone.now()
     was_down = Server.objects.filter(pk=server_id, health=Health.DOWN).exists()
     Server.objects.filter(pk=server_id).exclude(health=Health.COOLDOWN).update(
@@ -483,7 +526,10 @@ def apply_server_models(server_id: int, listed: list[ServerModel]) -> list[str]:
     )
     loaded = {m.id for m in listed if m.state == "loaded"}
     changes = []
-    for d in Deployment.objects.filter(server_id=server_id, state__in=(DS.LOADED, DS.UNLOADED)):
+    settled = Deployment.objects.filter(
+        server_id=server_id, state__in=(DS.LOADED, DS.UNLOADED), state_changed_at__lt=asked_at
+    )
+    for d in settled:
         if d.state == DS.LOADED and d.server_model_id not in loaded and d.in_flight == 0:
             Deployment.objects.filter(pk=d.pk, state=DS.LOADED, in_flight=0).update(
                 state=DS.UNLOADED, state_changed_at=now, loaded_at=None

@@ -7,19 +7,27 @@ from typing import Any
 from .announce import request_group, send
 
 
-async def relay(request_id, chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
-    """Send each chunk to the request's group and return the assembled response."""
-    group = request_group(request_id)
-    text: list[str] = []
-    last: dict[str, Any] = {}
-    usage = None
-    async for chunk in chunks:
-        await send(group, {"type": "stream.chunk", "chunk": chunk})
-        last = chunk
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
-    return assemble(last, "".join(text), usage)
+class Relay:
+    """Sends each chunk to the request's group and assembles the response. `sent` tells,
+    after a failure, whether the caller already saw part of the answer."""
+
+    def __init__(self, request_id) -> None:
+        self.group = request_group(request_id)
+        self.sent = False
+
+    async def run(self, chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+        text: list[str] = []
+        last: dict[str, Any] = {}
+        usage = None
+        async for chunk in chunks:
+            await send(self.group, {"type": "stream.chunk", "chunk": chunk})
+            self.sent = True
+            last = chunk
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                text.append(delta.get("content") or choice.get("text") or "")
+        return assemble(last, "".join(text), usage)
 
 
 def assemble(last: dict[str, Any], text: str, usage: dict | None) -> dict[str, Any]:

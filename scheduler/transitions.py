@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import announce, wakeup
-from .models import Request, State, Trace
+from .models import TERMINAL_STATES, Request, State, Trace
 
 S = State
 ALLOWED: dict[str, set[str]] = {
@@ -15,7 +15,7 @@ ALLOWED: dict[str, set[str]] = {
     S.NEEDS_LOADING: {S.READY, S.PENDING, S.FAILED, S.CANCELLED, S.EXPIRED},
     S.READY: {S.PROCESSING, S.PENDING, S.FAILED, S.CANCELLED, S.EXPIRED},
     # Back to ready: retry after a failure; back to pending: the model went away, or the
-    # worker that held it died.
+    # worker that held it stopped.
     S.PROCESSING: {S.COMPLETED, S.FAILED, S.READY, S.PENDING},
 }
 
@@ -24,29 +24,35 @@ class ImpossibleTransition(ValueError):
     pass
 
 
+def check(from_states: Iterable[str], to_state: str) -> None:
+    """Raise unless every one of `from_states` may move to `to_state`."""
+    for source in from_states:
+        if to_state not in ALLOWED.get(source, set()):
+            raise ImpossibleTransition(f"{source} → {to_state}")
+
+
 def move(
     request_id,
     from_states: Iterable[str],
     to_state: str,
     reason: str,
     at_server: str = "",
+    *,
+    held_by: int | None = None,
     **fields,
 ) -> bool:
-    """Move the request if it is still in one of `from_states`. False if it moved meanwhile."""
+    """Move the request if it is still in one of `from_states` (and, with `held_by`, still
+    held by that worker). False, writing nothing, if it moved meanwhile."""
     from_states = tuple(from_states)
-    for source in from_states:
-        if to_state not in ALLOWED.get(source, set()):
-            raise ImpossibleTransition(f"{source} → {to_state}")
+    check(from_states, to_state)
     now = timezone.now()
-    if to_state in (S.COMPLETED, S.FAILED, S.CANCELLED, S.EXPIRED):
+    if to_state in TERMINAL_STATES:
         fields.setdefault("finished_at", now)
     with transaction.atomic():
-        row = (
-            Request.objects.select_for_update()
-            .filter(pk=request_id, state__in=from_states)
-            .values_list("state", flat=True)
-            .first()
-        )
+        rows = Request.objects.select_for_update().filter(pk=request_id, state__in=from_states)
+        if held_by is not None:
+            rows = rows.filter(worker_id=held_by)
+        row = rows.values_list("state", flat=True).first()
         if row is None:
             return False
         Request.objects.filter(pk=request_id).update(state=to_state, **fields)
@@ -58,7 +64,8 @@ def move(
             server=at_server or "",
             reason=reason,
         )
-        if to_state in (S.CANCELLED,):
+        if to_state in (S.CANCELLED, S.PENDING):
+            # A cancel frees room; a request back in line needs routing: wake the workers.
             wakeup.notify_in_transaction()
         transaction.on_commit(lambda: announce.request_moved(request_id, to_state))
     return True

@@ -1,0 +1,287 @@
+"""The failure rules, through the real OpenAI-compatible adapter against a real HTTP server
+that fails on purpose: request retries with backoff, re-routing, bad requests, the circuit
+breaker, load failures and timeouts, status sync, and servers going away and coming back."""
+
+import asyncio
+import logging
+import threading
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from backends.models import Deployment, DeploymentState, Health, Server
+from scheduler.models import Request, State
+from scheduler.retry import backoff_s
+from scheduler.runtime import Runtime
+from tests import factories
+from tests.support.flaky_upstream import FlakyUpstream
+from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
+from tests.support.swap_upstream import SwapUpstream
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("db_thread_closed")]
+db = sync_to_async
+DS = DeploymentState
+
+
+@pytest.fixture
+def upstream():
+    up = FlakyUpstream(["m1"])
+    yield up
+    up.stop()
+
+
+@pytest.fixture
+def fast(knobs):
+    """Retry and breaker times shrunk a hundredfold."""
+    return knobs(RETRY_BASE_S=0.02, RETRY_MAX_S=0.15, BREAKER_COOLDOWN_S=0.6)
+
+
+def setup_server(upstream: FlakyUpstream, state: str = DS.LOADED, **fields) -> Server:
+    srv = factories.server("up", kind="openai", base_url=upstream.url, **fields)
+    factories.deployment(srv, "m1", state=state)
+    return srv
+
+
+async def run_until_idle() -> None:
+    await Runtime().run(asyncio.Event(), until_idle=True)
+
+
+def traces(request: Request) -> list[tuple[str, str, str]]:
+    return list(request.traces.values_list("from_state", "to_state", "reason"))
+
+
+def state_of(request: Request) -> str:
+    return Request.objects.values_list("state", flat=True).get(pk=request.pk)
+
+
+def server_health() -> str:
+    return Server.objects.values_list("health", flat=True).get()
+
+
+def test_backoff_doubles_from_its_base_up_to_its_ceiling():
+    assert [backoff_s(n, 2.0, 15.0) for n in range(1, 6)] == [2.0, 4.0, 8.0, 15.0, 15.0]
+
+
+async def test_a_failed_request_is_retried_with_exponential_backoff(upstream, fast):
+    upstream.fail_next = [(500, "boom"), (502, "bad gateway")]
+    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    await run_until_idle()
+
+    def check():
+        request.refresh_from_db()
+        assert request.state == State.COMPLETED
+        assert request.attempts == 3
+        retries = [reason for _, to, reason in traces(request) if to == State.READY][1:]
+        assert retries == [
+            "server_error: boom; retry 2 in 0.02 s",
+            "server_error: bad gateway; retry 3 in 0.04 s",
+        ]
+        srv = Server.objects.get()
+        assert (srv.health, srv.consecutive_failures) == (Health.UP, 0)
+
+    await db(check)()
+
+
+async def test_a_request_fails_once_its_attempts_are_spent(upstream, fast, knobs):
+    knobs(REQUEST_ATTEMPTS=2, BREAKER_FAILURES=10)
+    upstream.fail_next = [(500, "boom"), (500, "boom again")]
+    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    await run_until_idle()
+    await request.arefresh_from_db()
+    assert (request.state, request.attempts, request.error_code) == ("failed", 2, "server_error")
+    assert request.error == "boom again"
+
+
+async def test_a_bad_request_fails_at_once_without_retry(upstream, fast):
+    upstream.fail_next = [(400, "temperature must be at most 2")]
+    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    await run_until_idle()
+    await request.arefresh_from_db()
+    assert (request.state, request.attempts, request.error_code) == ("failed", 1, "bad_request")
+    assert request.error == "temperature must be at most 2"
+    assert upstream.inferences == 1
+    assert await db(server_health)() == Health.UP  # the caller's fault, not the server's
+
+
+async def test_model_no_longer_loaded_sends_the_request_back_to_routing(upstream, fast):
+    upstream.fail_next = [(503, "model is not loaded")]
+    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    await run_until_idle()
+
+    def check():
+        request.refresh_from_db()
+        assert request.state == State.COMPLETED
+        moves = [(f, t) for f, t, _ in traces(request)]
+        assert moves[:3] == [
+            ("pending", "ready"),
+            ("ready", "processing"),
+            ("processing", "pending"),
+        ]
+        # Routed again: to the model listed once more (the status sync after the failure
+        # saw it), or to a new load of it, whichever came first.
+        assert moves[3] in (("pending", "ready"), ("pending", "needs_loading"))
+        assert moves[-2:] == [("ready", "processing"), ("processing", "completed")]
+        assert "no longer has the model loaded" in traces(request)[2][2]
+
+    await db(check)()
+
+
+async def test_breaker_opens_after_three_failures_and_one_probe_closes_it(
+    upstream, fast, knobs, caplog
+):
+    knobs(REQUEST_ATTEMPTS=5)
+    upstream.fail_next = [(500, "boom")] * 3
+    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    with caplog.at_level(logging.INFO):
+        await run_until_idle()
+    messages = [r.getMessage() for r in caplog.records]
+    opened = [m for m in messages if "in cooldown until" in m]
+    assert len(opened) == 1 and "3 failures in a row" in opened[0]
+    assert any("answered its probe" in m for m in messages)
+
+    def check():
+        request.refresh_from_db()
+        assert request.state == State.COMPLETED
+        assert request.attempts == 4  # three failures, then one after the probe
+        assert any("server up is unavailable" in reason for *_, reason in traces(request))
+        srv = Server.objects.get()
+        assert (srv.health, srv.consecutive_failures, srv.cooldown_until) == (Health.UP, 0, None)
+
+    await db(check)()
+
+
+async def test_a_failed_probe_keeps_the_server_in_cooldown(upstream, knobs):
+    knobs(BREAKER_COOLDOWN_S=3600)
+    upstream.stop()  # nothing answers on its port
+    ended = timezone.now() - timedelta(seconds=1)
+
+    def setup():
+        setup_server(upstream)
+        Server.objects.update(health=Health.COOLDOWN, cooldown_until=ended, consecutive_failures=3)
+
+    await db(setup)()
+
+    def cooldown_renewed():
+        srv = Server.objects.get()
+        return srv.cooldown_until > timezone.now() and srv
+
+    async with Running() as running:
+        srv = await running.until(cooldown_renewed)
+    assert srv.health == Health.COOLDOWN
+    assert srv.cooldown_until > timezone.now() + timedelta(seconds=3000)
+
+
+async def test_a_failed_load_is_retried_after_evicting_everything_idle(fast, caplog):
+    """The server has room for one model though Switchyard was told two: loading a second
+    fails out of memory, and the retry first clears the server."""
+    swap = SwapUpstream(["m1", "bystander"], room=1)
+    swap.running.append("bystander")
+    try:
+
+        def setup():
+            srv = factories.server("swap", kind="llamaswap", base_url=swap.url, max_llm=2)
+            factories.deployment(srv, "m1")
+            factories.deployment(srv, "bystander", state=DS.LOADED)
+            return factories.request("m1")
+
+        request = await db(setup)()
+        with caplog.at_level(logging.INFO, logger="scheduler.store"):
+            await run_until_idle()
+    finally:
+        swap.close()
+    assert await db(state_of)(request) == State.COMPLETED
+    assert swap.loads == ["m1", "m1"] and swap.running == ["m1"]
+    messages = [r.getMessage() for r in caplog.records]
+    loads = [m for m in messages if m.startswith("loading m1 on")]
+    assert "evicting" not in loads[0]  # room for both, as far as Switchyard knew
+    assert loads[1].endswith("evicting ['bystander']")  # after the failure: clear the server
+    assert any("CUDA out of memory; retrying in 0 s" in m for m in messages)
+    assert await db(lambda: Deployment.objects.get(model__name="bystander").state)() == DS.UNLOADED
+
+
+async def test_a_load_that_keeps_failing_gives_up_and_fails_its_requests(fast, knobs):
+    knobs(LOAD_ATTEMPTS=2, BREAKER_FAILURES=10)
+    swap = SwapUpstream(["m1"])
+    swap.fail_loads = [(500, "upstream crashed")] * 2
+    try:
+
+        def setup():
+            srv = factories.server("swap", kind="llamaswap", base_url=swap.url)
+            factories.deployment(srv, "m1")
+            return factories.request("m1")
+
+        request = await db(setup)()
+        await run_until_idle()
+    finally:
+        swap.close()
+    await request.arefresh_from_db()
+    assert request.state == State.FAILED
+    assert "upstream crashed" in request.error
+    assert swap.loads == ["m1", "m1"]
+    d = await Deployment.objects.aget()
+    assert d.state == DS.FAILED
+
+
+async def test_a_model_the_server_does_not_have_fails_its_waiting_requests_at_once(upstream):
+    def setup():
+        srv = factories.server("up", kind="openai", base_url=upstream.url, slots=2)
+        factories.deployment(srv, "m2", server_model_id="ghost")
+        return [factories.request("m2") for _ in range(2)]
+
+    requests = await db(setup)()
+    await run_until_idle()
+    for request in requests:
+        await request.arefresh_from_db()
+        assert (request.state, request.error_code) == ("failed", "not_found")
+        assert "ghost is not listed" in request.error
+    d = await Deployment.objects.aget()
+    assert (d.state, d.last_error_code) == (DS.FAILED, "not_found")
+
+
+async def test_a_load_that_times_out_counts_as_a_failure(upstream, knobs):
+    knobs(STATUS_SYNC_S=3600)
+    upstream.models = []  # not listed (so not loaded) at the first status sync
+
+    def setup():
+        srv = setup_server(upstream, state=DS.UNLOADED)
+        Deployment.objects.update(load_options={})
+        srv.deployments.get().model.__class__.objects.update(load_timeout_s=1)
+        return srv
+
+    srv = await db(setup)()
+    async with Running() as running:
+        await running.until(lambda: Server.objects.get(pk=srv.pk).last_seen)  # first sync
+        upstream.models = ["m1"]
+        upstream.listing_gate = threading.Event()  # the "load" now hangs
+        request = await db(factories.request)("m1")
+        d = await running.until(lambda: Deployment.objects.filter(load_failures=1).first())
+        upstream.listing_gate.set()
+    assert (d.state, d.last_error) == (DS.UNLOADED, "load timed out after 1 s")
+    assert d.next_load_at is not None  # retried after its backoff
+    assert await db(state_of)(request) != State.COMPLETED
+
+
+async def test_status_sync_notices_a_model_unloaded_outside_switchyard(upstream, knobs):
+    knobs(STATUS_SYNC_S=0.05)
+    await db(setup_server)(upstream)
+    async with Running() as running:
+        await running.until(lambda: Server.objects.get().last_seen)
+        assert await db(lambda: Deployment.objects.get().state)() == DS.LOADED
+        upstream.models.remove("m1")
+        await running.until(lambda: Deployment.objects.get().state == DS.UNLOADED)
+
+
+async def test_an_unreachable_server_is_marked_down_and_comes_back_by_itself(upstream, knobs):
+    knobs(STATUS_SYNC_S=0.05)
+    upstream.stop()
+    await db(setup_server)(upstream)
+    async with Running() as running:
+        await running.until(lambda: server_health() == Health.DOWN)
+        request = await db(factories.request)("m1")
+        await running.passes(2)
+        assert await db(state_of)(request) == State.PENDING  # waits for a usable server
+        upstream.start()
+        await running.until(lambda: state_of(request) == State.COMPLETED)
+    assert await db(server_health)() == Health.UP

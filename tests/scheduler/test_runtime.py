@@ -1,0 +1,203 @@
+"""The runtime end to end on simulated servers (and one real OpenAI-compatible upstream):
+the life of a request, no head-of-line blocking, parallel loads, one load for all waiters,
+no eviction of a busy model, and wake-ups instead of sleeps."""
+
+import asyncio
+import logging
+import threading
+
+import psycopg
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection
+
+from backends.adapters.simulated import simulated_server
+from backends.models import Deployment, DeploymentState
+from scheduler.api import intake
+from scheduler.models import Request, State, Worker
+from scheduler.runtime import Runtime
+from tests import factories
+from tests.support.openai_upstream import Upstream
+from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("db_thread_closed")]
+db = sync_to_async
+LONG_LOAD_S = 600  # a load that never finishes within a test: it is cancelled at the end
+
+
+def state_of(request: Request) -> str:
+    return Request.objects.values_list("state", flat=True).get(pk=request.pk)
+
+
+def deployment_state(model: str) -> str:
+    return Deployment.objects.values_list("state", flat=True).get(model__name=model)
+
+
+def loaded_on(server_name: str, model: str) -> None:
+    Deployment.objects.filter(model__name=model).update(state=DeploymentState.LOADED)
+    simulated_server(server_name).loaded.add(model)
+
+
+async def test_request_travels_from_pending_to_completed_with_its_trace():
+    def setup():
+        factories.deployment(factories.server("s1"), "m1")
+        return factories.request("m1")
+
+    request = await db(setup)()
+    await Runtime().run(asyncio.Event(), until_idle=True)
+
+    def check():
+        request.refresh_from_db()
+        assert request.state == State.COMPLETED
+        traces = list(request.traces.all())
+        assert [(t.from_state, t.to_state) for t in traces] == [
+            ("pending", "needs_loading"),
+            ("needs_loading", "ready"),
+            ("ready", "processing"),
+            ("processing", "completed"),
+        ]
+        assert all(t.reason for t in traces)
+        assert traces[-1].server == "s1"
+        assert request.result["choices"][0]["message"]["content"]
+        assert request.routed_at <= request.ready_at <= request.started_at <= request.finished_at
+        d = Deployment.objects.get()
+        assert (d.state, d.in_flight, d.worker) == (DeploymentState.LOADED, 0, None)
+        assert not Worker.objects.exists()  # the worker removed its row on the way out
+
+    await db(check)()
+
+
+async def test_a_long_load_does_not_hold_up_a_request_for_a_model_loaded_elsewhere():
+    def setup():
+        s1, s2 = factories.server("s1"), factories.server("s2")
+        factories.deployment(s1, "slow", load_s=LONG_LOAD_S)
+        factories.deployment(s2, "fast")
+        loaded_on("s2", "fast")
+        return factories.request("slow"), factories.request("fast")
+
+    slow, fast = await db(setup)()
+    async with Running() as running:
+        await running.until(lambda: state_of(fast) == State.COMPLETED)
+        assert await db(deployment_state)("slow") == DeploymentState.LOADING
+        assert await db(state_of)(slow) == State.NEEDS_LOADING
+    # Stopping cancelled the load and handed it back: the server never finished it.
+    assert await db(deployment_state)("slow") == DeploymentState.UNLOADED
+
+
+async def test_loads_on_two_servers_run_in_parallel_but_one_at_a_time_per_server():
+    def setup():
+        s1 = factories.server("s1", max_llm=2)
+        s2 = factories.server("s2")
+        for srv, model in ((s1, "a"), (s1, "c"), (s2, "b")):
+            factories.deployment(srv, model, load_s=LONG_LOAD_S)
+        return [factories.request(m) for m in ("a", "b", "c")]
+
+    await db(setup)()
+
+    def loading() -> set[str]:
+        rows = Deployment.objects.filter(state=DeploymentState.LOADING)
+        return set(rows.values_list("model__name", flat=True))
+
+    async with Running() as running:
+        assert await running.until(lambda: len(loading()) == 2)
+        await running.passes(3)
+        assert await db(loading)() == {"a", "b"}  # c waits for a's load on s1
+        assert await db(deployment_state)("c") == DeploymentState.UNLOADED
+
+
+async def test_one_load_serves_every_request_waiting_for_the_model(caplog):
+    def setup():
+        factories.deployment(factories.server("s1", slots=3), "m1", load_s=0.05)
+        return [factories.request("m1") for _ in range(3)]
+
+    requests = await db(setup)()
+    with caplog.at_level(logging.INFO, logger="scheduler.store"):
+        await Runtime().run(asyncio.Event(), until_idle=True)
+    loads = [r for r in caplog.records if r.getMessage().startswith("loading m1 on s1")]
+    assert len(loads) == 1
+    for r in requests:
+        assert await db(state_of)(r) == State.COMPLETED
+
+
+async def test_a_model_serving_a_request_is_never_evicted(knobs):
+    knobs(MIN_RESIDENCY_S=0, STATUS_SYNC_S=3600)
+    upstream = Upstream(["busy"])  # `idle` is not listed yet: the first status sync ignores it
+    upstream.gate = threading.Event()
+    try:
+
+        def setup():
+            srv = factories.server("up", kind="openai", base_url=upstream.url, slots=2)
+            factories.deployment(srv, "busy", state=DeploymentState.LOADED)
+            factories.deployment(srv, "idle")
+            return factories.request("busy")
+
+        first = await db(setup)()
+        async with Running() as running:
+            assert await asyncio.to_thread(upstream.arrived.wait, 10)
+            upstream.models.append("idle")
+            second = await db(factories.request)("idle")
+            await running.passes(3)
+            # The only LLM slot on the server is held by a model that is serving: no eviction.
+            assert await db(deployment_state)("busy") == DeploymentState.LOADED
+            assert await db(deployment_state)("idle") == DeploymentState.UNLOADED
+            assert await db(state_of)(second) == State.PENDING
+            upstream.gate.set()
+            await running.until(lambda: state_of(second) == State.COMPLETED)
+
+        def check():
+            first.refresh_from_db()
+            idle = Deployment.objects.get(model__name="idle")
+            assert first.state == State.COMPLETED
+            assert first.finished_at <= idle.loaded_at
+            assert deployment_state("busy") == DeploymentState.UNLOADED
+
+        await db(check)()
+    finally:
+        upstream.close()
+
+
+async def test_a_new_request_wakes_an_idle_worker_long_before_its_poll(knobs):
+    knobs(POLL_INTERVAL_S=3600, STATUS_SYNC_S=3600, HEARTBEAT_S=3600)
+    await db(lambda: factories.deployment(factories.server("s1"), "m1"))()
+    async with Running() as running:
+        await running.until(lambda: running.runtime.passes >= 1, wake=False)
+        body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+        request = await db(intake.accept)("chat", body)
+        # Only the wake-up from intake can explain a pass within the hour.
+        await running.until(lambda: state_of(request) == State.COMPLETED, wake=False)
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="LISTEN/NOTIFY needs PostgreSQL")
+async def test_a_notify_from_another_connection_wakes_the_worker(knobs):
+    knobs(POLL_INTERVAL_S=3600, STATUS_SYNC_S=3600, HEARTBEAT_S=3600)
+    await db(lambda: factories.deployment(factories.server("s1"), "m1"))()
+
+    def params() -> dict:
+        s = connection.settings_dict
+        return {"dbname": s["NAME"], "user": s["USER"], "host": s["HOST"] or "127.0.0.1"}
+
+    def listening() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND query = 'LISTEN switchyard'"
+            )
+            return cursor.fetchone()[0] > 0
+
+    async with Running() as running:
+        await running.until(listening, wake=False)
+        # Stored without any in-process wake-up; then another connection notifies.
+        request = await db(factories.request)("m1")
+        with psycopg.connect(**params(), autocommit=True) as other:
+            other.execute("SELECT pg_notify('switchyard', '')")
+        await running.until(lambda: state_of(request) == State.COMPLETED, wake=False)
+
+
+def test_run_scheduler_until_idle_processes_everything_and_exits():
+    factories.deployment(factories.server("s1", slots=2), "m1")
+    requests = [factories.request("m1") for _ in range(3)]
+    call_command("run_scheduler", "--until-idle")
+    assert {state_of(r) for r in requests} == {State.COMPLETED}
+    assert not Worker.objects.exists()

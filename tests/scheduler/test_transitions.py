@@ -1,0 +1,81 @@
+"""`move`: the allowed-transition table, compare-and-set, and its Trace row."""
+
+import pytest
+
+from scheduler.models import State, Trace, Worker
+from scheduler.transitions import ALLOWED, ImpossibleTransition, move
+from tests import factories
+
+S = State
+TERMINAL = {S.COMPLETED, S.FAILED, S.CANCELLED, S.EXPIRED}
+
+
+def test_the_table_follows_the_life_of_a_request():
+    assert {
+        S.PENDING: {S.NEEDS_LOADING, S.READY} | TERMINAL - {S.COMPLETED},
+        S.NEEDS_LOADING: {S.READY, S.PENDING} | TERMINAL - {S.COMPLETED},
+        S.READY: {S.PROCESSING, S.PENDING} | TERMINAL - {S.COMPLETED},
+        S.PROCESSING: {S.COMPLETED, S.FAILED, S.READY, S.PENDING},
+    } == ALLOWED
+    # Terminal states lead nowhere; only processing completes; nothing expires or is
+    # cancelled once the server has it.
+    assert not TERMINAL & set(ALLOWED)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "source, target",
+    [
+        (S.COMPLETED, S.PENDING),
+        (S.FAILED, S.READY),
+        (S.PENDING, S.PROCESSING),
+        (S.PENDING, S.COMPLETED),
+        (S.PROCESSING, S.CANCELLED),
+        (S.PROCESSING, S.EXPIRED),
+    ],
+)
+def test_an_impossible_transition_raises_and_writes_nothing(source, target):
+    request = factories.request("m1", state=source)
+    with pytest.raises(ImpossibleTransition):
+        move(request.pk, [source], target, "should not happen")
+    request.refresh_from_db()
+    assert request.state == source
+    assert not Trace.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_move_writes_its_trace_and_fields_together():
+    request = factories.request("m1")
+    assert move(request.pk, [S.PENDING], S.CANCELLED, "the caller went away", "gpu-1")
+    request.refresh_from_db()
+    assert request.state == S.CANCELLED
+    assert request.finished_at is not None  # set for every terminal state
+    trace = Trace.objects.get()
+    assert (trace.from_state, trace.to_state, trace.reason, trace.server) == (
+        S.PENDING,
+        S.CANCELLED,
+        "the caller went away",
+        "gpu-1",
+    )
+
+
+@pytest.mark.django_db
+def test_a_move_that_lost_the_race_returns_false_and_writes_no_trace():
+    request = factories.request("m1")
+    assert move(request.pk, [S.PENDING], S.READY, "routed")
+    # A second planner acting on the same stale picture: the row is no longer pending.
+    assert not move(request.pk, [S.PENDING], S.EXPIRED, "expired")
+    assert not move(request.pk, [S.PENDING, S.NEEDS_LOADING], S.CANCELLED, "cancelled")
+    request.refresh_from_db()
+    assert request.state == S.READY
+    assert list(Trace.objects.values_list("to_state", flat=True)) == [S.READY]
+
+
+@pytest.mark.django_db
+def test_a_move_held_by_another_worker_is_refused():
+    """A worker that was taken over must not complete what another worker now runs."""
+    mine, theirs = Worker.objects.create(host="a", pid=1), Worker.objects.create(host="b", pid=2)
+    request = factories.request("m1", state=S.PROCESSING, worker=theirs)
+    assert not move(request.pk, [S.PROCESSING], S.COMPLETED, "late", held_by=mine.pk)
+    assert move(request.pk, [S.PROCESSING], S.COMPLETED, "done", held_by=theirs.pk)
+    assert list(Trace.objects.values_list("reason", flat=True)) == ["done"]

@@ -1,0 +1,167 @@
+"""Workers and leases: heartbeats, taking over the work of a dead worker, clean stops, and
+crash safety proven with real `manage.py run_scheduler` processes."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from backends.adapters.simulated import simulated_server
+from backends.models import Deployment, DeploymentState
+from scheduler.models import Request, State, Worker
+from scheduler.runtime import Runtime
+from tests import factories
+from tests.conftest import ROOT, database_url
+from tests.support.openai_upstream import Upstream
+from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("db_thread_closed")]
+db = sync_to_async
+DS = DeploymentState
+LONG_AGO = timedelta(hours=1)
+
+
+class WorkerProcess:
+    """`manage.py run_scheduler` on the test database; returns once it says it started."""
+
+    def __init__(self, *args: str) -> None:
+        env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_POLL_INTERVAL_S": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "run_scheduler", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.log: list[str] = []
+        for line in self.proc.stdout:  # waits on the process's own word
+            self.log.append(line)
+            if " started" in line:
+                self.worker_id = int(line.split("worker ")[1].split()[0])
+                return
+        raise RuntimeError("the worker did not start:\n" + "".join(self.log))
+
+    def finish(self, timeout: float = 60) -> str:
+        out, _ = self.proc.communicate(timeout=timeout)
+        return "".join(self.log) + out
+
+
+@pytest.fixture
+def upstream():
+    up = Upstream(["m1"])
+    up.gate = threading.Event()
+    yield up
+    up.close()
+
+
+def setup_upstream_server(upstream: Upstream) -> Request:
+    srv = factories.server("up", kind="openai", base_url=upstream.url)
+    factories.deployment(srv, "m1", state=DS.LOADED)
+    return factories.request("m1")
+
+
+def traces(request: Request) -> list[tuple[str, str, str]]:
+    return list(request.traces.values_list("from_state", "to_state", "reason"))
+
+
+def test_a_killed_worker_loses_no_request(upstream):
+    request = setup_upstream_server(upstream)
+    first = WorkerProcess()
+    assert upstream.arrived.wait(30)  # the request is at the server: processing
+    request.refresh_from_db()
+    assert (request.state, request.worker_id) == (State.PROCESSING, first.worker_id)
+
+    first.proc.kill()  # SIGKILL: no cleanup of any kind
+    first.proc.wait(timeout=30)
+    # Its heartbeat now ages; skip the wait for it to pass WORKER_STALE_S.
+    Worker.objects.filter(pk=first.worker_id).update(last_heartbeat=timezone.now() - LONG_AGO)
+    upstream.gate.set()
+
+    second = WorkerProcess("--until-idle")
+    out = second.finish()
+    assert second.proc.returncode == 0, out
+    request.refresh_from_db()
+    assert request.state == State.COMPLETED, traces(request)
+    assert request.attempts == 2
+    assert (State.PROCESSING, State.PENDING) in [(f, t) for f, t, _ in traces(request)]
+    assert any("stopped heartbeating" in reason for *_, reason in traces(request))
+    assert len(upstream.received) == 2
+    assert not Worker.objects.exists()
+    assert Deployment.objects.get().in_flight == 0
+
+
+def test_sigterm_stops_cleanly_hands_back_its_work_and_removes_its_row(upstream):
+    request = setup_upstream_server(upstream)
+    worker = WorkerProcess()
+    assert Worker.objects.filter(pk=worker.worker_id).exists()
+    assert upstream.arrived.wait(30)
+
+    worker.proc.send_signal(signal.SIGTERM)
+    out = worker.finish()
+    assert worker.proc.returncode == 0, out
+    assert f"worker {worker.worker_id} stopped" in out
+    assert not Worker.objects.exists()
+    request.refresh_from_db()
+    assert request.state == State.PENDING  # handed back, not lost
+    assert "its worker stopped" in traces(request)[-1][2]
+    assert Deployment.objects.get().in_flight == 0  # the next worker runs it again
+
+
+async def test_a_worker_keeps_its_heartbeat_fresh(knobs):
+    # A heartbeat is no event for the loop: a short poll lets `until` look again.
+    knobs(HEARTBEAT_S=0.05, POLL_INTERVAL_S=0.05)
+    async with Running() as running:
+        worker = await running.until(lambda: Worker.objects.first())
+        await running.until(
+            lambda: Worker.objects.get(pk=worker.pk).last_heartbeat > worker.last_heartbeat
+        )
+
+
+async def test_on_start_a_worker_takes_back_what_a_stale_worker_held():
+    def setup():
+        stale = Worker.objects.create(host="gone", pid=1, last_heartbeat=timezone.now() - LONG_AGO)
+        srv = factories.server("s1", max_llm=2)
+        factories.deployment(srv, "m1", state=DS.LOADED, in_flight=1)
+        factories.deployment(srv, "m2", state=DS.LOADING, worker=stale)
+        simulated_server("s1").loaded.add("m1")  # m2's load died with its worker
+        d = Deployment.objects.get(model__name="m1")
+        return factories.request(
+            "m1", state=State.PROCESSING, worker=stale, deployment=d, server=srv, attempts=1
+        )
+
+    request = await db(setup)()
+    await Runtime().run(asyncio.Event(), until_idle=True)
+
+    def check():
+        request.refresh_from_db()
+        assert request.state == State.COMPLETED
+        assert [t for f, t, _ in traces(request)][:1] == [State.PENDING]
+        assert not Worker.objects.exists()
+        states = dict(Deployment.objects.values_list("model__name", "state"))
+        assert states == {"m1": DS.LOADED, "m2": DS.UNLOADED}  # re-checked with the server
+        assert Deployment.objects.get(model__name="m1").in_flight == 0
+
+    await db(check)()
+
+
+async def test_a_live_workers_long_load_is_never_taken_over():
+    def setup():
+        busy = Worker.objects.create(host="elsewhere", pid=1)  # heartbeat: now
+        factories.deployment(factories.server("s1"), "m1", state=DS.LOADING, worker=busy)
+        return busy
+
+    busy = await db(setup)()
+    runtime = Runtime()
+    await runtime.start()
+    await runtime.stop()
+    d = await Deployment.objects.aget()
+    assert (d.state, d.worker_id) == (DS.LOADING, busy.pk)
+    assert await Worker.objects.filter(pk=busy.pk).aexists()

@@ -1,0 +1,74 @@
+"""Run the scheduler's Runtime in-process for a test and wait on facts, never on time.
+
+`Running.until(fact)` re-checks `fact` (a sync function, run on the DB thread) after every
+pass of the loop; a task that finishes wakes the loop, so every change the runtime makes is
+followed by a pass. The timeout only bounds a test that would otherwise hang.
+"""
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from scheduler import wakeup
+from scheduler.runtime import Runtime
+
+TIMEOUT_S = 15.0
+
+
+class Running:
+    def __init__(self) -> None:
+        self.runtime = Runtime()
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "Running":
+        self.task = asyncio.create_task(self.runtime.run(self.stop))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop.set()
+        async with asyncio.timeout(TIMEOUT_S):
+            await self.task
+
+    async def until(
+        self, fact: Callable[[], object], wake: bool = True, timeout: float = TIMEOUT_S
+    ):
+        """Return fact()'s first truthy value, checked after each pass. With `wake` the loop
+        is woken first, as the API does after storing a request (rows a test writes itself
+        wake nothing)."""
+        rt = self.runtime
+        if wake:
+            wakeup.wake_local()
+        async with asyncio.timeout(timeout):
+            while True:
+                seen = rt.passes
+                if value := await sync_to_async(fact)():
+                    return value
+                if self.task.done():
+                    self.task.result()
+                    raise AssertionError("the runtime stopped before the fact held")
+                async with rt.passed:
+                    await rt.passed.wait_for(lambda seen=seen: rt.passes > seen or self.task.done())
+
+    async def passes(self, n: int = 1) -> None:
+        """Wake the loop and wait for `n` more passes (to show that something did not
+        happen although the runtime looked)."""
+        rt = self.runtime
+        target = rt.passes + n
+        async with asyncio.timeout(TIMEOUT_S):
+            while rt.passes < target:
+                seen = rt.passes
+                wakeup.wake_local()
+                async with rt.passed:
+                    await rt.passed.wait_for(lambda seen=seen: rt.passes > seen)
+
+
+@pytest.fixture
+async def db_thread_closed():
+    """Close the connection of the thread that runs `sync_to_async` calls after a test, so
+    PostgreSQL can drop the test database at the end."""
+    yield
+    await sync_to_async(connections.close_all)()
