@@ -65,13 +65,22 @@ class _Pass:
         self.config = snapshot.config
         self.servers = {s.id: s for s in snapshot.servers}
         self.deployments = {d.id: d for d in snapshot.deployments}
-        self.requests: dict[UUID, RequestView] = {r.id: r for r in snapshot.requests}
+        self.requests: dict[UUID, RequestView] = {}
+        # Counts of routed requests, kept in step by `track`: a pass with thousands waiting
+        # must not rescan them for every routing choice.
+        self.waiters: dict[int, set[UUID]] = defaultdict(set)  # deployment → routed here
+        self.routed: dict[int, int] = defaultdict(int)  # server → routed there
+        self.ready_on_server: dict[int, int] = defaultdict(int)
+        self.ready_on_deployment: dict[int, int] = defaultdict(int)
         self.order = [r.id for r in sorted(snapshot.requests, key=self.rank)]
         self.decisions: list[Decision] = []
         self.wake_times: Wakes = []
         self.in_flight: dict[int, int] = defaultdict(int)
         for d in snapshot.deployments:
             self.in_flight[d.server_id] += d.in_flight
+        for r in snapshot.requests:
+            self.requests[r.id] = r
+            self.track(r, +1)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -100,19 +109,34 @@ class _Pass:
         server = self.servers.get(server_id)
         return server is not None and server.available(self.now) and server.health != "cooldown"
 
+    def track(self, r: RequestView, sign: int) -> None:
+        d = self.deployments.get(r.deployment_id) if r.deployment_id is not None else None
+        if d is None or r.state not in ("ready", "needs_loading"):
+            return
+        if sign > 0:
+            self.waiters[d.id].add(r.id)
+        else:
+            self.waiters[d.id].discard(r.id)
+        self.routed[d.server_id] += sign
+        if r.state == "ready":
+            self.ready_on_server[d.server_id] += sign
+            self.ready_on_deployment[d.id] += sign
+
+    def drop(self, r: RequestView) -> None:
+        self.track(r, -1)
+        del self.requests[r.id]
+
     def waiting_on(self, deployment_id: int) -> list[RequestView]:
-        return [
-            r
-            for r in self.requests.values()
-            if r.deployment_id == deployment_id and r.state in ("ready", "needs_loading")
-        ]
+        return [self.requests[rid] for rid in self.waiters[deployment_id]]
 
     def set_state(self, deployment: DeploymentView, state: str) -> None:
         self.deployments[deployment.id] = replace(deployment, state=state)
 
     def set_request(self, request: RequestView, **changes) -> RequestView:
         updated = replace(request, **changes)
+        self.track(request, -1)
         self.requests[request.id] = updated
+        self.track(updated, +1)
         return updated
 
     # -- the pass ------------------------------------------------------------------------
@@ -133,7 +157,7 @@ class _Pass:
             if r.expires_at <= self.now:
                 waited = (self.now - r.created_at).total_seconds()
                 self.decisions.append(Expire(r.id, f"still waiting after {waited:.0f} s"))
-                del self.requests[r.id]
+                self.drop(r)
             else:
                 self.wake_at(r.expires_at, "a request expires")
         for s in self.servers.values():
@@ -169,7 +193,7 @@ class _Pass:
 
     def fail(self, r: RequestView, code: str, message: str) -> None:
         self.decisions.append(Fail(r.id, code, message))
-        del self.requests[r.id]
+        self.drop(r)
 
     # -- routing -------------------------------------------------------------------------
 
@@ -218,23 +242,15 @@ class _Pass:
     def least_busy(self, deployments: list[DeploymentView]) -> DeploymentView | None:
         return min(deployments, key=lambda d: (self.busyness(d.server_id), d.id), default=None)
 
-    def queued(self, server_id: int) -> list[RequestView]:
-        return [
-            r
-            for r in self.requests.values()
-            if r.state == "ready" and self.deployments[r.deployment_id].server_id == server_id
-        ]
-
     def busyness(self, server_id: int) -> float:
-        busy = self.in_flight[server_id] + len(self.queued(server_id))
+        busy = self.in_flight[server_id] + self.ready_on_server[server_id]
         return busy / max(self.servers[server_id].slots, 1)
 
     def crowded(self, d: DeploymentView) -> bool:
         """No free slot, and enough requests queue for this model there to load it twice."""
         if self.busyness(d.server_id) < 1:
             return False
-        ahead = sum(1 for r in self.queued(d.server_id) if r.deployment_id == d.id)
-        return ahead >= self.config.parallel_load_queue
+        return self.ready_on_deployment[d.id] >= self.config.parallel_load_queue
 
     def route_to(self, r: RequestView, d: DeploymentView, ready: bool, reason: str) -> None:
         server = self.servers[d.server_id].name
@@ -269,12 +285,7 @@ class _Pass:
                     keep_value(self.deployments[e], self.now, self.config.default_load_s)
                     for e in outcome
                 )
-                waiting = sum(
-                    1
-                    for w in self.requests.values()
-                    if w.deployment_id
-                    and self.deployments[w.deployment_id].server_id == d.server_id
-                )
+                waiting = self.routed[d.server_id]
                 spare = self.spare_after(d, outcome)
                 options.append(((len(outcome) > 0, cost, waiting, spare, d.id), d, outcome))
 
@@ -389,7 +400,7 @@ class _Pass:
             self.decisions.append(Dispatch(r.id, d.id))
             self.in_flight[d.server_id] += 1
             self.deployments[d.id] = replace(d, in_flight=d.in_flight + 1)
-            del self.requests[r.id]
+            self.drop(r)
 
     def free_slot_for(self, r: RequestView) -> DeploymentView | None:
         """Its own deployment if it has a free slot, else another server with its model
@@ -407,11 +418,12 @@ class _Pass:
     # -- housekeeping --------------------------------------------------------------------
 
     def housekeeping(self) -> None:
+        wanted = {r.model for r in self.requests.values() if r.state == "pending"}
         for d in list(self.deployments.values()):
             if not self.usable(d.server_id):
                 continue
             if d.state == "loaded" and d.idle_ttl_s is not None and not d.pinned:
-                self.unload_if_idle(d)
+                self.unload_if_idle(d, wanted)
             elif d.preload and d.state == "unloaded" and not self.load_under_way(d.server_id):
                 self.preload(d)
 
@@ -427,10 +439,11 @@ class _Pass:
         if outcome == ():
             self.start_load(d, (), "preload")
 
-    def unload_if_idle(self, d: DeploymentView) -> None:
-        if d.in_flight or self.waiting_on(d.id) or self.load_under_way(d.server_id):
+    def unload_if_idle(self, d: DeploymentView, wanted: set[str]) -> None:
+        """Unload `d` once idle past its TTL, unless something waits for it or its model."""
+        if d.in_flight or self.waiters[d.id] or d.model in wanted:
             return
-        if any(r.state == "pending" and r.model == d.model for r in self.requests.values()):
+        if self.load_under_way(d.server_id):
             return
         last = d.last_used_at or d.loaded_at or self.now
         idle_until = last + timedelta(seconds=d.idle_ttl_s)
