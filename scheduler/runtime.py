@@ -149,7 +149,11 @@ class Runtime:
     async def heartbeat(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             if not await db(store.heartbeat)(self.worker_id):
-                raise RuntimeError(f"worker {self.worker_id} was taken over by another worker")
+                # Another worker found our heartbeat stale (a stalled DB?) and took our work.
+                # What we still run finishes into nothing: its row refuses our old id.
+                old, self.worker_id = self.worker_id, await db(store.register_worker)()
+                log.warning("worker %s was taken over; carrying on as %s", old, self.worker_id)
+                continue
             await asyncio.sleep(self.knobs["HEARTBEAT_S"])
             if await self.take_over():
                 self.wake.set()
@@ -292,7 +296,7 @@ class Runtime:
             log.exception("loading %s crashed", job.model_name)
             await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, repr(exc)))
         else:
-            await db(store.load_succeeded)(job.deployment_id, time.monotonic() - started)
+            await db(store.load_succeeded)(job, time.monotonic() - started)
             await db(store.server_succeeded)(job.server_id)
 
     async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
@@ -303,7 +307,7 @@ class Runtime:
                 await adapter.unload(server_model_id)
             except AdapterError:
                 for left_id, _ in job.evict:
-                    await self.recheck(left_id)
+                    await self.recheck(left_id, held_by=job.worker_id)
                 raise
             await db(store.evicted)(victim_id)
 
@@ -315,7 +319,7 @@ class Runtime:
             log.info("could not unload %s after its load timed out: %s", server_model_id, error)
 
     async def load_failed(self, job: store.LoadJob, error: AdapterError) -> None:
-        await db(store.load_failed)(job.deployment_id, error)
+        await db(store.load_failed)(job, error)
         if error.server_fault:
             await db(store.server_failed)(job.server_id, error.message)
         self.sync_soon(job.server_id)
@@ -326,7 +330,7 @@ class Runtime:
             await adapter.unload(model_id)
         except AdapterError as error:
             log.warning("unloading %s failed: %s", model_id, error.message)
-            await self.recheck(deployment_id)
+            await self.recheck(deployment_id, held_by=self.worker_id)
             return
         log.info("unloaded %s (%s)", model_id, why)
         await db(store.evicted)(deployment_id)
@@ -372,14 +376,15 @@ class Runtime:
         else:
             await db(store.probe_result)(server_id, None)
 
-    async def recheck(self, deployment_id: int) -> None:
-        """Set a deployment to what its server says now (unloaded if it cannot say)."""
+    async def recheck(self, deployment_id: int, held_by: int | None = None) -> None:
+        """Set a load or unload under way to what its server says now (unloaded if it cannot
+        say); `held_by` None for orphans."""
         server_id = await db(_server_of)(deployment_id)
         try:
             listed = await (await self.adapter(server_id)).list_models()
         except AdapterError:
             listed = None
-        await db(store.recheck_deployment)(deployment_id, listed)
+        await db(store.recheck_deployment)(deployment_id, listed, held_by)
 
     # -- status sync ---------------------------------------------------------------------
 

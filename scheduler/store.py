@@ -205,6 +205,7 @@ class LoadJob:
     server_id: int
     server_name: str
     model_name: str
+    worker_id: int
     target: LoadTarget
     evict: tuple[tuple[int, str], ...]  # (deployment id, server model id)
 
@@ -255,6 +256,7 @@ def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reaso
         server_id=d.server_id,
         server_name=d.server.name,
         model_name=d.model.name,
+        worker_id=worker_id,
         target=LoadTarget(
             d.server_model_id,
             d.model.type,
@@ -292,11 +294,12 @@ def set_load_progress(deployment_id: int, fraction: float) -> None:
     announce.dashboard_changed()
 
 
-def load_succeeded(deployment_id: int, seconds: float) -> None:
+def load_succeeded(job: LoadJob, seconds: float) -> None:
     now = timezone.now()
-    d = Deployment.objects.get(pk=deployment_id)
+    d = Deployment.objects.get(pk=job.deployment_id)
     avg = seconds if d.avg_load_s is None else 0.7 * d.avg_load_s + 0.3 * seconds
-    Deployment.objects.filter(pk=deployment_id, state=DS.LOADING).update(
+    mine = Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id)
+    mine.update(
         state=DS.LOADED,
         state_changed_at=now,
         loaded_at=now,
@@ -313,13 +316,13 @@ def load_succeeded(deployment_id: int, seconds: float) -> None:
     announce.dashboard_changed()
 
 
-def load_failed(deployment_id: int, error: AdapterError) -> None:
+def load_failed(job: LoadJob, error: AdapterError) -> None:
     """Back off and retry, or give up: `failed` when attempts are spent or it is not found."""
-    d = Deployment.objects.get(pk=deployment_id)
+    d = Deployment.objects.get(pk=job.deployment_id)
     failures = d.load_failures + 1
     permanent = error.code == ErrorCode.NOT_FOUND or failures >= knob("LOAD_ATTEMPTS")
     delay = backoff_s(failures, knob("RETRY_BASE_S"), knob("RETRY_MAX_S"))
-    Deployment.objects.filter(pk=deployment_id).update(
+    Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id).update(
         state=DS.FAILED if permanent else DS.UNLOADED,
         state_changed_at=timezone.now(),
         load_failures=0 if permanent else failures,
@@ -546,14 +549,23 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
     return changes
 
 
-def recheck_deployment(deployment_id: int, listed: list[ServerModel] | None) -> None:
-    """A load or unload whose worker died: trust what the server says now."""
+def recheck_deployment(
+    deployment_id: int, listed: list[ServerModel] | None, held_by: int | None = None
+) -> None:
+    """A load or unload that nobody finished (its worker died or it failed halfway): trust
+    what the server says now. Only while it is still under way and held by `held_by` (no
+    worker: an orphan), so that a load another worker started meanwhile is left alone."""
     d = Deployment.objects.get(pk=deployment_id)
     is_loaded = listed is not None and any(
         m.id == d.server_model_id and m.state == "loaded" for m in listed
     )
     now = timezone.now()
-    Deployment.objects.filter(pk=deployment_id).update(
+    under_way = Deployment.objects.filter(pk=deployment_id, state__in=(DS.LOADING, DS.UNLOADING))
+    if held_by is None:
+        under_way = under_way.filter(worker__isnull=True)
+    else:
+        under_way = under_way.filter(worker_id=held_by)
+    under_way.update(
         state=DS.LOADED if is_loaded else DS.UNLOADED,
         state_changed_at=now,
         worker=None,

@@ -105,6 +105,36 @@ async def test_a_bad_request_fails_at_once_without_retry(upstream, fast):
     assert await db(server_health)() == Health.UP  # the caller's fault, not the server's
 
 
+async def test_a_stream_cut_after_its_first_chunk_is_not_retried(upstream, fast):
+    """Running it again would send the caller a second beginning."""
+    upstream.cut_streams = 1
+
+    def setup():
+        setup_server(upstream)
+        return factories.request("m1", stream=True)
+
+    request = await db(setup)()
+    await run_until_idle()
+    await request.arefresh_from_db()
+    assert (request.state, request.attempts, request.error_code) == ("failed", 1, "connection")
+    assert (await db(traces)(request))[-1][2].endswith("(the stream had begun: not retried)")
+    assert upstream.inferences == 1
+
+
+async def test_a_stream_that_fails_before_its_first_chunk_is_retried(upstream, fast):
+    upstream.fail_next = [(500, "boom")]
+
+    def setup():
+        setup_server(upstream)
+        return factories.request("m1", stream=True)
+
+    request = await db(setup)()
+    await run_until_idle()
+    await request.arefresh_from_db()
+    assert (request.state, request.attempts) == ("completed", 2)
+    assert request.result["choices"][0]["message"]["content"] == "Hello from upstream"
+
+
 async def test_model_no_longer_loaded_sends_the_request_back_to_routing(upstream, fast):
     upstream.fail_next = [(503, "model is not loaded")]
     request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState
+from scheduler import store
 from scheduler.models import Request, State, Worker
 from scheduler.runtime import Runtime
 from tests import factories
@@ -125,6 +126,16 @@ async def test_a_worker_keeps_its_heartbeat_fresh(knobs):
         )
 
 
+async def test_a_worker_taken_over_while_alive_carries_on_under_a_new_row(knobs):
+    knobs(HEARTBEAT_S=0.05, POLL_INTERVAL_S=0.05)
+    async with Running() as running:
+        first = await running.until(lambda: Worker.objects.first())
+        await db(Worker.objects.all().delete)()  # what another worker does to a stale one
+        second = await running.until(lambda: Worker.objects.first())
+        assert second.pk != first.pk
+        assert running.runtime.worker_id == second.pk
+
+
 async def test_on_start_a_worker_takes_back_what_a_stale_worker_held():
     def setup():
         stale = Worker.objects.create(host="gone", pid=1, last_heartbeat=timezone.now() - LONG_AGO)
@@ -165,3 +176,27 @@ async def test_a_live_workers_long_load_is_never_taken_over():
     d = await Deployment.objects.aget()
     assert (d.state, d.worker_id) == (DS.LOADING, busy.pk)
     assert await Worker.objects.filter(pk=busy.pk).aexists()
+
+
+def test_two_workers_never_start_two_loads_on_one_server():
+    """Each worker plans on its own snapshot; the database has the last word."""
+    a, b = (Worker.objects.create(host=h, pid=1) for h in "ab")
+    srv = factories.server("s1", max_llm=2)
+    first = factories.deployment(srv, "m1")
+    second = factories.deployment(srv, "m2")
+    assert store.start_load(first.pk, (), a.pk, "test") is not None
+    assert store.start_load(second.pk, (), b.pk, "test") is None  # s1 is busy loading m1
+    assert store.start_load(first.pk, (), b.pk, "test") is None  # and m1 is taken
+    states = dict(Deployment.objects.values_list("model__name", "state"))
+    assert states == {"m1": DS.LOADING, "m2": DS.UNLOADED}
+
+
+def test_two_workers_never_overfill_a_servers_slots():
+    a, b = (Worker.objects.create(host=h, pid=1) for h in "ab")
+    d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED)
+    first, second = (factories.request("m1", state=State.READY, deployment=d) for _ in "12")
+    assert store.dispatch(first.pk, d.pk, a.pk) is not None
+    assert store.dispatch(second.pk, d.pk, b.pk) is None
+    second.refresh_from_db()
+    assert second.state == State.READY and not second.traces.exists()
+    assert Deployment.objects.get().in_flight == 1

@@ -16,6 +16,7 @@ class FlakyUpstream:
         self.fail_listing: list[tuple[int, str]] = []  # (status, message) served in order
         self.fail_next: list[tuple[int, str]] = []  # the same, for inference
         self.listing_gate: threading.Event | None = None  # when set: listing waits for it
+        self.cut_streams = 0  # this many streamed answers stop after their first chunk
         self.inferences = 0
         self.port = 0
         self.server: ThreadingHTTPServer | None = None
@@ -78,6 +79,27 @@ class FlakyUpstream:
                 upstream.inferences += 1
                 if self.fail_from(upstream.fail_next):
                     return
-                self.send_json(200, reply(self.path, body))
+                if body.get("stream"):
+                    self.stream(body)
+                else:
+                    self.send_json(200, reply(self.path, body))
+
+            def stream(self, body: dict) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                words = ["Hello", " from", " upstream"]
+                if upstream.cut_streams:
+                    upstream.cut_streams -= 1
+                    words = words[:1]  # then the connection drops: no [DONE]
+                for word in words:
+                    delta = {"index": 0, "delta": {"content": word}, "finish_reason": None}
+                    chunk = {"object": "chat.completion.chunk", "choices": [delta]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if len(words) == 3:
+                    self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
 
         return Handler
