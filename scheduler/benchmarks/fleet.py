@@ -79,6 +79,20 @@ def nudge_workers(postgres: bool) -> None:
             cursor.execute("SELECT pg_notify('switchyard', '')")
 
 
+PG_COUNTERS = ("xact_commit", "tup_returned", "tup_fetched", "tup_inserted", "tup_updated")
+
+
+def pg_counters() -> dict[str, int]:
+    """PostgreSQL's own counters for the bench database (flushed when backends exit)."""
+    with connections[BENCH].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            f"SELECT {', '.join(PG_COUNTERS)} FROM pg_stat_database WHERE datname = "
+            "current_database()"
+        )
+        return dict(zip(PG_COUNTERS, cursor.fetchone(), strict=True))
+
+
 def timestamps(ids: list[str]) -> dict[str, dict[str, Any]]:
     """created/routed/started/finished (epoch seconds), state and priority per request id."""
     fields = ("id", "created_at", "routed_at", "started_at", "finished_at", "state", "priority")

@@ -47,7 +47,10 @@ def render(outcome: Outcome, meta: dict[str, Any]) -> str:
             ),
         ]
     rss = ", ".join(f"{k} {v:.0f} MB" for k, v in meta["peak_rss_mb"].items() if v is not None)
-    lines += ["", f"peak RSS: {rss}"] + [f"note: {n}" for n in outcome.notes]
+    load = meta.get("load_avg_1m", ["?", "?"])
+    lines += ["", f"peak RSS: {rss}; host: {meta.get('cpus')} CPUs, load {load[0]} → {load[1]}"] + [
+        f"note: {n}" for n in outcome.notes
+    ]
     return "\n".join(lines)
 
 
@@ -112,6 +115,8 @@ def draw(ax, panel: dict[str, Any]) -> None:
     elif kind == "hist":
         for name, values in panel["series"].items():
             ax.hist(values, bins=40, alpha=0.7, label=name)
+    if panel.get("logy"):
+        ax.set_yscale("log")
     for y, label in panel.get("hlines", []):
         ax.axhline(y, color="red", linestyle="--", linewidth=1, label=label)
     for x0, x1, label in panel.get("spans", []):

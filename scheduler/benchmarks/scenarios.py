@@ -47,6 +47,7 @@ def overhead(ctx: Context) -> Outcome:
         up["deployment"] = fleet.deploy(server, fleet.add_model("bench-instant"), preload=True)
 
     runs = [(stream, c) for stream in (False, True) for c in (1, 32)]
+    before = fleet.pg_counters() if ctx.db.postgres else None
     with ctx.stack("overhead", setup) as stack:
         fleet.wait_loaded(up["deployment"])
         profiler = (
@@ -55,7 +56,7 @@ def overhead(ctx: Context) -> Outcome:
         phases = []
         for stream, c in runs:
             group = {"name": "run", "model": "bench-instant", "stream": stream, "concurrency": c}
-            group |= {"count": counts[c], "duration_s": ctx.pick(1.5, 30)}
+            group |= {"count": counts[c], "duration_s": ctx.pick(1.0, 30)}
             for url in (up["url"], stack.base_url):
                 phases.append({"base_url": url, "warmup": 3, "groups": [group]})
         measured = run_loadgen(*phases)
@@ -107,6 +108,13 @@ def overhead(ctx: Context) -> Outcome:
             )
     if profile:
         data["profile"] = profile
+    if before is not None:
+        # The processes have exited, so PostgreSQL has counted all they did.
+        after = fleet.pg_counters()
+        served = sum(len(m["results"]) + 3 for m in measured[1::2])
+        per = {k: round((after[k] - before[k]) / served, 1) for k in before}
+        data["postgres_per_request"] = per
+        notes.append("PostgreSQL per request: " + ", ".join(f"{k} {v}" for k, v in per.items()))
     labels = [r[0] for r in rows]
     return Outcome(
         "overhead",
@@ -132,7 +140,8 @@ def overhead(ctx: Context) -> Outcome:
             {
                 "kind": "bar",
                 "title": "added latency (via − direct)",
-                "ylabel": "ms",
+                "ylabel": "ms (log)",
+                "logy": True,
                 "labels": labels,
                 "series": {"p50": [r[4] for r in rows], "p95": [r[5] for r in rows]},
                 "hlines": [(5, "5 ms target")],
@@ -196,20 +205,19 @@ def head_of_line(ctx: Context) -> Outcome:
     env = {"SWITCHYARD_SIM_SPEED": str(speed)}
     with ctx.stack("head-of-line", setup, env) as stack:
         fleet.wait_loaded(ids["small"])
-        small = {"name": "small", "model": "small", "max_tokens": tokens, "interval_s": 0.1}
-        base = run_loadgen(
+        # Arrivals well under what one worker sustains, so that a wait is the policy's doing.
+        small = {"name": "small", "model": "small", "max_tokens": tokens, "interval_s": 0.3}
+        trigger = {"name": "trigger", "model": "big", "max_tokens": 2, "count": 1}
+        base, during = run_loadgen(
             {
                 "base_url": stack.base_url,
                 "warmup": 3,
-                "groups": [{**small, "count": ctx.pick(15, 50)}],
-            }
-        )
-        trigger = {"name": "trigger", "model": "big", "max_tokens": 2, "count": 1}
-        during = run_loadgen(
+                "groups": [{**small, "count": ctx.pick(10, 50)}],
+            },
             {
                 "base_url": stack.base_url,
                 "groups": [trigger, {**small, "duration_s": load_s / speed}],
-            }
+            },
         )
     big = _ok(during["results"], "trigger")
     load_end = big[0]["end"] if big else None
@@ -364,7 +372,7 @@ def depth(ctx: Context) -> Outcome:
                 "concurrency": 1,
                 "count": probes,
             }
-            group["duration_s"] = ctx.pick(2, 30)
+            group["duration_s"] = ctx.pick(1.5, 30)
             (out,) = run_loadgen({"base_url": stack.base_url, "warmup": 2, "groups": [group]})
             ok = _ok(out["results"])
             stamps = fleet.timestamps([r["id"] for r in ok])
@@ -430,10 +438,10 @@ def depth(ctx: Context) -> Outcome:
 
 def priority(ctx: Context) -> Outcome:
     """One slot, a flood of background requests, then an interactive request every second."""
-    speed = ctx.pick(10.0, 5.0)
+    speed = ctx.pick(2.0, 1.0)
     tokens, tps = 8, 16.0
     inference_s = tokens / tps / speed
-    flood, arrivals = ctx.pick(200, 1000), ctx.pick(15, 60)
+    flood, arrivals = ctx.pick(200, 1000), ctx.pick(8, 60)
     ids: dict[str, object] = {}
 
     def setup(stack: Stack) -> None:
@@ -520,8 +528,9 @@ def thrash(ctx: Context) -> Outcome:
 
     from scheduler.simulation_trace import CLASS_NAMES, generate_day
 
-    window = ctx.pick((14 * 3600, 14 * 3600 + 600), (13 * 3600, 15 * 3600))
-    speed = ctx.pick(200.0, 60.0)
+    # quick: a quarter hour of office traffic; full: the afternoon peak with the bulk job
+    window = ctx.pick((10 * 3600, 10 * 3600 + 900), (13 * 3600, 15 * 3600))
+    speed = ctx.pick(90.0, 30.0)
     tps = 4.0
     trace = generate_day(seed=7, hours=window[1] / 3600)
     picked = [r for r in trace.requests if window[0] <= r.at < window[1]]

@@ -44,7 +44,7 @@ class Command(BaseCommand):
         self.stdout.write(f"bench database: {db.url} ({db.mode}); results in {results_dir}/")
         try:
             for name in scenarios or list(SCENARIOS):
-                began = time.monotonic()
+                began, load_before = time.monotonic(), os.getloadavg()[0]
                 outcome = SCENARIOS[name](ctx)
                 meta = {
                     "scale": scale,
@@ -53,6 +53,8 @@ class Command(BaseCommand):
                     "cpus": os.cpu_count(),
                     "python": platform.python_version(),
                     "wall_s": round(time.monotonic() - began, 1),
+                    # Other work on the host skews every number; this says how much there was.
+                    "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                     **ctx.meta,
                 }
                 paths = report.write(outcome, meta, results_dir)
