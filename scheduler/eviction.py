@@ -11,7 +11,8 @@ with the lowest value goes first: at equal idleness a model that takes 90 s to l
 over one that takes 3 s, and at equal load time the least recently used goes.
 
 Only models that help are evicted: when the server is over its count for the target's type,
-models of that type; when it is over its memory budget, models with a known size.
+models of that type; when it is over its memory budget, models with a known size. Victims are
+picked cheapest first, then every pick the target fits beside anyway is kept back.
 """
 
 from collections.abc import Callable, Iterable
@@ -80,7 +81,8 @@ def evictions_for(
         return count, sum(d.size_mb or 0 for d in kept) + size > server.memory_mb
 
     # An NPU runs one model at a time: every other NPU model must go.
-    must_go = [d for d in others if target.device == "npu" and d.device == "npu"]
+    npu = [d for d in others if target.device == "npu" and d.device == "npu"]
+    must_go = list(npu)
     kept = [d for d in others if d not in must_go]
     by_value = sorted(kept, key=lambda d: (keep_value(d, now, default_load_s), d.id))
     while any(over(kept)):
@@ -99,6 +101,15 @@ def evictions_for(
             break
         must_go.append(helpful[0])
         kept.remove(helpful[0])
+
+    # A greedy pick can turn out unneeded (a small model went for the count, then a big one
+    # for memory, and the big one alone frees both): keep back every pick the target still
+    # fits beside, most valuable first.
+    picks = [d for d in must_go if d not in npu]
+    for d in sorted(picks, key=lambda d: (-keep_value(d, now, default_load_s), d.id)):
+        if not any(over([*kept, d])):
+            must_go.remove(d)
+            kept.append(d)
 
     blocked = [d for d in must_go if not evictable(d)]
     if not any(over(kept)) and not blocked:

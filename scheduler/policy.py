@@ -258,9 +258,10 @@ class _Pass:
         self.set_request(r, state="ready" if ready else "needs_loading", deployment_id=d.id)
 
     def start_new_load(self, r: RequestView, free_only: bool = False) -> bool:
-        """Start a load for `r` with the least disruption: free room first, then the cheapest
-        eviction, then the server with the fewest waiting requests. Fails `r` when no server
-        ever could; otherwise it waits (with a `Defer` when a rule lifts at a known time)."""
+        """Start a load for `r` with the least disruption: free room first, then the fewest
+        evictions, then the cheapest, then the server with the fewest waiting requests. Fails
+        `r` when no server ever could; otherwise it waits (with a `Defer` when a rule lifts at
+        a known time)."""
         wakes: Wakes = []
         options: list[tuple[tuple, DeploymentView, tuple[int, ...]]] = []
         reasons: list[NoRoom] = []
@@ -287,7 +288,7 @@ class _Pass:
                 )
                 waiting = self.routed[d.server_id]
                 spare = self.spare_after(d, outcome)
-                options.append(((len(outcome) > 0, cost, waiting, spare, d.id), d, outcome))
+                options.append(((len(outcome), cost, waiting, spare, d.id), d, outcome))
 
         if options:
             _, d, evict = min(options, key=lambda o: o[0])
@@ -357,9 +358,16 @@ class _Pass:
     def may_evict(
         self, victim: DeploymentView, r: RequestView, server: ServerView, wakes: Wakes
     ) -> bool:
-        """The anti-thrash rules, in order: collation, minimum residency, warm window,
-        activity window. Each holds `r` back unless it outranks the victim's users."""
+        """The anti-thrash rules, in order: switch batching, collation, minimum residency,
+        warm window, activity window. Each holds `r` back unless it outranks the victim's
+        users (switch batching only until `r` has aged)."""
         mine = self.effective(r)
+        # Switch batching: with a choice of servers, normal and background work evicts only
+        # once it has waited one aging step, so a switch serves a batch, not one request.
+        if r.priority >= NORMAL and mine == r.priority and self.has_choice(r.model):
+            aged_at = r.created_at + timedelta(seconds=self.config.aging_step_s)
+            self.wake_at(aged_at, f"{r.model} requests waited a step", wakes)
+            return False
         theirs = [self.effective(w) for w in self.waiting_on(victim.id)]
         # Collation: finish the loaded model's queue unless this request outranks all of it.
         if theirs and mine >= min(theirs):
@@ -386,6 +394,10 @@ class _Pass:
                     self.wake_at(active_until, f"interactive activity on {server.name}", wakes)
                     return False
         return True
+
+    def has_choice(self, model: str) -> bool:
+        """More than one usable server could hold `model`."""
+        return sum(1 for d in self.candidates(model) if d.state != "failed") > 1
 
     # -- dispatch ------------------------------------------------------------------------
 

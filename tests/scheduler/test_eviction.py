@@ -129,3 +129,14 @@ def test_a_type_the_server_takes_none_of_is_refused_for_good():
     no_rerankers = ServerView(id=1, name="s1", capacity={"llm": 1, "reranking": 0})
     outcome = evict(dep(1, 1, "rr", model_type="reranking"), no_rerankers, [])
     assert isinstance(outcome, NoRoom) and outcome.permanent
+
+
+def test_only_victims_that_are_still_needed_go():
+    """Two LLMs allowed: a 42 GB and a 0.8 GB model. A 21 GB model needs a count slot (the
+    small one would do) and memory (only the big one frees it); once the big one goes, the
+    small one can stay. Breaks if greedy picks were evicted although unneeded (seen in the
+    simulation: small models reloaded after every switch of a big one)."""
+    box = server(1, llm=2, memory_mb=48_000)
+    big = dep(1, 1, "big", "loaded", size_mb=42_000, avg_load_s=90.0, last_used_at=at(-60))
+    small = dep(2, 1, "small", "loaded", size_mb=800, avg_load_s=3.0, last_used_at=at(-60))
+    assert evict(dep(3, 1, "mid", size_mb=21_000), box, [big, small]) == (1,)

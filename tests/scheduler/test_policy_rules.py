@@ -233,11 +233,13 @@ def test_warm_window_ends():
 
 def test_warm_window_sends_request_to_another_server():
     """Held back on s1 (where the warm model is the cheapest victim), the request loads on s2
-    instead, with no Defer for the guard. Breaks if guards only ever made requests wait."""
+    instead, with no Defer for the guard. Breaks if guards only ever made requests wait.
+    (A background request aged one step: normal, and past switch batching.)"""
     s1_victim = warm_a(last_used_at=at(-60))
     s2_victim = dep(3, 2, "c", "loaded", last_used_at=at(-30), avg_load_s=60.0)
     deployments = [s1_victim, dep(2, 1, "b"), s2_victim, dep(4, 2, "b")]
-    decisions = plan(snap([server(1), server(2)], deployments, [req("b", NORMAL)]), at(0))
+    r = req("b", BACKGROUND, age_s=150)
+    decisions = plan(snap([server(1), server(2)], deployments, [r]), at(0))
     assert loads(decisions) == [(4, (3,))]
     assert defer(decisions) is None or "warm" not in defer(decisions).reason
 
@@ -269,6 +271,56 @@ def test_activity_window_is_lifted_by_aging_after_one_step():
     deployments = [dep(1, 1, "a", "loaded"), dep(2, 1, "b"), c]
     decisions = plan(snap([server(1)], deployments, [req("b", BACKGROUND, age_s=150)]), at(0))
     assert loads(decisions) == [(2, (1,))]
+
+
+# -- switch batching ---------------------------------------------------------------------
+
+
+def two_homes_for_b() -> list:
+    """b can load on s1 or s2, each holding an idle model used a minute ago."""
+    return [
+        dep(1, 1, "a", "loaded", last_used_at=at(-60)),
+        dep(2, 1, "b"),
+        dep(3, 2, "c", "loaded", last_used_at=at(-60)),
+        dep(4, 2, "b"),
+    ]
+
+
+def test_switch_batching_holds_fresh_normal_work_with_a_choice_of_servers():
+    """A fresh normal request would have to evict on either server: it waits one aging step
+    (a Defer then), so the requests that arrive meanwhile share one switch and a server may
+    free up. Breaks if every normal request switched a model on arrival (the simulation's
+    thrash between big models)."""
+    for priority in (NORMAL, BACKGROUND):
+        r = req("b", priority, age_s=10)
+        decisions = plan(snap([server(1), server(2)], two_homes_for_b(), [r]), at(0))
+        assert of(decisions, StartLoad) == []
+        assert defer(decisions).until == at(140)
+
+
+def test_switch_batching_ends_after_one_aging_step():
+    r = req("b", NORMAL, age_s=150)
+    decisions = plan(snap([server(1), server(2)], two_homes_for_b(), [r]), at(0))
+    assert len(loads(decisions)) == 1
+
+
+def test_switch_batching_not_for_high_or_interactive():
+    for priority in (HIGH, INTERACTIVE):
+        s = snap([server(1), server(2)], two_homes_for_b(), [req("b", priority)])
+        assert len(loads(plan(s, at(0)))) == 1
+
+
+def test_switch_batching_not_with_a_single_home():
+    """With one server that can hold the model there is nothing to wait for: a user of one
+    machine switching models at the default (normal) class is not held."""
+    s = snap([server(1)], two_homes_for_b()[:2], [req("b", NORMAL)])
+    assert loads(plan(s, at(0))) == [(2, (1,))]
+
+
+def test_switch_batching_does_not_hold_loads_into_free_room():
+    deployments = [*two_homes_for_b(), dep(5, 3, "b")]
+    s = snap([server(1), server(2), server(3)], deployments, [req("b", BACKGROUND)])
+    assert loads(plan(s, at(0))) == [(5, ())]
 
 
 # -- routing order -----------------------------------------------------------------------
@@ -305,8 +357,25 @@ def test_routing_new_load_prefers_cheapest_eviction():
         dep(3, 2, "y", "loaded", avg_load_s=5.0, last_used_at=at(-600)),
         dep(4, 2, "a"),
     ]
-    decisions = plan(snap([server(1), server(2)], deployments, [req("a")]), at(0))
+    decisions = plan(snap([server(1), server(2)], deployments, [req("a", HIGH)]), at(0))
     assert loads(decisions) == [(4, (3,))]
+
+
+def test_routing_new_load_prefers_fewest_evictions():
+    """s1 must evict two cheap models, s2 one dearer one: s2. Every eviction is a likely
+    reload; breaks if the summed keep value alone chose (seen in the simulation: a 32B model
+    pushing two interactive models off a server, which then pushed a third one elsewhere)."""
+    cheap = {"avg_load_s": 5.0, "last_used_at": at(-300), "size_mb": 12_000}
+    deployments = [
+        dep(1, 1, "x", "loaded", **cheap),
+        dep(2, 1, "y", "loaded", **cheap),
+        dep(3, 1, "a", size_mb=20_000),
+        dep(4, 2, "z", "loaded", avg_load_s=60.0, last_used_at=at(-300), size_mb=20_000),
+        dep(5, 2, "a", size_mb=20_000),
+    ]
+    servers = [server(1, llm=2, memory_mb=24_000), server(2, llm=2, memory_mb=24_000)]
+    decisions = plan(snap(servers, deployments, [req("a", HIGH)]), at(0))
+    assert loads(decisions) == [(5, (4,))]
 
 
 def test_routing_new_load_prefers_fewest_waiting():

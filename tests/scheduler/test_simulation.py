@@ -55,12 +55,6 @@ def test_policy_waits_less_for_interactive_and_loses_nothing(day):
     assert policy.dropped == 0  # a single executor never loses a compare-and-set race
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known policy weakness: on the default day the policy loads more than FIFO (small "
-    "models placed on gpu-a and evicted again, gpu-a thrashing between its big models); "
-    "remove this marker once it passes",
-)
 def test_policy_loads_less_than_fifo(day):
     _, policy, fifo = day
     assert policy.loads < fifo.loads
