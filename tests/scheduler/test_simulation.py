@@ -60,6 +60,13 @@ def test_policy_loads_less_than_fifo(day):
     assert policy.loads < fifo.loads
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_policy_loads_less_than_fifo_on_other_days(seed):
+    """Not tuned to one day: breaks if the load count only beat FIFO on seed 0."""
+    trace = generate_day(seed)
+    assert simulate_policy(trace).loads < simulate_fifo(trace).loads
+
+
 def test_a_slow_load_does_not_hold_up_a_loaded_model():
     """Breaks if a 90 s load on s1 delays `small` on s2, as the serial baseline does."""
     trace = two_servers(
