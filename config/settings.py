@@ -157,6 +157,7 @@ SWITCHYARD = {
     "MIN_RESIDENCY_S": env.float("SWITCHYARD_MIN_RESIDENCY_S", default=30.0),
     "WARM_WINDOW_S": env.float("SWITCHYARD_WARM_WINDOW_S", default=120.0),
     "ACTIVITY_WINDOW_S": env.float("SWITCHYARD_ACTIVITY_WINDOW_S", default=300.0),
+    "PARALLEL_LOAD_QUEUE": env.int("SWITCHYARD_PARALLEL_LOAD_QUEUE", default=2),
     "RETRY_BASE_S": env.float("SWITCHYARD_RETRY_BASE_S", default=2.0),
     "RETRY_MAX_S": env.float("SWITCHYARD_RETRY_MAX_S", default=15.0),
     "LOAD_ATTEMPTS": env.int("SWITCHYARD_LOAD_ATTEMPTS", default=3),

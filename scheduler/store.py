@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, F, FloatField, OuterRef, Q, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -40,6 +40,7 @@ def policy_config() -> PolicyConfig:
         min_residency_s=knob("MIN_RESIDENCY_S"),
         warm_window_s=knob("WARM_WINDOW_S"),
         activity_window_s=knob("ACTIVITY_WINDOW_S"),
+        parallel_load_queue=knob("PARALLEL_LOAD_QUEUE"),
     )
 
 
@@ -360,14 +361,33 @@ class ServeJob:
 def dispatch(request_id, deployment_id: int, worker_id: int) -> ServeJob | None:
     now = timezone.now()
     d = Deployment.objects.select_related("server", "model").get(pk=deployment_id)
+    in_flight = (
+        Deployment.objects.filter(server=OuterRef("pk"))
+        .order_by()
+        .values("server")
+        .annotate(n=Sum("in_flight"))
+        .values("n")
+    )
     with transaction.atomic():
         # Lock the server row so that workers dispatching at once never overfill its slots.
-        Server.objects.select_for_update().filter(pk=d.server_id).first()
-        busy = Deployment.objects.filter(server_id=d.server_id).aggregate(n=Sum("in_flight"))["n"]
+        busy = (
+            Server.objects.select_for_update(of=("self",))
+            .filter(pk=d.server_id)
+            .annotate(busy=Subquery(in_flight))
+            .values_list("busy", flat=True)
+            .first()
+        )
         if (busy or 0) >= d.server.slots:
             return None
-        request = Request.objects.filter(pk=request_id).only("priority", "attempts").first()
-        if request is None or not move(
+        request = (
+            Request.objects.filter(pk=request_id)
+            .values_list("priority", "payload", "kind", "stream")
+            .first()
+        )
+        if request is None:
+            return None
+        priority, payload, kind, stream = request
+        if not move(
             request_id,
             [State.READY],
             State.PROCESSING,
@@ -380,17 +400,14 @@ def dispatch(request_id, deployment_id: int, worker_id: int) -> ServeJob | None:
             server_id=d.server_id,
         ):
             return None
-        used = {"last_used_at": now, "last_priority": request.priority}
-        if request.priority == Priority.INTERACTIVE:
+        used = {"last_used_at": now, "last_priority": priority}
+        if priority == Priority.INTERACTIVE:
             used["last_interactive_at"] = now
         if not Deployment.objects.filter(pk=deployment_id, state=DS.LOADED).update(
             in_flight=F("in_flight") + 1, **used
         ):
             transaction.set_rollback(True)
             return None
-        payload, kind, stream = (
-            Request.objects.filter(pk=request_id).values_list("payload", "kind", "stream").get()
-        )
     call = InferenceCall(kind, d.server_model_id, payload, stream, d.effective_load_options())
     return ServeJob(request_id, deployment_id, d.server_id, d.server.name, worker_id, call)
 
@@ -398,9 +415,10 @@ def dispatch(request_id, deployment_id: int, worker_id: int) -> ServeJob | None:
 def _release(job: ServeJob, seconds: float | None = None) -> None:
     changes: dict[str, Any] = {"in_flight": F("in_flight") - 1, "last_used_at": timezone.now()}
     if seconds is not None:
-        d = Deployment.objects.only("avg_inference_s").get(pk=job.deployment_id)
-        prev = d.avg_inference_s
-        changes["avg_inference_s"] = seconds if prev is None else 0.8 * prev + 0.2 * seconds
+        # A moving average; NULL (no measurement yet) propagates, so Coalesce takes `seconds`.
+        changes["avg_inference_s"] = Coalesce(
+            0.8 * F("avg_inference_s") + 0.2 * seconds, Value(seconds), output_field=FloatField()
+        )
     Deployment.objects.filter(pk=job.deployment_id, in_flight__gt=0).update(**changes)
 
 
@@ -472,10 +490,17 @@ def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -
 
 
 def server_succeeded(server_id: int) -> None:
+    """Healthy again, seen now. `last_seen` is refreshed at most once a second, so that busy
+    servers' rows are not rewritten (and locked) on every completion."""
+    now = timezone.now()
     Server.objects.filter(pk=server_id).filter(
-        ~Q(health=Health.UP) | ~Q(consecutive_failures=0)
-    ).update(health=Health.UP, consecutive_failures=0, cooldown_until=None, last_error="")
-    Server.objects.filter(pk=server_id).update(last_seen=timezone.now())
+        ~Q(health=Health.UP)
+        | ~Q(consecutive_failures=0)
+        | Q(last_seen__isnull=True)
+        | Q(last_seen__lt=now - timedelta(seconds=1))
+    ).update(
+        health=Health.UP, consecutive_failures=0, cooldown_until=None, last_error="", last_seen=now
+    )
 
 
 def server_failed(server_id: int, message: str) -> None:

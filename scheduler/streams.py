@@ -19,6 +19,7 @@ class Relay:
         text: list[str] = []
         last: dict[str, Any] = {}
         usage = None
+        finish = "stop"
         async for chunk in chunks:
             await send(self.group, {"type": "stream.chunk", "chunk": chunk})
             self.sent = True
@@ -27,11 +28,12 @@ class Relay:
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
                 text.append(delta.get("content") or choice.get("text") or "")
-        return assemble(last, "".join(text), usage)
+                # The usage chunk that may end a stream has no choices: keep the last reason.
+                finish = choice.get("finish_reason") or finish
+        return assemble(last, "".join(text), usage, finish)
 
 
-def assemble(last: dict[str, Any], text: str, usage: dict | None) -> dict[str, Any]:
-    finish = next((c.get("finish_reason") for c in last.get("choices") or []), "stop")
+def assemble(last: dict[str, Any], text: str, usage: dict | None, finish: str) -> dict[str, Any]:
     is_chat = last.get("object", "").startswith("chat")
     choice = (
         {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
