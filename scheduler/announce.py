@@ -3,7 +3,9 @@
 The database is the truth; a listener that missed a hint re-reads it.
 """
 
+import asyncio
 import logging
+import threading
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -12,6 +14,7 @@ from channels.layers import get_channel_layer
 log = logging.getLogger(__name__)
 
 DASHBOARD_GROUP = "dashboard"
+DASHBOARD_CHANGED = {"type": "dashboard.changed"}
 
 
 def request_group(request_id) -> str:
@@ -23,21 +26,88 @@ async def send(group: str, message: dict[str, Any]) -> None:
     if layer is None:
         return
     try:
-        await layer.group_send(group, message)
+        await layer.group_send(group, dict(message))
     except Exception:  # a hint that cannot be sent must never break a transition
         log.exception("could not send %s to %s", message.get("type"), group)
 
 
+class Outbox:
+    """Hints queued from the database thread and sent, in order, by a task on the event
+    loop: a transition never waits on the channel layer, and a burst of dashboard hints
+    goes out as one."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.sender = loop.create_task(self.drain(), name="announce")
+        self.users = 1
+
+    def put(self, group: str, message: dict[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (group, message))
+
+    async def drain(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            dashboard = (DASHBOARD_GROUP, DASHBOARD_CHANGED)
+            for group, message in batch:
+                if (group, message) != dashboard:
+                    await send(group, message)
+            if dashboard in batch:
+                await send(*dashboard)
+            for _ in batch:
+                self.queue.task_done()
+
+    async def close(self) -> None:
+        await self.queue.join()
+        self.sender.cancel()
+        await asyncio.gather(self.sender, return_exceptions=True)
+
+
+_lock = threading.Lock()
+_outbox: Outbox | None = None
+
+
+async def open_outbox() -> None:
+    """Send this process's hints from the running loop (one loop per process; a second
+    loop in the same process falls back to sending from the calling thread)."""
+    global _outbox
+    with _lock:
+        if _outbox is None:
+            _outbox = Outbox(asyncio.get_running_loop())
+        elif _outbox.loop is asyncio.get_running_loop():
+            _outbox.users += 1
+
+
+async def close_outbox() -> None:
+    """Send what is queued, then stop (when the last user of this loop's outbox leaves)."""
+    global _outbox
+    with _lock:
+        outbox = _outbox
+        if outbox is None or outbox.loop is not asyncio.get_running_loop():
+            return
+        outbox.users -= 1
+        if outbox.users:
+            return
+        _outbox = None
+    await outbox.close()
+
+
 def send_from_sync(group: str, message: dict[str, Any]) -> None:
-    async_to_sync(send)(group, message)
+    outbox = _outbox
+    if outbox is not None and not outbox.loop.is_closed():
+        outbox.put(group, message)
+    else:
+        async_to_sync(send)(group, message)
 
 
 def request_moved(request_id, state: str) -> None:
     """Called on commit of a request's transition (from a sync thread)."""
     message = {"type": "request.moved", "id": str(request_id), "state": state}
     send_from_sync(request_group(request_id), message)
-    send_from_sync(DASHBOARD_GROUP, {"type": "dashboard.changed"})
+    send_from_sync(DASHBOARD_GROUP, DASHBOARD_CHANGED)
 
 
 def dashboard_changed() -> None:
-    send_from_sync(DASHBOARD_GROUP, {"type": "dashboard.changed"})
+    send_from_sync(DASHBOARD_GROUP, DASHBOARD_CHANGED)

@@ -92,6 +92,12 @@ class Request(models.Model):
                 name="waiting_requests",
                 condition=models.Q(state__in=["pending", "needs_loading", "ready"]),
             ),
+            # The oldest waiting first: where aging and expiry happen (see read_snapshot).
+            models.Index(
+                fields=["created_at", "id"],
+                name="waiting_by_age",
+                condition=models.Q(state__in=["pending", "needs_loading", "ready"]),
+            ),
             models.Index(fields=["state"], name="request_state"),
         ]
 

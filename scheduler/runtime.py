@@ -18,7 +18,7 @@ from django.utils import timezone
 from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.adapters.registry import adapter_for
 
-from . import store, streams, wakeup
+from . import announce, store, streams, wakeup
 from .decisions import (
     Decision,
     Defer,
@@ -53,6 +53,7 @@ class Runtime:
         self.config = store.policy_config()
         self.last_sync = -float("inf")
         self.waiting = 0
+        self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
         self.crashed: BaseException | None = None
         # For tests and embedders: `passes` counts finished passes; `passed` is notified
         # after each, so a caller can await a fact instead of sleeping.
@@ -62,6 +63,7 @@ class Runtime:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        await announce.open_outbox()
         self.worker_id = await db(store.register_worker)()
         wakeup.subscribe(self.wake)
         await self.take_over()
@@ -90,6 +92,7 @@ class Runtime:
         for adapter in self.adapters.values():
             await adapter.close()
         await db(close_old_connections)()  # the DB thread outlives the worker
+        await announce.close_outbox()
         log.info("worker %s stopped", self.worker_id)
 
     async def run(self, stop: asyncio.Event, until_idle: bool = False) -> None:
@@ -164,6 +167,7 @@ class Runtime:
         """One snapshot, plan and execute pass. Returns what it did (Defer excluded)."""
         snapshot = await db(store.read_snapshot)(self.config)
         self.waiting = len(snapshot.requests)
+        self.server_of = {d.id: d.server_id for d in snapshot.deployments}
         decisions = plan(snapshot, self.clock())
         self.next_wake = None
         done = []
@@ -199,7 +203,7 @@ class Runtime:
             case Route(request_id=rid, deployment_id=did, ready=ready, reason=reason):
                 now = timezone.now()
                 fields = {"deployment_id": did, "routed_at": now}
-                fields["server_id"] = await db(_server_of)(did)
+                fields["server_id"] = self.server_of[did]
                 if ready:
                     fields["ready_at"] = now
                 to = State.READY if ready else State.NEEDS_LOADING

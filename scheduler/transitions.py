@@ -49,17 +49,23 @@ def move(
     if to_state in TERMINAL_STATES:
         fields.setdefault("finished_at", now)
     with transaction.atomic():
-        rows = Request.objects.select_for_update().filter(pk=request_id, state__in=from_states)
+        rows = Request.objects.filter(pk=request_id, state__in=from_states)
         if held_by is not None:
             rows = rows.filter(worker_id=held_by)
-        row = rows.values_list("state", flat=True).first()
-        if row is None:
-            return False
-        Request.objects.filter(pk=request_id).update(state=to_state, **fields)
+        if len(from_states) == 1:
+            # The conditional UPDATE is the compare-and-set, and the source state is known.
+            if not rows.update(state=to_state, **fields):
+                return False
+            source = from_states[0]
+        else:
+            source = rows.select_for_update().values_list("state", flat=True).first()
+            if source is None:
+                return False
+            Request.objects.filter(pk=request_id).update(state=to_state, **fields)
         Trace.objects.create(
             request_id=request_id,
             at=now,
-            from_state=row,
+            from_state=source,
             to_state=to_state,
             server=at_server or "",
             reason=reason,
