@@ -5,6 +5,7 @@ breaker, load failures and timeouts, status sync, and servers going away and com
 import asyncio
 import logging
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -26,10 +27,9 @@ DS = DeploymentState
 
 
 @pytest.fixture
-def upstream():
-    up = FlakyUpstream(["m1"])
-    yield up
-    up.stop()
+def upstream() -> Iterator[FlakyUpstream]:
+    with FlakyUpstream(["m1"]) as up:
+        yield up
 
 
 @pytest.fixture
@@ -184,7 +184,7 @@ async def test_breaker_opens_after_three_failures_and_one_probe_closes_it(
 
 async def test_a_failed_probe_keeps_the_server_in_cooldown(upstream, knobs):
     knobs(BREAKER_COOLDOWN_S=3600)
-    upstream.stop()  # nothing answers on its port
+    upstream.close()  # nothing answers on its port
     ended = timezone.now() - timedelta(seconds=1)
 
     def setup():
@@ -305,7 +305,7 @@ async def test_status_sync_notices_a_model_unloaded_outside_switchyard(upstream,
 
 async def test_an_unreachable_server_is_marked_down_and_comes_back_by_itself(upstream, knobs):
     knobs(STATUS_SYNC_S=0.05)
-    upstream.stop()
+    upstream.close()
     await db(setup_server)(upstream)
     async with Running() as running:
         await running.until(lambda: server_health() == Health.DOWN)

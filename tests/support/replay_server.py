@@ -11,9 +11,10 @@ the load call), which keeps tests free of sleeps.
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support.local_server import Handler, LocalServer
 
 
 @dataclass(frozen=True)
@@ -59,24 +60,21 @@ def ndjson(*objects: Any) -> list[str]:
     return [json.dumps(o) + "\n" for o in objects]
 
 
-class ReplayServer:
+class ReplayServer(LocalServer):
     def __init__(self) -> None:
         self.routes: dict[tuple[str, str], list[Reply | Stream]] = {}
         self.seen: list[Seen] = []
         self.changed = threading.Condition()
         self.closing = threading.Event()
+        super().__init__()
+
+    def handler(self) -> type[Handler]:
         replay = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
+        class ReplayHandler(Handler):
             def handle_any(self) -> None:
                 url = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+                raw = self.read_body()
                 try:
                     body = json.loads(raw) if raw else None
                 except ValueError:
@@ -98,14 +96,7 @@ class ReplayServer:
                     data, ctype = reply.body.encode(), "text/plain; charset=utf-8"
                 else:
                     data, ctype = b"", "text/plain"
-                self.send_response(reply.status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in reply.headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+                self.send_body(reply.status, data, ctype, reply.headers)
 
             def write_stream(self, reply: Stream) -> None:
                 self.send_response(reply.status)
@@ -127,13 +118,7 @@ class ReplayServer:
                     pass  # the client stopped listening, as SSE clients do
                 self.close_connection = True
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        )
-        self.thread.start()
+        return ReplayHandler
 
     def on(self, method: str, path: str, *replies: Reply | Stream) -> None:
         self.routes[(method, path)] = list(replies)
@@ -166,6 +151,5 @@ class ReplayServer:
         return found[0].body
 
     def close(self) -> None:
-        self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.closing.set()  # held-open streams end with the server
+        super().close()

@@ -3,45 +3,31 @@ on `GET /upstream/<model>/health`, `/running` lists what runs, `POST /api/models
 stops one. It has room for `room` models at once; a load beyond that fails the way an
 out-of-memory upstream does, and loads can also fail on demand."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from urllib.parse import unquote
 
-from tests.support.openai_upstream import reply
+from tests.support.local_server import Handler, LocalServer
+from tests.support.openai_upstream import model_list, reply
 
 
-class SwapUpstream:
+class SwapUpstream(LocalServer):
     def __init__(self, models: list[str], room: int = 1) -> None:
         self.models = list(models)
         self.room = room
         self.running: list[str] = []
         self.fail_loads: list[tuple[int, str]] = []  # (status, message) served in order
         self.loads: list[str] = []  # every load asked for, in order
+        super().__init__()
+
+    def handler(self) -> type[Handler]:
         upstream = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def send_json(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class SwapHandler(Handler):
             def swap_error(self, status: int, message: str) -> None:
                 self.send_json(status, {"error": message, "src": "llama-swap"})
 
             def do_GET(self) -> None:
                 if self.path == "/v1/models":
-                    data = [{"id": m, "object": "model"} for m in upstream.models]
-                    self.send_json(200, {"object": "list", "data": data})
+                    self.send_json(200, model_list(upstream.models))
                 elif self.path == "/running":
                     running = [{"model": m, "state": "ready"} for m in upstream.running]
                     self.send_json(200, {"running": running})
@@ -66,8 +52,7 @@ class SwapUpstream:
                     self.send_json(200, {"status": "ok"})
 
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = self.read_json()
                 if self.path.startswith("/api/models/unload/"):
                     model = unquote(self.path[len("/api/models/unload/") :])
                     if model in upstream.running:
@@ -78,11 +63,4 @@ class SwapUpstream:
                 else:
                     self.swap_error(502, f"{body.get('model')} is not running")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        return SwapHandler

@@ -1,0 +1,91 @@
+"""What the HTTP servers the tests run on 127.0.0.1 share: a request handler that reads and
+writes JSON and SSE, and a server that serves one on a thread of its own and can be closed
+(also as a `with` block) and started again on the same port."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the servers the adapters talk to
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line a request would bury the test output
+
+    def read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def read_json(self) -> Any:
+        return json.loads(self.read_body() or b"{}")
+
+    def send_body(
+        self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_json(self, status: int, body: Any) -> None:
+        self.send_body(status, json.dumps(body).encode(), "application/json")
+
+    def send_sse(self, events: list[Any], done: bool = True) -> None:
+        """`data:` messages and, with `done`, `data: [DONE]`; then the connection closes
+        (without `done` that is a stream cut short)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.flush()
+        if done:
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        self.close_connection = True
+
+
+class LocalServer:
+    """Serves `handler()` on 127.0.0.1 from `__init__` on. Subclasses set their own state
+    before calling `super().__init__()`, since requests may arrive from then on."""
+
+    def __init__(self) -> None:
+        self.port = 0  # the first start picks a free port; later starts reuse it
+        self.httpd: ThreadingHTTPServer | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def handler(self) -> type[Handler]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler())
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        # A short poll so that close() returns at once rather than after up to half a second.
+        threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        ).start()
+
+    def close(self) -> None:
+        """Close the port: connections are refused until `start()`. Closing twice is fine."""
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
