@@ -1,10 +1,12 @@
 """Lemonade adapter against a replay of Lemonade Server's API (§7)."""
 
+from collections.abc import Callable
+
 import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.lemonade import LemonadeAdapter
-from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+from tests.support.replay_server import Reply, Stream, sse
 
 QWEN = "Qwen3-0.6B-GGUF"
 MODELS = Reply(
@@ -58,17 +60,8 @@ def model_error(status: int, message: str, code: str) -> Reply:
 
 
 @pytest.fixture
-def server():
-    replay = ReplayServer()
-    yield replay
-    replay.close()
-
-
-@pytest.fixture
-async def adapter(server):
-    lemonade = LemonadeAdapter(server.url)
-    yield lemonade
-    await lemonade.close()
+def make_adapter() -> Callable[[str], LemonadeAdapter]:
+    return LemonadeAdapter
 
 
 async def test_lists_downloaded_models_with_the_loaded_ones(server, adapter):

@@ -1,12 +1,14 @@
 """llama.cpp adapter against replays of llama-server in single-model and router mode (§4)."""
 
 import json
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.llamacpp import LlamaCppAdapter
-from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+from tests.support.replay_server import Reply, Stream, sse
 
 GEMMA = "ggml-org/gemma-3-4b-it-GGUF:Q4_K_M"
 ARGS = ["llama-server", "-ctx", "4096"]
@@ -43,18 +45,8 @@ def status_event(status: str, **extra) -> str:
 
 
 @pytest.fixture
-def server():
-    replay = ReplayServer()
-    yield replay
-    replay.close()
-
-
-@pytest.fixture
-async def adapter(server):
-    llama = LlamaCppAdapter(server.url, "sk-local")
-    llama.poll_interval_s = 0
-    yield llama
-    await llama.close()
+def make_adapter() -> Callable[[str], LlamaCppAdapter]:
+    return partial(LlamaCppAdapter, api_key="sk-local")
 
 
 # -- single-model mode --------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """llama-swap adapter against a replay of llama-swap's API (§5)."""
 
+from collections.abc import Callable
+
 import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.llamaswap import LlamaSwapAdapter
-from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+from tests.support.replay_server import Reply, Stream, sse
 
 MODELS = {
     "object": "list",
@@ -46,17 +48,8 @@ def own_error(status: int, message: str, code: str) -> Reply:
 
 
 @pytest.fixture
-def server():
-    replay = ReplayServer()
-    yield replay
-    replay.close()
-
-
-@pytest.fixture
-async def adapter(server):
-    swap = LlamaSwapAdapter(server.url)
-    yield swap
-    await swap.close()
+def make_adapter() -> Callable[[str], LlamaSwapAdapter]:
+    return LlamaSwapAdapter
 
 
 async def test_lists_configured_models_with_running_state(server, adapter):

@@ -1,10 +1,13 @@
 """LM Studio adapter against a replay of LM Studio's documented REST API (§2)."""
 
+from collections.abc import Callable
+from functools import partial
+
 import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.lmstudio import LMStudioAdapter
-from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+from tests.support.replay_server import Reply, Stream, sse
 
 GEMMA = {
     "type": "llm",
@@ -30,17 +33,8 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "model": "gemma"}
 
 
 @pytest.fixture
-def server():
-    replay = ReplayServer()
-    yield replay
-    replay.close()
-
-
-@pytest.fixture
-async def adapter(server):
-    lmstudio = LMStudioAdapter(server.url, "lm-token")
-    yield lmstudio
-    await lmstudio.close()
+def make_adapter() -> Callable[[str], LMStudioAdapter]:
+    return partial(LMStudioAdapter, api_key="lm-token")
 
 
 def listing(*models):
@@ -246,10 +240,8 @@ async def test_health_probes_the_greeting(server, adapter):
     await adapter.health()
 
 
-async def test_health_of_a_stopped_server_is_a_connection_error(server):
+async def test_health_of_a_stopped_server_is_a_connection_error(server, adapter):
     server.close()
-    lmstudio = LMStudioAdapter(server.url)
     with pytest.raises(AdapterError) as raised:
-        await lmstudio.health()
+        await adapter.health()
     assert raised.value.code == ErrorCode.CONNECTION
-    await lmstudio.close()

@@ -1,10 +1,12 @@
 """Ollama adapter against a replay of Ollama's native API (§3): NDJSON in, OpenAI out."""
 
+from collections.abc import Callable
+
 import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.ollama import OllamaAdapter
-from tests.support.replay_server import ReplayServer, Reply, Stream, ndjson
+from tests.support.replay_server import Reply, Stream, ndjson
 
 TAGS = {
     "models": [
@@ -39,18 +41,8 @@ FINAL = {
 
 
 @pytest.fixture
-def server():
-    replay = ReplayServer()
-    yield replay
-    replay.close()
-
-
-@pytest.fixture
-async def adapter(server):
-    ollama = OllamaAdapter(server.url)
-    ollama.poll_interval_s = 0
-    yield ollama
-    await ollama.close()
+def make_adapter() -> Callable[[str], OllamaAdapter]:
+    return OllamaAdapter
 
 
 async def test_lists_installed_models_with_the_loaded_ones(server, adapter):

@@ -1,27 +1,33 @@
 """The generic OpenAI-compatible adapter against the test upstream and a replay."""
 
+from collections.abc import Callable, Iterator
+from functools import partial
+
 import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.openai import OpenAIAdapter
 from tests.support.openai_upstream import Upstream
-from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+from tests.support.replay_server import Reply, Stream, sse
 
 CHAT = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
-def upstream():
-    server = Upstream(["qwen3-8b"])
-    yield server
-    server.close()
+def make_adapter() -> Callable[[str], OpenAIAdapter]:
+    return partial(OpenAIAdapter, api_key="sk-test")
 
 
 @pytest.fixture
-async def adapter(upstream):
-    openai = OpenAIAdapter(upstream.url, "sk-test")
-    yield openai
-    await openai.close()
+def upstream() -> Iterator[Upstream]:
+    with Upstream(["qwen3-8b"]) as upstream:
+        yield upstream
+
+
+@pytest.fixture
+def adapter(upstream: Upstream, adapter_on: Callable[[str], OpenAIAdapter]) -> OpenAIAdapter:
+    """Most tests here run against the test upstream; the rest script a replay."""
+    return adapter_on(upstream.url)
 
 
 async def test_lists_what_the_server_lists_as_loaded(adapter):
@@ -62,48 +68,33 @@ async def test_errors_keep_the_servers_message(upstream, adapter):
     assert (raised.value.code, raised.value.message) == (ErrorCode.BAD_REQUEST, "bad temperature")
 
 
-async def test_sse_parsing_follows_the_spec():
+async def test_sse_parsing_follows_the_spec(server, adapter_on):
     """No space after `data:`, comment pings, multi-line data, and a cut before [DONE]."""
-    replay = ReplayServer()
     chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": "a"}}]}
     pieces = [": ping\n\n", 'data:{"id": "c",\ndata: "choices": []}\n\n', *sse(chunk, done=False)]
-    replay.on("POST", "/v1/completions", Stream(pieces))
-    openai = OpenAIAdapter(replay.url)
-    try:
-        call = InferenceCall("completion", "m", {"prompt": "x", "stream": True}, stream=True)
-        seen = []
-        with pytest.raises(AdapterError) as raised:
-            async for c in openai.stream(call):
-                seen.append(c)
-        assert seen == [{"id": "c", "choices": []}, chunk]
-        assert raised.value.code == ErrorCode.CONNECTION
-    finally:
-        await openai.close()
-        replay.close()
-
-
-async def test_a_refused_connection_is_a_connection_error():
-    replay = ReplayServer()
-    replay.close()
-    openai = OpenAIAdapter(replay.url)
+    server.on("POST", "/v1/completions", Stream(pieces))
+    call = InferenceCall("completion", "m", {"prompt": "x", "stream": True}, stream=True)
+    seen = []
     with pytest.raises(AdapterError) as raised:
-        await openai.health()
+        async for c in adapter_on(server.url).stream(call):
+            seen.append(c)
+    assert seen == [{"id": "c", "choices": []}, chunk]
     assert raised.value.code == ErrorCode.CONNECTION
-    await openai.close()
 
 
-async def test_retry_after_ms_is_read():
-    replay = ReplayServer()
-    replay.on(
+async def test_a_refused_connection_is_a_connection_error(upstream, adapter):
+    upstream.close()
+    with pytest.raises(AdapterError) as raised:
+        await adapter.health()
+    assert raised.value.code == ErrorCode.CONNECTION
+
+
+async def test_retry_after_ms_is_read(server, adapter_on):
+    server.on(
         "POST",
         "/v1/embeddings",
         Reply(429, {"error": {"message": "slow"}}, {"retry-after-ms": "250"}),
     )
-    openai = OpenAIAdapter(replay.url)
-    try:
-        with pytest.raises(AdapterError) as raised:
-            await openai.run(InferenceCall("embedding", "m", {"input": "x"}))
-        assert (raised.value.code, raised.value.retry_after_s) == (ErrorCode.BUSY, 0.25)
-    finally:
-        await openai.close()
-        replay.close()
+    with pytest.raises(AdapterError) as raised:
+        await adapter_on(server.url).run(InferenceCall("embedding", "m", {"input": "x"}))
+    assert (raised.value.code, raised.value.retry_after_s) == (ErrorCode.BUSY, 0.25)

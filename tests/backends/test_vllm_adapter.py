@@ -1,10 +1,13 @@
 """vLLM adapter against a replay of vLLM's server with sleep mode (§6)."""
 
+from collections.abc import Callable
+from functools import partial
+
 import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.vllm import VLLMAdapter
-from tests.support.replay_server import ReplayServer, Reply, Stream, sse
+from tests.support.replay_server import Reply, Stream, sse
 
 QWEN = "Qwen/Qwen3-0.6B"
 MODELS = Reply(
@@ -20,18 +23,8 @@ CHAT = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
-def server():
-    replay = ReplayServer()
-    yield replay
-    replay.close()
-
-
-@pytest.fixture
-async def adapter(server):
-    vllm = VLLMAdapter(server.url, "vllm-key")
-    vllm.poll_interval_s = 0
-    yield vllm
-    await vllm.close()
+def make_adapter() -> Callable[[str], VLLMAdapter]:
+    return partial(VLLMAdapter, api_key="vllm-key")
 
 
 async def test_lists_the_served_model_awake_or_sleeping(server, adapter):
