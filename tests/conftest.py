@@ -26,6 +26,12 @@ def database_url() -> str:
 
 
 @pytest.fixture
+def fast_passwords(settings):
+    """For tests that create users: the real password hasher is slow on purpose."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
 def knobs(settings):
     """Change scheduler knobs for one test: `knobs(RETRY_BASE_S=0.01)`."""
 

@@ -9,28 +9,14 @@ from django.utils import timezone
 from backends.models import Deployment, Model, Server
 from tests import factories
 from tests.conftest import free_port
+from tests.support.admin_pages import act, assert_renders_with_each_filter
 from tests.support.openai_upstream import Upstream
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    """The admin_client fixture hashes a password; the real hasher is slow on purpose."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 
 def changelist(name: str) -> str:
     return reverse(f"admin:backends_{name}_changelist")
-
-
-def act(client, name: str, action: str, pks: list) -> str:
-    """Run an admin action; returns the messages shown on the page it lands on."""
-    response = client.post(
-        changelist(name), {"action": action, "_selected_action": pks}, follow=True
-    )
-    assert response.status_code == 200
-    return "\n".join(str(m) for m in response.context["messages"])
 
 
 @pytest.fixture
@@ -60,10 +46,7 @@ FILTERS = {
 
 @pytest.mark.parametrize("name", FILTERS)
 def test_changelists_render_with_each_filter(admin_client, fleet, name):
-    for query in ["", *FILTERS[name]]:
-        response = admin_client.get(f"{changelist(name)}?{query}")
-        assert response.status_code == 200, query
-        assert "errornote" not in response.content.decode(), query
+    assert_renders_with_each_filter(admin_client, changelist(name), FILTERS[name])
 
 
 def test_search_finds_the_right_rows(admin_client, fleet):
@@ -112,24 +95,23 @@ def test_server_actions(admin_client, fleet):
         health="cooldown", cooldown_until=timezone.now() + timezone.timedelta(minutes=5)
     )
 
-    assert "2 server(s) disabled" in act(admin_client, "server", "disable", [sim.pk, real.pk])
+    assert "2 server(s) disabled" in act(
+        admin_client, changelist("server"), "disable", [sim.pk, real.pk]
+    )
     assert not Server.objects.filter(enabled=True).exists()
-    assert "1 server(s) enabled" in act(admin_client, "server", "enable", [sim.pk])
+    assert "1 server(s) enabled" in act(admin_client, changelist("server"), "enable", [sim.pk])
     assert Server.objects.get(pk=sim.pk).enabled
 
-    page = act(admin_client, "server", "end_cooldown", [sim.pk, real.pk])
+    page = act(admin_client, changelist("server"), "end_cooldown", [sim.pk, real.pk])
     assert "1 server(s) will be probed now" in page
     assert Server.objects.get(pk=real.pk).cooldown_until is None
 
 
 def test_sync_models_action_reports_what_it_created(admin_client):
-    upstream = Upstream(["qwen3-8b", "phi-4"])
-    try:
+    with Upstream(["qwen3-8b", "phi-4"]) as upstream:
         srv = factories.server("up", kind="openai", base_url=upstream.url)
         factories.model("qwen3-8b", load_timeout_s=33)
-        page = act(admin_client, "server", "sync_models", [srv.pk])
-    finally:
-        upstream.close()
+        page = act(admin_client, changelist("server"), "sync_models", [srv.pk])
 
     assert "up: 2 listed" in page
     assert "new deployments: qwen3-8b@up, phi-4@up" in page
@@ -139,7 +121,7 @@ def test_sync_models_action_reports_what_it_created(admin_client):
 
 def test_sync_models_action_shows_an_unreachable_server_as_an_error(admin_client):
     down = factories.server("down", kind="openai", base_url=f"http://127.0.0.1:{free_port()}")
-    page = act(admin_client, "server", "sync_models", [down.pk])
+    page = act(admin_client, changelist("server"), "sync_models", [down.pk])
     assert "down: could not list models" in page
     assert not Deployment.objects.exists()
 
@@ -148,7 +130,7 @@ def test_reset_failed_resets_only_failed_deployments(admin_client, fleet):
     failed = Deployment.objects.get(state="failed")
     loaded = Deployment.objects.get(state="loaded")
 
-    page = act(admin_client, "deployment", "reset_failed", [failed.pk, loaded.pk])
+    page = act(admin_client, changelist("deployment"), "reset_failed", [failed.pk, loaded.pk])
 
     assert "1 deployment(s) reset. 1 were not failed" in page
     failed.refresh_from_db()

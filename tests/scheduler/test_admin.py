@@ -10,27 +10,13 @@ from django.utils import timezone
 
 from scheduler.models import Request, State, Trace, Worker
 from tests import factories
+from tests.support.admin_pages import act, assert_renders_with_each_filter
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    """The admin_client fixture hashes a password; the real hasher is slow on purpose."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 
 def changelist(name: str) -> str:
     return reverse(f"admin:scheduler_{name}_changelist")
-
-
-def act(client, action: str, pks: list) -> str:
-    """Run an admin action; returns the messages shown on the page it lands on."""
-    response = client.post(
-        changelist("request"), {"action": action, "_selected_action": pks}, follow=True
-    )
-    assert response.status_code == 200
-    return "\n".join(str(m) for m in response.context["messages"])
 
 
 @pytest.fixture
@@ -65,10 +51,7 @@ FILTERS = {
 
 @pytest.mark.parametrize("name", FILTERS)
 def test_changelists_render_with_each_filter(admin_client, queue, name):
-    for query in ["", *FILTERS[name]]:
-        response = admin_client.get(f"{changelist(name)}?{query}")
-        assert response.status_code == 200, query
-        assert "errornote" not in response.content.decode(), query
+    assert_renders_with_each_filter(admin_client, changelist(name), FILTERS[name])
 
 
 def test_request_search_by_model_and_by_id(admin_client, queue):
@@ -114,7 +97,7 @@ def test_request_page_shows_its_trace_and_is_read_only(admin_client, queue):
 
 
 def test_cancel_action_cancels_only_waiting_requests_and_traces_it(admin_client, queue):
-    page = act(admin_client, "cancel", [r.pk for r in queue.values()])
+    page = act(admin_client, changelist("request"), "cancel", [r.pk for r in queue.values()])
 
     assert "Cancelled 3 request(s)." in page
     assert "2 request(s) were already processing or finished and were left alone" in page
@@ -136,7 +119,7 @@ def test_cancel_action_cancels_only_waiting_requests_and_traces_it(admin_client,
 
 
 def test_cancel_action_on_nothing_cancellable_says_so(admin_client, queue):
-    page = act(admin_client, "cancel", [queue[State.PROCESSING].pk])
+    page = act(admin_client, changelist("request"), "cancel", [queue[State.PROCESSING].pk])
     assert "Cancelled" not in page
     assert "1 request(s) were already processing or finished and were left alone" in page
 

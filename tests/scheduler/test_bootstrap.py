@@ -10,14 +10,9 @@ from django.core.management import call_command
 from backends.models import Deployment, Model, Server
 from tests import factories
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 CREATED = re.compile(r"Created the admin user: (\S+) / (\S+)")
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def bootstrap() -> str:
