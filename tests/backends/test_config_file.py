@@ -254,16 +254,6 @@ YAML_ERRORS = {
 }
 
 
-@pytest.mark.parametrize("text,expected", YAML_ERRORS.values(), ids=YAML_ERRORS.keys())
-def test_yaml_errors_say_where_and_change_nothing(tmp_path, text, expected):
-    apply(write(tmp_path, YAML))
-    before = snapshot()
-    message = error_of(write(tmp_path, text, ".yml"))
-    for part in expected:
-        assert part in message
-    assert snapshot() == before
-
-
 TOML_ERRORS = {
     "syntax": ('[[models]]\nname = "a"\ntype = \n', ["line 3"]),
     "duplicate key": ('[[servers]]\nname = "s"\nname = "t"\n', ["line 3"]),
@@ -278,11 +268,18 @@ TOML_ERRORS = {
 }
 
 
-@pytest.mark.parametrize("text,expected", TOML_ERRORS.values(), ids=TOML_ERRORS.keys())
-def test_toml_errors_say_where_and_change_nothing(tmp_path, text, expected):
+@pytest.mark.parametrize(
+    "suffix,text,expected",
+    [
+        pytest.param(suffix, text, expected, id=f"{suffix[1:]}-{name}")
+        for suffix, errors in [(".yml", YAML_ERRORS), (".toml", TOML_ERRORS)]
+        for name, (text, expected) in errors.items()
+    ],
+)
+def test_errors_say_where_and_change_nothing(tmp_path, suffix, text, expected):
     apply(write(tmp_path, YAML))
     before = snapshot()
-    message = error_of(write(tmp_path, text, ".toml"))
+    message = error_of(write(tmp_path, text, suffix))
     for part in expected:
         assert part in message
     assert snapshot() == before
