@@ -1,13 +1,14 @@
 """The dashboard's state, read from database rows at a fixed `now`."""
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from backends.models import DeploymentState
+from backends.models import Deployment, DeploymentState, Server
 from dashboard import state
 from scheduler.models import Priority, State, Trace
 from tests import factories
@@ -23,6 +24,13 @@ def ago(seconds: float):
 
 def server_named(overview: dict, name: str) -> dict:
     return next(s for s in overview["servers"] if s["name"] == name)
+
+
+def started_loading(srv: Server, model_name: str, seconds_ago: float, **fields: Any) -> Deployment:
+    """A deployment that started loading `seconds_ago` seconds before NOW."""
+    return factories.deployment(
+        srv, model_name, state=DeploymentState.LOADING, load_started_at=ago(seconds_ago), **fields
+    )
 
 
 def test_simulated_servers_are_marked_and_real_ones_are_not():
@@ -65,9 +73,7 @@ def test_a_cooldown_past_its_end_lasts_until_the_probe_answers():
 def test_loaded_and_loading_models_are_listed_unloaded_ones_are_not():
     srv = factories.server("sim", slots=4)
     factories.deployment(srv, "a", state=DeploymentState.LOADED, in_flight=3)
-    factories.deployment(
-        srv, "b", state=DeploymentState.LOADING, load_started_at=ago(1), load_progress=0.5
-    )
+    started_loading(srv, "b", 1, load_progress=0.5)
     factories.deployment(srv, "c", state=DeploymentState.UNLOADED)
     view = server_named(state.overview(NOW), "sim")
     assert [(m["model"], m["state"]) for m in view["models"]] == [
@@ -79,14 +85,7 @@ def test_loaded_and_loading_models_are_listed_unloaded_ones_are_not():
 
 def test_load_progress_is_the_adapters_own_figure_when_it_reports_one():
     srv = factories.server()
-    d = factories.deployment(
-        srv,
-        "m",
-        state=DeploymentState.LOADING,
-        load_started_at=ago(3),
-        load_progress=0.25,
-        avg_load_s=10,
-    )
+    d = started_loading(srv, "m", 3, load_progress=0.25, avg_load_s=10)
     assert state.load_progress(d, NOW) == {
         "started_at": ago(3).isoformat(),
         "elapsed_s": 3.0,
@@ -98,9 +97,7 @@ def test_load_progress_is_the_adapters_own_figure_when_it_reports_one():
 
 def test_load_progress_is_estimated_from_the_moving_average_otherwise():
     srv = factories.server()
-    d = factories.deployment(
-        srv, "m", state=DeploymentState.LOADING, load_started_at=ago(4), load_progress=0.0
-    )
+    d = started_loading(srv, "m", 4, load_progress=0.0)
     assert state.load_progress(d, NOW)["fraction"] is None  # never loaded: nothing to go by
     d.avg_load_s = 10
     progress = state.load_progress(d, NOW)
@@ -112,14 +109,7 @@ def test_load_progress_is_estimated_from_the_moving_average_otherwise():
 def test_waiting_rows_are_in_line_order_with_place_and_eta():
     srv = factories.server("sim", slots=1)
     loaded = factories.deployment(srv, "a", state=DeploymentState.LOADED, avg_inference_s=2.0)
-    loading = factories.deployment(
-        srv,
-        "b",
-        state=DeploymentState.LOADING,
-        load_started_at=ago(4),
-        avg_load_s=10.0,
-        avg_inference_s=3.0,
-    )
+    loading = started_loading(srv, "b", 4, avg_load_s=10.0, avg_inference_s=3.0)
     background = factories.request("a", Priority.BACKGROUND, created_at=ago(30))
     first = factories.request(
         "a", state=State.READY, server=srv, deployment=loaded, created_at=ago(20)
@@ -192,15 +182,7 @@ def test_the_overview_runs_the_same_few_queries_for_three_rows_or_a_hundred_and_
 
 def test_request_detail_has_place_eta_load_and_trace():
     srv = factories.server("sim", slots=1)
-    d = factories.deployment(
-        srv,
-        "m",
-        state=DeploymentState.LOADING,
-        load_started_at=ago(1),
-        load_progress=0.5,
-        avg_load_s=4.0,
-        avg_inference_s=1.0,
-    )
+    d = started_loading(srv, "m", 1, load_progress=0.5, avg_load_s=4.0, avg_inference_s=1.0)
     factories.request("other", Priority.INTERACTIVE)
     ahead = factories.request(
         "m", state=State.NEEDS_LOADING, server=srv, deployment=d, created_at=ago(3)
