@@ -89,8 +89,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # one per process so parallel test runs never share it.
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f"test-{os.getpid()}.sqlite3")}
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # A pool per process: a request borrows a connection per burst of queries instead of
+    # opening one (a new backend process) per HTTP request.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": env.int("DATABASE_POOL_SIZE", default=20),
+        "timeout": 30,
+    }
     DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_switchyard_{os.getpid()}"
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 
@@ -99,11 +104,17 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60},
+            # One channel per web process carries every waiting caller's hints and tokens.
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 10_000, "expiry": 60},
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": 10_000},
+        }
+    }
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

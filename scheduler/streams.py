@@ -13,6 +13,7 @@ class Relay:
 
     def __init__(self, request_id) -> None:
         self.group = request_group(request_id)
+        self.id = str(request_id)
         self.sent = False
 
     async def run(self, chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
@@ -21,7 +22,7 @@ class Relay:
         usage = None
         finish = "stop"
         async for chunk in chunks:
-            await send(self.group, {"type": "stream.chunk", "chunk": chunk})
+            await send(self.group, {"type": "stream.chunk", "id": self.id, "chunk": chunk})
             self.sent = True
             last = chunk
             usage = chunk.get("usage") or usage

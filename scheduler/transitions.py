@@ -45,9 +45,8 @@ def move(
     held by that worker). False, writing nothing, if it moved meanwhile."""
     from_states = tuple(from_states)
     check(from_states, to_state)
-    now = timezone.now()
     if to_state in TERMINAL_STATES:
-        fields.setdefault("finished_at", now)
+        fields.setdefault("finished_at", timezone.now())
     with transaction.atomic():
         rows = Request.objects.filter(pk=request_id, state__in=from_states)
         if held_by is not None:
@@ -64,7 +63,9 @@ def move(
             Request.objects.filter(pk=request_id).update(state=to_state, **fields)
         Trace.objects.create(
             request_id=request_id,
-            at=now,
+            # Stamped once the row is ours: a move that waited for the lock comes after
+            # the one that held it, in the trace as in fact.
+            at=timezone.now(),
             from_state=source,
             to_state=to_state,
             server=at_server or "",

@@ -4,7 +4,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -15,7 +14,7 @@ from backends.models import Model
 from ..models import TERMINAL_STATES, Request, RequestKind, State
 from . import intake
 from .errors import ApiError
-from .waiting import Subscription, cancel_abandoned, current, until_finished
+from .waiting import Subscription, cancel_abandoned, current, released, until_finished
 
 FAILED_STATUS = {
     "bad_request": 400,
@@ -63,7 +62,7 @@ async def handle(http: HttpRequest, kind: str) -> HttpResponse:
         body = parse_json(http)
         sub = await Subscription().open()
         try:
-            request = await sync_to_async(intake.accept)(
+            request = await released(intake.accept)(
                 kind, body, http.headers.get("X-Priority"), sub.request_id
             )
         except BaseException:
@@ -110,7 +109,7 @@ async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
                 yield "data: [DONE]\n\n"
                 return
             if message is None:
-                position = await sync_to_async(intake.position_in_line)(request)
+                position = await released(intake.position_in_line)(request)
                 where = f"position {position}" if position else "processing"
                 yield f": waiting, {request.state}, {where}\n\n"
     finally:

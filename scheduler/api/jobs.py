@@ -105,9 +105,7 @@ def cancel(request_id) -> dict:
 
 async def wait_until_finished(request_id, wait_s: float) -> None:
     """Long poll: return once the request is terminal or `wait_s` has passed."""
-    sub = Subscription()
-    sub.request_id = request_id
-    await sub.open()
+    sub = await Subscription(request_id).open()
     try:
         async with asyncio.timeout(wait_s):
             if not (await current(request_id)).is_terminal:

@@ -2,45 +2,70 @@
 re-read the row now and then in case a hint was missed."""
 
 import asyncio
+import functools
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
+from django.db import connection
 
-from ..announce import request_group
 from ..models import TERMINAL_STATES, Request, State
 from ..transitions import move
+from .inbox import Message, inbox
 
 
 class Subscription:
-    """Subscribe before the row exists, so that no hint can be missed."""
+    """Hints about one request. A new request subscribes before its row exists, so that no
+    hint can be missed."""
 
-    def __init__(self) -> None:
-        self.request_id = uuid.uuid4()
-        self.layer = get_channel_layer()
-        self.channel = ""
+    def __init__(self, request_id: uuid.UUID | None = None) -> None:
+        self.request_id = request_id or uuid.uuid4()
+        self.inbox = inbox()
+        self.queue: asyncio.Queue[Message] | None = None
 
     async def open(self) -> "Subscription":
-        self.channel = await self.layer.new_channel()
-        await self.layer.group_add(request_group(self.request_id), self.channel)
+        self.queue = await self.inbox.subscribe(self.request_id)
         return self
 
     async def close(self) -> None:
-        await self.layer.group_discard(request_group(self.request_id), self.channel)
+        if self.queue is not None:
+            await self.inbox.unsubscribe(self.request_id, self.queue)
+            self.queue = None
 
-    async def messages(self, every_s: float) -> AsyncIterator[dict[str, Any] | None]:
+    async def messages(self, every_s: float) -> AsyncIterator[Message | None]:
         """Hints as they come; None every `every_s` seconds of silence."""
+        assert self.queue is not None, "open() first"
         while True:
             try:
-                yield await asyncio.wait_for(self.layer.receive(self.channel), every_s)
+                yield await asyncio.wait_for(self.queue.get(), every_s)
             except TimeoutError:
                 yield None
 
 
-async def current(request_id) -> Request:
-    return await Request.objects.select_related("server").aget(pk=request_id)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """`fn` in the request's database thread, then the connection goes back (to the pool, on
+    PostgreSQL): a caller may wait minutes between reads, and waiting callers must not hold
+    one connection each."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if not connection.in_atomic_block:
+                connection.close()
+
+    return sync_to_async(run)
+
+
+@released
+def current(request_id) -> Request:
+    return Request.objects.select_related("server").get(pk=request_id)
 
 
 async def until_finished(sub: Subscription, every_s: float) -> Request:
