@@ -99,15 +99,14 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
         "not_before",
     )
     waiting = Request.objects.filter(state__in=WAITING_STATES)
-    rows = {
-        row[0]: row
+    best = waiting.order_by("priority", "created_at", "id").values_list(*fields)
+    rows = {row[0]: row for row in best[:SNAPSHOT_HEAD]}
+    if len(rows) == SNAPSHOT_HEAD:  # else that was every waiting request
         for query in (
-            waiting.order_by("priority", "created_at", "id"),
             waiting.order_by("created_at", "id"),
             waiting.filter(state__in=(State.READY, State.NEEDS_LOADING)).order_by("created_at"),
-        )
-        for row in query.values_list(*fields)[:SNAPSHOT_HEAD]
-    }
+        ):
+            rows.update((row[0], row) for row in query.values_list(*fields)[:SNAPSHOT_HEAD])
     requests = tuple(
         RequestView(
             id=r[0],

@@ -1,0 +1,48 @@
+"""The snapshot the policy plans on: every waiting request when the line is short; with a
+deep line, the best-ranked, the oldest (where aging and expiry happen) and the routed."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from scheduler import store
+from scheduler.models import Priority, State
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def waiting_ids(snapshot) -> set:
+    return {r.id for r in snapshot.requests}
+
+
+def test_a_short_line_is_read_whole() -> None:
+    requests = [factories.request("m", priority=p) for p in Priority]
+    factories.request("m", state=State.COMPLETED)
+
+    snapshot = store.read_snapshot(store.policy_config())
+
+    assert waiting_ids(snapshot) == {r.id for r in requests}
+
+
+def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> None:
+    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
+    long_ago = timezone.now() - timedelta(hours=1)
+    oldest = factories.request("m", priority=Priority.BACKGROUND, created_at=long_ago)
+    routed = factories.request(
+        "m",
+        priority=Priority.BACKGROUND,
+        state=State.NEEDS_LOADING,
+        created_at=long_ago + timedelta(minutes=30),
+    )
+    middle = [
+        factories.request("m", priority=Priority.NORMAL, created_at=long_ago + timedelta(minutes=m))
+        for m in range(2, 6)
+    ]
+    best = [factories.request("m", priority=Priority.INTERACTIVE) for _ in range(2)]
+
+    snapshot = store.read_snapshot(store.policy_config())
+
+    # Two best, the two oldest, the two oldest routed (the one routed fills that query).
+    assert waiting_ids(snapshot) == {r.id for r in [*best, oldest, middle[0], routed]}
