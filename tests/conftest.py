@@ -1,13 +1,12 @@
 import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
+import threading
 
 import pytest
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.manage_process import ManageProcess
+from tests.support.openai_upstream import Upstream
 
 
 def free_port() -> int:
@@ -42,30 +41,17 @@ def knobs(settings):
     return change
 
 
-class ServedSwitchyard:
+class ServedSwitchyard(ManageProcess):
     def __init__(self, env: dict[str, str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(self.port)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        super().__init__(
+            ["serve", "--port", str(self.port)], env, lambda line: "is serving on" in line
         )
-        self.log: list[str] = []
-        for line in self.proc.stdout:  # waits on the process's own word that it is ready
-            self.log.append(line)
-            if "is serving on" in line:
-                break
-        else:
-            raise RuntimeError("switchyard did not start:\n" + "".join(self.log))
 
     def stop(self) -> str:
         self.proc.terminate()
-        out, _ = self.proc.communicate(timeout=30)
-        return "".join(self.log) + (out or "")
+        return self.output(timeout=30)
 
 
 @pytest.fixture
@@ -96,3 +82,13 @@ def fresh_simulated_servers():
     from backends.adapters import simulated
 
     simulated._SERVERS.clear()
+
+
+@pytest.fixture
+def gated_upstream():
+    """An OpenAI-compatible upstream that holds every answer until `gate` is set: a request
+    stays `processing` for as long as a test needs."""
+    up = Upstream(["m1"])
+    up.gate = threading.Event()
+    yield up
+    up.close()

@@ -9,7 +9,7 @@ import sys
 import pytest
 from django.conf import settings
 
-from tests.conftest import ROOT
+from tests.support.manage_process import ROOT
 
 
 @pytest.fixture

@@ -3,25 +3,14 @@ per class, and callers who hang up."""
 
 import json
 import socket
-import threading
 
 import httpx
-import pytest
 
 from scheduler.models import Priority, Request, State
 from tests import factories
-from tests.support.openai_upstream import Upstream
 
 LONG_LOAD_S = 600  # never finishes within a test: requests for it keep waiting
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-def upstream():
-    up = Upstream(["m1"])
-    up.gate = threading.Event()
-    yield up
-    up.close()
 
 
 def wait_for_line(live, text: str) -> None:
@@ -78,11 +67,11 @@ def test_a_full_queue_answers_429_with_retry_after_and_stores_nothing(served):
     assert Request.objects.count() == 3
 
 
-def test_waiting_limits_and_callers_who_hang_up(served, upstream):
+def test_waiting_limits_and_callers_who_hang_up(served, gated_upstream):
     s1, s2 = factories.server("s1"), factories.server("s2")
     factories.deployment(s1, "slow-a", load_s=LONG_LOAD_S)
     factories.deployment(s2, "slow-b", load_s=LONG_LOAD_S)
-    up = factories.server("up", kind="openai", base_url=upstream.url)
+    up = factories.server("up", kind="openai", base_url=gated_upstream.url)
     factories.deployment(up, "m1", state="loaded")
     live = served(SWITCHYARD_MAX_WAIT_BACKGROUND_S="0.5")
 
@@ -121,9 +110,9 @@ def test_waiting_limits_and_callers_who_hang_up(served, upstream):
 
     # 4. A caller hangs up once its request is at the server: it runs to the end, kept.
     caller = post_and_keep_open(live, "/v1/chat/completions", {"model": "m1", **CHAT})
-    assert upstream.arrived.wait(30)
+    assert gated_upstream.arrived.wait(30)
     caller.close()
-    upstream.gate.set()
+    gated_upstream.gate.set()
     kept = finished(live, Request.objects.get(model_name="m1"))
     assert kept["state"] == State.COMPLETED
     assert kept["result"]["choices"][0]["message"]["content"] == "Hello from upstream"

@@ -4,9 +4,6 @@ crash safety proven with real `manage.py run_scheduler` processes."""
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import threading
 from datetime import timedelta
 
 import pytest
@@ -19,7 +16,8 @@ from scheduler import store
 from scheduler.models import Request, State, Worker
 from scheduler.runtime import Runtime
 from tests import factories
-from tests.conftest import ROOT, database_url
+from tests.conftest import database_url
+from tests.support.manage_process import ManageProcess
 from tests.support.openai_upstream import Upstream
 from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
 
@@ -29,38 +27,16 @@ DS = DeploymentState
 LONG_AGO = timedelta(hours=1)
 
 
-class WorkerProcess:
+class WorkerProcess(ManageProcess):
     """`manage.py run_scheduler` on the test database; returns once it says it started."""
 
     def __init__(self, *args: str) -> None:
         env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_POLL_INTERVAL_S": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "run_scheduler", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.log: list[str] = []
-        for line in self.proc.stdout:  # waits on the process's own word
-            self.log.append(line)
-            if " started" in line:
-                self.worker_id = int(line.split("worker ")[1].split()[0])
-                return
-        raise RuntimeError("the worker did not start:\n" + "".join(self.log))
+        super().__init__(["run_scheduler", *args], env, lambda line: " started" in line)
+        self.worker_id = int(self.log[-1].split("worker ")[1].split()[0])
 
     def finish(self, timeout: float = 60) -> str:
-        out, _ = self.proc.communicate(timeout=timeout)
-        return "".join(self.log) + out
-
-
-@pytest.fixture
-def upstream():
-    up = Upstream(["m1"])
-    up.gate = threading.Event()
-    yield up
-    up.close()
+        return self.output(timeout)
 
 
 def setup_upstream_server(upstream: Upstream) -> Request:
@@ -73,10 +49,10 @@ def traces(request: Request) -> list[tuple[str, str, str]]:
     return list(request.traces.values_list("from_state", "to_state", "reason"))
 
 
-def test_a_killed_worker_loses_no_request(upstream):
-    request = setup_upstream_server(upstream)
+def test_a_killed_worker_loses_no_request(gated_upstream):
+    request = setup_upstream_server(gated_upstream)
     first = WorkerProcess()
-    assert upstream.arrived.wait(30)  # the request is at the server: processing
+    assert gated_upstream.arrived.wait(30)  # the request is at the server: processing
     request.refresh_from_db()
     assert (request.state, request.worker_id) == (State.PROCESSING, first.worker_id)
 
@@ -84,7 +60,7 @@ def test_a_killed_worker_loses_no_request(upstream):
     first.proc.wait(timeout=30)
     # Its heartbeat now ages; skip the wait for it to pass WORKER_STALE_S.
     Worker.objects.filter(pk=first.worker_id).update(last_heartbeat=timezone.now() - LONG_AGO)
-    upstream.gate.set()
+    gated_upstream.gate.set()
 
     second = WorkerProcess("--until-idle")
     out = second.finish()
@@ -94,16 +70,16 @@ def test_a_killed_worker_loses_no_request(upstream):
     assert request.attempts == 2
     assert (State.PROCESSING, State.PENDING) in [(f, t) for f, t, _ in traces(request)]
     assert any("stopped heartbeating" in reason for *_, reason in traces(request))
-    assert len(upstream.received) == 2
+    assert len(gated_upstream.received) == 2
     assert not Worker.objects.exists()
     assert Deployment.objects.get().in_flight == 0
 
 
-def test_sigterm_stops_cleanly_hands_back_its_work_and_removes_its_row(upstream):
-    request = setup_upstream_server(upstream)
+def test_sigterm_stops_cleanly_hands_back_its_work_and_removes_its_row(gated_upstream):
+    request = setup_upstream_server(gated_upstream)
     worker = WorkerProcess()
     assert Worker.objects.filter(pk=worker.worker_id).exists()
-    assert upstream.arrived.wait(30)
+    assert gated_upstream.arrived.wait(30)
 
     worker.proc.send_signal(signal.SIGTERM)
     out = worker.finish()

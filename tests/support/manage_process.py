@@ -1,0 +1,31 @@
+"""A `manage.py` command in a process of its own, started once it says it is ready."""
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ManageProcess:
+    def __init__(self, args: list[str], env: dict[str, str], ready: Callable[[str], bool]):
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.log: list[str] = []
+        for line in self.proc.stdout:  # waits on the process's own word that it is ready
+            self.log.append(line)
+            if ready(line):
+                return
+        raise RuntimeError(f"manage.py {args[0]} did not start:\n" + "".join(self.log))
+
+    def output(self, timeout: float) -> str:
+        """Everything it printed, once it has exited."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        return "".join(self.log) + (out or "")
