@@ -38,6 +38,7 @@ from .transitions import move
 
 log = logging.getLogger(__name__)
 db = sync_to_async  # one DB thread: Django's connections are not shared across threads
+MAX_REPLANS = 3  # passes in a row planned again at once because the database refused some
 
 
 class Runtime:
@@ -54,6 +55,7 @@ class Runtime:
         self.last_sync = -float("inf")
         self.waiting = 0
         self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
+        self.dropped = 0  # decisions of the last pass that the database refused
         self.crashed: BaseException | None = None
         # For tests and embedders: `passes` counts finished passes; `passed` is notified
         # after each, so a caller can await a fact instead of sleeping.
@@ -104,6 +106,7 @@ class Runtime:
             side.append(asyncio.create_task(wakeup.listen_postgres(self.wake), name="listen"))
         for task in side:
             task.add_done_callback(self.side_task_done)
+        replans = 0
         try:
             while not stop.is_set():
                 self.wake.clear()
@@ -114,7 +117,13 @@ class Runtime:
                     raise RuntimeError("a side task of the worker crashed") from self.crashed
                 if until_idle and not did and not self.tasks and not self.waiting:
                     break
-                if not did:
+                # A plan covers everything it can see, so after a pass that went as planned
+                # only news (an arrival, a finished task, a due moment) can bring more work.
+                # A dropped decision means the rows moved under us: plan again at once (a
+                # few times; a refusal that persists must not spin the loop).
+                replan = self.dropped and replans < MAX_REPLANS
+                replans = replans + 1 if replan else 0
+                if not replan and not (did and until_idle):
                     await self.wait(stop)
         finally:
             for task in side:
@@ -171,9 +180,12 @@ class Runtime:
         decisions = plan(snapshot, self.clock())
         self.next_wake = None
         done = []
+        self.dropped = 0
         for decision in decisions:
             if await self.execute(decision):
                 done.append(decision)
+            elif not isinstance(decision, Defer | Probe):  # a probe still out is no news
+                self.dropped += 1
         return done
 
     async def execute(self, decision: Decision) -> bool:

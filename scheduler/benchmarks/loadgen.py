@@ -22,14 +22,13 @@ PATHS = {"chat": "/v1/chat/completions", "embedding": "/v1/embeddings"}
 
 
 def _body(req: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": req["model"]}
     if req.get("kind") == "embedding":
-        return {"model": req["model"], "input": "bench"}
-    body: dict[str, Any] = {
-        "model": req["model"],
-        "messages": [{"role": "user", "content": "bench"}],
-        "max_tokens": req.get("max_tokens", 8),
-        "stream": bool(req.get("stream")),
-    }
+        body["input"] = "bench"
+    else:
+        body["messages"] = [{"role": "user", "content": "bench"}]
+        body["max_tokens"] = req.get("max_tokens", 8)
+        body["stream"] = bool(req.get("stream"))
     if req.get("priority"):
         body["priority"] = req["priority"]
     return body

@@ -5,6 +5,7 @@ the same run (direct vs through Switchyard, baseline vs under load, shallow vs d
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from scheduler.models import Priority, State
 
@@ -526,7 +527,8 @@ def thrash(ctx: Context) -> Outcome:
     runtime with simulated servers, time scaled down (policy windows scaled alike)."""
     from django.conf import settings
 
-    from scheduler.simulation_trace import CLASS_NAMES, generate_day
+    from scheduler.simulation import simulate_fifo
+    from scheduler.simulation_trace import CLASS_NAMES, Trace, generate_day
 
     # quick: a quarter hour of office traffic; full: the afternoon peak with the bulk job
     window = ctx.pick((10 * 3600, 10 * 3600 + 900), (13 * 3600, 15 * 3600))
@@ -575,6 +577,9 @@ def thrash(ctx: Context) -> Outcome:
             {"base_url": stack.base_url, "groups": [{"name": "trace", "arrivals": arrivals}]}
         )
         log = "".join(stack.log_text(n) for n in stack.switchyard_pids())
+    # The serial FIFO of the original design note on the same requests, on a virtual clock.
+    shifted = tuple(replace(r, at=r.at - window[0]) for r in picked)
+    fifo = simulate_fifo(Trace(servers=trace.servers, models=trace.models, requests=shifted))
     ids = [r["id"] for r in out["results"] if r.get("id")]
     stamps = fleet.timestamps(ids)
     loads = Counter(m.group(1) for m in LOAD_LINE.finditer(log))
@@ -583,7 +588,7 @@ def thrash(ctx: Context) -> Outcome:
         mine = [s for s in stamps.values() if s["priority"] == level]
         waits = _waits({str(i): s for i, s in enumerate(mine)})
         states = Counter(s["state"] for s in mine)
-        p95 = percentile(waits, 95)
+        p95, fifo_p95 = percentile(waits, 95), fifo.wait_percentile(level, 95)
         rows.append(
             [
                 name,
@@ -593,12 +598,22 @@ def thrash(ctx: Context) -> Outcome:
                 ms(percentile(waits, 50)),
                 ms(p95),
                 round(p95 * speed, 1) if p95 is not None else None,
+                round(fifo_p95, 1) if fifo_p95 is not None else None,
             ]
         )
     n_loads = sum(loads.values())
     return Outcome(
         "thrash",
-        ["class", "n", "completed", "not completed", "wait p50 ms", "wait p95 ms", "p95 day-s"],
+        [
+            "class",
+            "n",
+            "completed",
+            "not completed",
+            "wait p50 ms",
+            "wait p95 ms",
+            "p95 day-s",
+            "FIFO p95 day-s",
+        ],
         rows,
         [],
         panels=[
@@ -607,7 +622,7 @@ def thrash(ctx: Context) -> Outcome:
                 "title": "p95 wait per class (trace seconds)",
                 "ylabel": "s",
                 "labels": [r[0] for r in rows],
-                "series": {"p95": [r[6] for r in rows]},
+                "series": {"Switchyard": [r[6] for r in rows], "serial FIFO": [r[7] for r in rows]},
             },
             {
                 "kind": "bar",
@@ -617,12 +632,19 @@ def thrash(ctx: Context) -> Outcome:
                 "series": {"loads": list(loads.values())},
             },
         ],
-        data={"speed": speed, "window_s": window, "loads": dict(loads), "requests": len(picked)},
+        data={
+            "speed": speed,
+            "window_s": window,
+            "loads": dict(loads),
+            "fifo_loads": fifo.loads,
+            "requests": len(picked),
+        },
         notes=[
             f"trace: scheduler.simulation_trace.generate_day(seed=7), "
             f"{window[0] / 3600:g}h–{window[1] / 3600:g}h, {len(picked)} requests, "
             f"time ×{speed:g}; policy windows and max waits scaled alike",
-            f"{n_loads} loads ({len(picked) / max(n_loads, 1):.1f} requests per load); "
+            f"{n_loads} loads ({len(picked) / max(n_loads, 1):.1f} requests per load) against "
+            f"{fifo.loads} for a serial FIFO on the same requests (virtual clock); "
             f"'p95 day-s' converts the wait back to trace seconds",
             f"HTTP statuses: {dict(Counter(r.get('status') for r in out['results']))}",
         ],
