@@ -27,7 +27,7 @@ from .transitions import move
 
 log = logging.getLogger(__name__)
 DS = DeploymentState
-SNAPSHOT_HEAD = 1000  # waiting requests read per ordering; see read_snapshot
+SNAPSHOT_HEAD = 250  # waiting requests read per ordering; see read_snapshot
 
 
 def knob(name: str) -> Any:

@@ -85,7 +85,9 @@ async def handle(http: HttpRequest, kind: str) -> HttpResponse:
         await sub.close()
     if finished.state == State.COMPLETED:
         return JsonResponse(finished.result, headers={"X-Request-Id": str(finished.pk)})
-    return error_of(finished).as_json_response()
+    response = error_of(finished).as_json_response()
+    response["X-Request-Id"] = str(finished.pk)  # its trace tells why
+    return response
 
 
 async def relay_sse(sub: Subscription) -> AsyncIterator[str]:

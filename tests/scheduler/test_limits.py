@@ -86,6 +86,7 @@ def test_waiting_limits_and_callers_who_hang_up(served, gated_upstream):
     assert expired.headers["Retry-After"]
     assert expired.json()["error"]["code"] == "expired"
     assert Request.objects.get(model_name="slow-a").state == State.EXPIRED
+    assert expired.headers["X-Request-Id"] == str(Request.objects.get(model_name="slow-a").pk)
 
     # 2. A streaming caller hangs up while its model loads: the request is cancelled.
     with httpx.stream(
