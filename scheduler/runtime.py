@@ -34,7 +34,7 @@ from .decisions import (
 )
 from .models import State
 from .policy import plan
-from .transitions import move
+from .transitions import Transition, move_all
 
 log = logging.getLogger(__name__)
 db = sync_to_async  # one DB thread: Django's connections are not shared across threads
@@ -179,64 +179,73 @@ class Runtime:
         self.server_of = {d.id: d.server_id for d in snapshot.deployments}
         decisions = plan(snapshot, self.clock())
         self.next_wake = None
-        done = []
+        done: list[Decision] = []
         self.dropped = 0
-        for decision in decisions:
-            if await self.execute(decision):
+
+        def record(decision: Decision, ok: bool) -> None:
+            if ok:
                 done.append(decision)
             elif not isinstance(decision, Defer | Probe):  # a probe still out is no news
                 self.dropped += 1
+
+        # Consecutive request transitions go to the database together, in one transaction:
+        # a pass that routes thirty requests commits once. Order is kept: a batch is sent
+        # before any other decision runs.
+        batch: list[tuple[Decision, Transition]] = []
+
+        async def flush() -> None:
+            if batch:
+                results = await db(move_all)([t for _, t in batch])
+                for (decision, _), ok in zip(batch, results, strict=True):
+                    record(decision, ok)
+                batch.clear()
+
+        for decision in decisions:
+            transition = self.transition_for(decision)
+            if transition is not None:
+                batch.append((decision, transition))
+                continue
+            await flush()
+            record(decision, await self.execute(decision))
+        await flush()
         return done
 
+    def transition_for(self, decision: Decision) -> Transition | None:
+        """The request transition that carries out `decision`, if that is all it takes."""
+        waiting = (State.PENDING, State.NEEDS_LOADING, State.READY)
+        match decision:
+            case Expire(request_id=rid, reason=reason):
+                fields = {"error": f"expired: {reason}", "error_code": "expired"}
+                return Transition(rid, waiting, State.EXPIRED, reason, fields)
+            case Fail(request_id=rid, code=code, message=message):
+                fields = {"error": message, "error_code": code}
+                return Transition(rid, waiting, State.FAILED, message, fields)
+            case Route(request_id=rid, deployment_id=did, ready=ready, reason=reason):
+                now = timezone.now()
+                fields = {"deployment_id": did, "routed_at": now, "server_id": self.server_of[did]}
+                if ready:
+                    fields["ready_at"] = now
+                to = State.READY if ready else State.NEEDS_LOADING
+                return Transition(rid, (State.PENDING,), to, reason, fields)
+            case Requeue(request_id=rid, reason=reason):
+                fields = {"deployment": None, "server": None}
+                return Transition(
+                    rid, (State.NEEDS_LOADING, State.READY), State.PENDING, reason, fields
+                )
+            case MarkReady(request_id=rid):
+                fields = {"ready_at": timezone.now()}
+                return Transition(
+                    rid, (State.NEEDS_LOADING,), State.READY, "its model is loaded", fields
+                )
+        return None
+
     async def execute(self, decision: Decision) -> bool:
-        """Carry out one decision; False when it was dropped (the row moved meanwhile)."""
+        """Carry out a decision that is more than a request transition; False when it was
+        dropped (the row moved meanwhile)."""
         match decision:
             case Defer(until=until):
                 self.next_wake = until if self.next_wake is None else min(self.next_wake, until)
                 return False
-            case Expire(request_id=rid, reason=reason):
-                return await db(move)(
-                    rid,
-                    [State.PENDING, State.NEEDS_LOADING, State.READY],
-                    State.EXPIRED,
-                    reason,
-                    error=f"expired: {reason}",
-                    error_code="expired",
-                )
-            case Fail(request_id=rid, code=code, message=message):
-                return await db(move)(
-                    rid,
-                    [State.PENDING, State.NEEDS_LOADING, State.READY],
-                    State.FAILED,
-                    message,
-                    error=message,
-                    error_code=code,
-                )
-            case Route(request_id=rid, deployment_id=did, ready=ready, reason=reason):
-                now = timezone.now()
-                fields = {"deployment_id": did, "routed_at": now}
-                fields["server_id"] = self.server_of[did]
-                if ready:
-                    fields["ready_at"] = now
-                to = State.READY if ready else State.NEEDS_LOADING
-                return await db(move)(rid, [State.PENDING], to, reason, **fields)
-            case Requeue(request_id=rid, reason=reason):
-                return await db(move)(
-                    rid,
-                    [State.NEEDS_LOADING, State.READY],
-                    State.PENDING,
-                    reason,
-                    deployment=None,
-                    server=None,
-                )
-            case MarkReady(request_id=rid):
-                return await db(move)(
-                    rid,
-                    [State.NEEDS_LOADING],
-                    State.READY,
-                    "its model is loaded",
-                    ready_at=timezone.now(),
-                )
             case StartLoad(deployment_id=did, evict=evict, reason=reason):
                 job = await db(store.start_load)(did, evict, self.worker_id, reason)
                 if job is None:

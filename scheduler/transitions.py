@@ -2,6 +2,8 @@
 same transaction as its Trace row, announced after commit."""
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -47,7 +49,8 @@ def move(
     check(from_states, to_state)
     if to_state in TERMINAL_STATES:
         fields.setdefault("finished_at", timezone.now())
-    with transaction.atomic():
+    # No savepoint when nested: a refused compare-and-set writes nothing to undo.
+    with transaction.atomic(savepoint=False):
         rows = Request.objects.filter(pk=request_id, state__in=from_states)
         if held_by is not None:
             rows = rows.filter(worker_id=held_by)
@@ -76,3 +79,23 @@ def move(
             wakeup.notify_in_transaction()
         transaction.on_commit(lambda: announce.request_moved(request_id, to_state))
     return True
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One `move`, as data, so that several can share a transaction."""
+
+    request_id: Any
+    from_states: tuple[str, ...]
+    to_state: str
+    reason: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def move_all(transitions: list[Transition]) -> list[bool]:
+    """Each transition as `move` would make it, all in one transaction (one commit); the
+    result of each, in order."""
+    with transaction.atomic():
+        return [
+            move(t.request_id, t.from_states, t.to_state, t.reason, **t.fields) for t in transitions
+        ]

@@ -1,9 +1,10 @@
 """`move`: the allowed-transition table, compare-and-set, and its Trace row."""
 
 import pytest
+from django.utils import timezone
 
 from scheduler.models import State, Trace, Worker
-from scheduler.transitions import ALLOWED, ImpossibleTransition, move
+from scheduler.transitions import ALLOWED, ImpossibleTransition, Transition, move, move_all
 from tests import factories
 
 S = State
@@ -79,3 +80,28 @@ def test_a_move_held_by_another_worker_is_refused():
     assert not move(request.pk, [S.PROCESSING], S.COMPLETED, "late", held_by=mine.pk)
     assert move(request.pk, [S.PROCESSING], S.COMPLETED, "done", held_by=theirs.pk)
     assert list(Trace.objects.values_list("reason", flat=True)) == ["done"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_of_moves_commits_together_and_a_refused_one_writes_nothing(
+    django_assert_max_num_queries,
+):
+    first, gone, last = (factories.request("m1") for _ in range(3))
+    move(gone.pk, [S.PENDING], S.CANCELLED, "the caller hung up")
+    batch = [
+        Transition(r.pk, (S.PENDING,), S.READY, "routed", {"ready_at": timezone.now()})
+        for r in (first, gone, last)
+    ]
+
+    # Three moves in one transaction: BEGIN, an UPDATE and a Trace INSERT each, COMMIT
+    # (the refused one stops at its UPDATE).
+    with django_assert_max_num_queries(7):
+        assert move_all(batch) == [True, False, True]
+
+    for r in (first, last):
+        r.refresh_from_db()
+        assert r.state == S.READY and r.ready_at is not None
+        assert Trace.objects.get(request=r, to_state=S.READY).reason == "routed"
+    gone.refresh_from_db()
+    assert gone.state == S.CANCELLED
+    assert not Trace.objects.filter(request=gone, to_state=S.READY).exists()
