@@ -81,9 +81,11 @@ class Runtime:
         return bool(moved or recheck)
 
     async def stop(self) -> None:
-        """Stop cleanly: cancel running tasks, then hand back what this worker held so that
-        any worker (this one, restarted, or another) runs it again."""
+        """Stop cleanly: let requests already at their servers finish (up to DRAIN_S), cancel
+        the other tasks, then hand back what this worker held so that any worker (this one,
+        restarted, or another) runs it again."""
         wakeup.unsubscribe(self.wake)
+        await self.drain()
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.tasks.values(), *self.chores, return_exceptions=True)
@@ -96,6 +98,25 @@ class Runtime:
         await db(close_old_connections)()  # the DB thread outlives the worker
         await announce.close_outbox()
         log.info("worker %s stopped", self.worker_id)
+
+    async def drain(self) -> None:
+        serving = [task for name, task in self.tasks.items() if name.startswith("serve ")]
+        drain_s = self.knobs["DRAIN_S"]
+        if not serving or drain_s <= 0:
+            return
+        log.info(
+            "worker %s draining: %d request(s) at their servers, waiting up to %.0f s",
+            self.worker_id,
+            len(serving),
+            drain_s,
+        )
+        _, unfinished = await asyncio.wait(serving, timeout=drain_s)
+        if unfinished:
+            log.warning(
+                "%d request(s) did not finish within %.0f s; they will run again",
+                len(unfinished),
+                drain_s,
+            )
 
     async def run(self, stop: asyncio.Event, until_idle: bool = False) -> None:
         """Plan and execute until `stop` is set, or with `until_idle` until no request waits

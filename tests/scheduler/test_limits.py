@@ -13,15 +13,6 @@ LONG_LOAD_S = 600  # never finishes within a test: requests for it keep waiting
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
-def wait_for_line(live, text: str) -> None:
-    """Read the live process's own log until it says `text`."""
-    for line in live.proc.stdout:
-        live.log.append(line)
-        if text in line:
-            return
-    raise AssertionError(f"switchyard exited before saying {text!r}:\n{''.join(live.log)}")
-
-
 def post_and_keep_open(live, path: str, body: dict) -> socket.socket:
     """A raw HTTP caller, so that a test decides when it hangs up."""
     sock = socket.create_connection(("127.0.0.1", live.port))
@@ -102,7 +93,7 @@ def test_waiting_limits_and_callers_who_hang_up(served, gated_upstream):
 
     # 3. A plain caller hangs up while its model loads: cancelled too.
     caller = post_and_keep_open(live, "/v1/chat/completions", {"model": "slow-b", **CHAT})
-    wait_for_line(live, "loading slow-b on s2")  # stored and routed: it waits for the load
+    live.wait_for_line("loading slow-b on s2")  # stored and routed: it waits for the load
     caller.close()
     plain = Request.objects.get(model_name="slow-b")
     detail = finished(live, plain)

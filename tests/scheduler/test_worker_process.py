@@ -30,8 +30,13 @@ LONG_AGO = timedelta(hours=1)
 class WorkerProcess(ManageProcess):
     """`manage.py run_scheduler` on the test database; returns once it says it started."""
 
-    def __init__(self, *args: str) -> None:
-        env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_POLL_INTERVAL_S": "1"}
+    def __init__(self, *args: str, drain_s: float = 0) -> None:
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "SWITCHYARD_POLL_INTERVAL_S": "1",
+            "SWITCHYARD_DRAIN_S": str(drain_s),
+        }
         super().__init__(["run_scheduler", *args], env, lambda line: " started" in line)
         self.worker_id = int(self.log[-1].split("worker ")[1].split()[0])
 
@@ -90,6 +95,23 @@ def test_sigterm_stops_cleanly_hands_back_its_work_and_removes_its_row(gated_ups
     assert request.state == State.PENDING  # handed back, not lost
     assert "its worker stopped" in traces(request)[-1][2]
     assert Deployment.objects.get().in_flight == 0  # the next worker runs it again
+
+
+def test_sigterm_lets_a_request_at_its_server_finish_first(gated_upstream):
+    request = setup_upstream_server(gated_upstream)
+    worker = WorkerProcess(drain_s=60)
+    assert gated_upstream.arrived.wait(30)
+
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.wait_for_line("draining: 1 request(s)")
+    gated_upstream.gate.set()  # the server answers while the worker drains
+    out = worker.finish()
+
+    assert worker.proc.returncode == 0, out
+    request.refresh_from_db()
+    assert request.state == State.COMPLETED, out
+    assert len(gated_upstream.received) == 1  # finished once, not run again
+    assert not Worker.objects.exists()
 
 
 async def test_a_worker_keeps_its_heartbeat_fresh(knobs):

@@ -25,6 +25,14 @@ class ManageProcess:
                 return
         raise RuntimeError(f"manage.py {args[0]} did not start:\n" + "".join(self.log))
 
+    def wait_for_line(self, text: str) -> None:
+        """Read what it prints until a line says `text`."""
+        for line in self.proc.stdout:
+            self.log.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"it exited before saying {text!r}:\n{''.join(self.log)}")
+
     def output(self, timeout: float) -> str:
         """Everything it printed, once it has exited."""
         out, _ = self.proc.communicate(timeout=timeout)
