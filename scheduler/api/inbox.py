@@ -25,6 +25,7 @@ class Inbox:
     def __init__(self, layer: BaseChannelLayer) -> None:
         self.layer = layer
         self.channel = ""
+        self.reader: asyncio.Task | None = None
         self.started = asyncio.Lock()
         self.queues: defaultdict[str, set[asyncio.Queue[Message]]] = defaultdict(set)
 
