@@ -209,25 +209,40 @@ class Runtime:
             elif not isinstance(decision, Defer | Probe):  # a probe still out is no news
                 self.dropped += 1
 
-        # Consecutive request transitions go to the database together, in one transaction:
-        # a pass that routes thirty requests commits once. Order is kept: a batch is sent
-        # before any other decision runs.
-        batch: list[tuple[Decision, Transition]] = []
+        # Consecutive request transitions, and consecutive dispatches, go to the database
+        # together, in one transaction: a pass that routes and sends thirty requests
+        # commits twice. Order is kept: a batch is sent before any other decision runs.
+        transitions: list[tuple[Decision, Transition]] = []
+        sends: list[Dispatch] = []
 
         async def flush() -> None:
-            if batch:
-                results = await db(move_all)([t for _, t in batch])
-                for (decision, _), ok in zip(batch, results, strict=True):
+            if transitions:
+                results = await db(move_all)([t for _, t in transitions])
+                for (decision, _), ok in zip(transitions, results, strict=True):
                     record(decision, ok)
-                batch.clear()
+                transitions.clear()
+            if sends:
+                pairs = [(d.request_id, d.deployment_id) for d in sends]
+                jobs = await db(store.dispatch_all)(pairs, self.worker_id)
+                for decision, job in zip(sends, jobs, strict=True):
+                    if job is not None:
+                        self.spawn(f"serve {job.request_id}", self.serve(job))
+                    record(decision, job is not None)
+                sends.clear()
 
         for decision in decisions:
             transition = self.transition_for(decision)
             if transition is not None:
-                batch.append((decision, transition))
-                continue
-            await flush()
-            record(decision, await self.execute(decision))
+                if sends:
+                    await flush()
+                transitions.append((decision, transition))
+            elif isinstance(decision, Dispatch):
+                if transitions:
+                    await flush()
+                sends.append(decision)
+            else:
+                await flush()
+                record(decision, await self.execute(decision))
         await flush()
         return done
 
@@ -278,12 +293,6 @@ class Runtime:
                 if target is None:
                     return False
                 self.spawn(f"unload {did}", self.unload(did, *target, reason))
-                return True
-            case Dispatch(request_id=rid, deployment_id=did):
-                job = await db(store.dispatch)(rid, did, self.worker_id)
-                if job is None:
-                    return False
-                self.spawn(f"serve {rid}", self.serve(job))
                 return True
             case Probe(server_id=sid):
                 name = f"probe {sid}"

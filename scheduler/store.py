@@ -357,9 +357,11 @@ class ServeJob:
     call: InferenceCall
 
 
-def dispatch(request_id, deployment_id: int, worker_id: int) -> ServeJob | None:
+def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob | None]:
+    """Send ready requests to their deployments, in one transaction: each (request,
+    deployment) becomes a ServeJob, or None if its slot, its model or its row is gone."""
     now = timezone.now()
-    d = Deployment.objects.select_related("server", "model").get(pk=deployment_id)
+    deployment_ids = {did for _, did in sends}
     in_flight = (
         Deployment.objects.filter(server=OuterRef("pk"))
         .order_by()
@@ -367,48 +369,64 @@ def dispatch(request_id, deployment_id: int, worker_id: int) -> ServeJob | None:
         .annotate(n=Sum("in_flight"))
         .values("n")
     )
+    jobs: list[ServeJob | None] = []
     with transaction.atomic():
-        # Lock the server row so that workers dispatching at once never overfill its slots.
-        busy = (
+        # Lock the servers (in id order, so that workers never deadlock), then the
+        # deployments: workers dispatching at once never overfill a server's slots, and a
+        # deployment found loaded stays loaded until commit.
+        server_ids = Deployment.objects.filter(pk__in=deployment_ids).values("server_id")
+        busy = dict(
             Server.objects.select_for_update(of=("self",))
-            .filter(pk=d.server_id)
-            .annotate(busy=Subquery(in_flight))
-            .values_list("busy", flat=True)
-            .first()
+            .filter(pk__in=server_ids)
+            .order_by("pk")
+            .annotate(busy=Coalesce(Subquery(in_flight), 0))
+            .values_list("pk", "busy")
         )
-        if (busy or 0) >= d.server.slots:
-            return None
-        request = (
-            Request.objects.filter(pk=request_id)
-            .values_list("priority", "payload", "kind", "stream")
-            .first()
-        )
-        if request is None:
-            return None
-        priority, payload, kind, stream = request
-        if not move(
-            request_id,
-            [State.READY],
-            State.PROCESSING,
-            "sent to the server",
-            d.server.name,
-            started_at=now,
-            worker_id=worker_id,
-            attempts=F("attempts") + 1,
-            deployment_id=deployment_id,
-            server_id=d.server_id,
-        ):
-            return None
-        used = {"last_used_at": now, "last_priority": priority}
-        if priority == Priority.INTERACTIVE:
-            used["last_interactive_at"] = now
-        if not Deployment.objects.filter(pk=deployment_id, state=DS.LOADED).update(
-            in_flight=F("in_flight") + 1, **used
-        ):
-            transaction.set_rollback(True)
-            return None
-    call = InferenceCall(kind, d.server_model_id, payload, stream, d.effective_load_options())
-    return ServeJob(request_id, deployment_id, d.server_id, d.server.name, worker_id, call)
+        deployments = {
+            d.pk: d
+            for d in Deployment.objects.select_for_update(of=("self",))
+            .select_related("server", "model")
+            .filter(pk__in=deployment_ids, state=DS.LOADED)
+            .order_by("pk")
+        }
+        requests = {
+            row[0]: row[1:]
+            for row in Request.objects.filter(pk__in=[rid for rid, _ in sends]).values_list(
+                "pk", "priority", "payload", "kind", "stream"
+            )
+        }
+        for request_id, deployment_id in sends:
+            d = deployments.get(deployment_id)
+            if d is None or busy[d.server_id] >= d.server.slots or request_id not in requests:
+                jobs.append(None)
+                continue
+            priority, payload, kind, stream = requests[request_id]
+            if not move(
+                request_id,
+                [State.READY],
+                State.PROCESSING,
+                "sent to the server",
+                d.server.name,
+                started_at=now,
+                worker_id=worker_id,
+                attempts=F("attempts") + 1,
+                deployment_id=deployment_id,
+                server_id=d.server_id,
+            ):
+                jobs.append(None)
+                continue
+            busy[d.server_id] += 1
+            used = {"last_used_at": now, "last_priority": priority}
+            if priority == Priority.INTERACTIVE:
+                used["last_interactive_at"] = now
+            Deployment.objects.filter(pk=deployment_id).update(in_flight=F("in_flight") + 1, **used)
+            call = InferenceCall(
+                kind, d.server_model_id, payload, stream, d.effective_load_options()
+            )
+            jobs.append(
+                ServeJob(request_id, deployment_id, d.server_id, d.server.name, worker_id, call)
+            )
+    return jobs
 
 
 def _release(job: ServeJob, seconds: float | None = None) -> None:

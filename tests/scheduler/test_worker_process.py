@@ -193,8 +193,37 @@ def test_two_workers_never_overfill_a_servers_slots():
     a, b = (Worker.objects.create(host=h, pid=1) for h in "ab")
     d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED)
     first, second = (factories.request("m1", state=State.READY, deployment=d) for _ in "12")
-    assert store.dispatch(first.pk, d.pk, a.pk) is not None
-    assert store.dispatch(second.pk, d.pk, b.pk) is None
+    assert store.dispatch_all([(first.pk, d.pk)], a.pk) != [None]
+    assert store.dispatch_all([(second.pk, d.pk)], b.pk) == [None]
     second.refresh_from_db()
     assert second.state == State.READY and not second.traces.exists()
     assert Deployment.objects.get().in_flight == 1
+
+
+def test_one_batch_of_dispatches_fills_free_slots_and_no_more():
+    w = Worker.objects.create(host="a", pid=1)
+    srv = factories.server("s1", slots=2, max_llm=2)
+    d1 = factories.deployment(srv, "m1", state=DS.LOADED)
+    d2 = factories.deployment(srv, "m2", state=DS.LOADED)
+    gone = factories.deployment(factories.server("s2"), "m1", state=DS.UNLOADED)
+    r1, r2, r3, r4 = (factories.request("m1", state=State.READY) for _ in range(4))
+
+    jobs = store.dispatch_all(
+        [(r1.pk, d1.pk), (r2.pk, gone.pk), (r3.pk, d2.pk), (r4.pk, d1.pk)], w.pk
+    )
+
+    # r2's model is not loaded there; r4 finds s1's two slots taken by r1 and r3.
+    assert [job is not None for job in jobs] == [True, False, True, False]
+    assert jobs[2].call.server_model_id == "m2"
+    states = dict(Request.objects.values_list("pk", "state"))
+    assert [states[r.pk] for r in (r1, r2, r3, r4)] == [
+        State.PROCESSING,
+        State.READY,
+        State.PROCESSING,
+        State.READY,
+    ]
+    assert dict(Deployment.objects.values_list("pk", "in_flight")) == {
+        d1.pk: 1,
+        d2.pk: 1,
+        gone.pk: 0,
+    }
