@@ -19,6 +19,7 @@ from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.adapters.registry import adapter_for
 
 from . import announce, store, streams, wakeup
+from .batching import Batcher
 from .decisions import (
     Decision,
     Defer,
@@ -47,7 +48,8 @@ class Runtime:
         self.worker_id: int | None = None
         self.adapters: dict[int, Adapter] = {}
         self.tasks: dict[str, asyncio.Task] = {}
-        self.chores: set[asyncio.Future] = set()  # fire-and-forget DB writes (load progress)
+        self.chores: set[asyncio.Future] = set()  # DB writes no task waits for to the end
+        self.completions = Batcher(store.requests_completed, self.chores)
         self.wake = asyncio.Event()
         self.next_wake: datetime | None = None
         self.knobs = settings.SWITCHYARD
@@ -407,7 +409,8 @@ class Runtime:
             error = AdapterError(ErrorCode.SERVER_ERROR, repr(exc))
             await self.serve_failed(job, error, may_retry=False)
             return
-        if not await db(store.request_completed)(job, result, time.monotonic() - started):
+        answer = store.Answer(job, result, time.monotonic() - started)
+        if not await self.completions.submit(answer):
             log.warning("request %s finished after it was taken over; result dropped", job)
 
     async def serve_failed(self, job: store.ServeJob, error: AdapterError, may_retry: bool) -> None:

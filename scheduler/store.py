@@ -439,22 +439,34 @@ def _release(job: ServeJob, seconds: float | None = None) -> None:
     Deployment.objects.filter(pk=job.deployment_id, in_flight__gt=0).update(**changes)
 
 
-def request_completed(job: ServeJob, result: dict, seconds: float) -> bool:
-    """Store the result. False if the request was taken from this worker meanwhile."""
+@dataclass(frozen=True)
+class Answer:
+    job: ServeJob
+    result: dict
+    seconds: float
+
+
+def requests_completed(answers: list[Answer]) -> list[bool]:
+    """Store the results, in one transaction. False for a request taken from this worker
+    meanwhile."""
     with transaction.atomic():
-        done = move(
-            job.request_id,
-            [State.PROCESSING],
-            State.COMPLETED,
-            f"completed in {seconds:.2f} s",
-            job.server_name,
-            held_by=job.worker_id,
-            result=result,
-        )
-        if done:
-            _release(job, seconds)
-    server_succeeded(job.server_id)
-    return done
+        stored = []
+        for a in answers:
+            done = move(
+                a.job.request_id,
+                [State.PROCESSING],
+                State.COMPLETED,
+                f"completed in {a.seconds:.2f} s",
+                a.job.server_name,
+                held_by=a.job.worker_id,
+                result=a.result,
+            )
+            if done:
+                _release(a.job, a.seconds)
+            stored.append(done)
+    for server_id in {a.job.server_id for a in answers}:
+        server_succeeded(server_id)
+    return stored
 
 
 def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -> str:

@@ -35,7 +35,7 @@ INCLUSIVE = (
     "plan (",
     "move (",
     "dispatch (",
-    "request_completed",
+    "requests_completed",
     "accept (",
     "until_finished",
     "relay",

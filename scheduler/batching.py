@@ -1,0 +1,44 @@
+"""Coalesce calls to the database thread: what tasks submit while one call runs goes in
+the next call, as one list (one transaction instead of one each)."""
+
+import asyncio
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from asgiref.sync import sync_to_async
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class Batcher(Generic[Item, Result]):
+    def __init__(self, write: Callable[[list[Item]], list[Result]], running: set) -> None:
+        self.write = sync_to_async(write)
+        self.queued: list[tuple[Item, asyncio.Future[Result]]] = []
+        self.flusher: asyncio.Task | None = None
+        self.running = running  # the owner's set of chores, awaited when it stops
+
+    async def submit(self, item: Item) -> Result:
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self.queued.append((item, future))
+        if self.flusher is None:
+            # A task of its own: the batch is written even if this submitter is cancelled.
+            self.flusher = asyncio.create_task(self.flush(), name="batch write")
+            self.running.add(self.flusher)
+            self.flusher.add_done_callback(self.running.discard)
+        return await asyncio.shield(future)
+
+    async def flush(self) -> None:
+        try:
+            while self.queued:
+                batch, self.queued = self.queued, []
+                try:
+                    results = await self.write([item for item, _ in batch])
+                except Exception as error:
+                    for _, future in batch:
+                        future.set_exception(error)
+                    continue
+                for (_, future), result in zip(batch, results, strict=True):
+                    future.set_result(result)
+        finally:
+            self.flusher = None
