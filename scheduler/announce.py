@@ -102,9 +102,13 @@ def send_from_sync(group: str, message: dict[str, Any]) -> None:
         async_to_sync(send)(group, message)
 
 
-def request_moved(request_id, state: str) -> None:
-    """Called on commit of a request's transition (from a sync thread)."""
+def request_moved(request_id, state: str, outcome: dict[str, Any] | None = None) -> None:
+    """Called on commit of a request's transition (from a sync thread). A move to a terminal
+    state carries what it wrote (result, error), so that its caller answers without
+    reading the row again."""
     message = {"type": "request.moved", "id": str(request_id), "state": state}
+    if outcome is not None:
+        message["outcome"] = outcome
     send_from_sync(request_group(request_id), message)
     send_from_sync(DASHBOARD_GROUP, DASHBOARD_CHANGED)
 

@@ -35,7 +35,7 @@ from .decisions import (
 )
 from .models import State
 from .policy import plan
-from .transitions import Transition, move_all
+from .transitions import Transition
 
 log = logging.getLogger(__name__)
 db = sync_to_async  # one DB thread: Django's connections are not shared across threads
@@ -211,26 +211,28 @@ class Runtime:
             elif not isinstance(decision, Defer | Probe):  # a probe still out is no news
                 self.dropped += 1
 
-        # Consecutive request transitions, and consecutive dispatches, go to the database
-        # together, in one transaction: a pass that routes and sends thirty requests
-        # commits twice. Order is kept: a batch is sent before any other decision runs.
+        # Consecutive request transitions, then the dispatches that follow them, go to the
+        # database together, in one transaction: a pass that routes and sends thirty
+        # requests commits once. Order is kept: a batch is written before any other
+        # decision runs.
         transitions: list[tuple[Decision, Transition]] = []
         sends: list[Dispatch] = []
 
         async def flush() -> None:
-            if transitions:
-                results = await db(move_all)([t for _, t in transitions])
-                for (decision, _), ok in zip(transitions, results, strict=True):
-                    record(decision, ok)
-                transitions.clear()
-            if sends:
-                pairs = [(d.request_id, d.deployment_id) for d in sends]
-                jobs = await db(store.dispatch_all)(pairs, self.worker_id)
-                for decision, job in zip(sends, jobs, strict=True):
-                    if job is not None:
-                        self.spawn(f"serve {job.request_id}", self.serve(job))
-                    record(decision, job is not None)
-                sends.clear()
+            if not transitions and not sends:
+                return
+            pairs = [(d.request_id, d.deployment_id) for d in sends]
+            results, jobs = await db(store.move_and_dispatch)(
+                [t for _, t in transitions], pairs, self.worker_id
+            )
+            for (decision, _), ok in zip(transitions, results, strict=True):
+                record(decision, ok)
+            for decision, job in zip(sends, jobs, strict=True):
+                if job is not None:
+                    self.spawn(f"serve {job.request_id}", self.serve(job))
+                record(decision, job is not None)
+            transitions.clear()
+            sends.clear()
 
         for decision in decisions:
             transition = self.transition_for(decision)
@@ -239,8 +241,6 @@ class Runtime:
                     await flush()
                 transitions.append((decision, transition))
             elif isinstance(decision, Dispatch):
-                if transitions:
-                    await flush()
                 sends.append(decision)
             else:
                 await flush()

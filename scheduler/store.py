@@ -23,7 +23,7 @@ from . import announce
 from .models import WAITING_STATES, Priority, Request, State, Worker
 from .retry import backoff_s
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
-from .transitions import move
+from .transitions import Transition, move, move_all
 
 log = logging.getLogger(__name__)
 DS = DeploymentState
@@ -370,7 +370,9 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
         .values("n")
     )
     jobs: list[ServeJob | None] = []
-    with transaction.atomic():
+    if not sends:
+        return jobs
+    with transaction.atomic(savepoint=False):
         # Lock the servers (in id order, so that workers never deadlock), then the
         # deployments: workers dispatching at once never overfill a server's slots, and a
         # deployment found loaded stays loaded until commit.
@@ -429,6 +431,15 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
     return jobs
 
 
+def move_and_dispatch(
+    transitions: list[Transition], sends: list[tuple[Any, int]], worker_id: int
+) -> tuple[list[bool], list[ServeJob | None]]:
+    """`move_all`, then `dispatch_all`, in one transaction: a request routed and sent in the
+    same pass costs one commit."""
+    with transaction.atomic():
+        return move_all(transitions), dispatch_all(sends, worker_id)
+
+
 def _release(job: ServeJob, seconds: float | None = None) -> None:
     changes: dict[str, Any] = {"in_flight": F("in_flight") - 1, "last_used_at": timezone.now()}
     if seconds is not None:
@@ -464,8 +475,8 @@ def requests_completed(answers: list[Answer]) -> list[bool]:
             if done:
                 _release(a.job, a.seconds)
             stored.append(done)
-    for server_id in {a.job.server_id for a in answers}:
-        server_succeeded(server_id)
+        for server_id in {a.job.server_id for a in answers}:
+            server_succeeded(server_id)
     return stored
 
 

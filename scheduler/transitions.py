@@ -1,6 +1,7 @@
 """Every change of a request's state goes through `move`: a compare-and-set on the row in the
 same transaction as its Trace row, announced after commit."""
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,12 @@ ALLOWED: dict[str, set[str]] = {
     # worker that held it stopped.
     S.PROCESSING: {S.COMPLETED, S.FAILED, S.READY, S.PENDING},
 }
+
+
+# What a terminal move writes that its caller needs for the answer.
+OUTCOME_FIELDS = ("result", "error", "error_code")
+# A larger answer stays in the row only: hints are meant to be small.
+MAX_HINTED_RESULT_BYTES = 256 * 1024
 
 
 class ImpossibleTransition(ValueError):
@@ -77,8 +84,19 @@ def move(
         if to_state in (S.CANCELLED, S.PENDING):
             # A cancel frees room; a request back in line needs routing: wake the workers.
             wakeup.notify_in_transaction()
-        transaction.on_commit(lambda: announce.request_moved(request_id, to_state))
+        outcome = outcome_of(to_state, fields)
+        transaction.on_commit(lambda: announce.request_moved(request_id, to_state, outcome))
     return True
+
+
+def outcome_of(to_state: str, fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The part of a terminal move's `fields` that its hint carries."""
+    if to_state not in TERMINAL_STATES:
+        return None
+    outcome = {k: fields[k] for k in OUTCOME_FIELDS if k in fields}
+    if "result" in outcome and len(json.dumps(outcome["result"])) > MAX_HINTED_RESULT_BYTES:
+        del outcome["result"]
+    return outcome
 
 
 @dataclass(frozen=True)
@@ -95,7 +113,7 @@ class Transition:
 def move_all(transitions: list[Transition]) -> list[bool]:
     """Each transition as `move` would make it, all in one transaction (one commit); the
     result of each, in order."""
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         return [
             move(t.request_id, t.from_states, t.to_state, t.reason, **t.fields) for t in transitions
         ]

@@ -11,10 +11,17 @@ from django.views.decorators.http import require_GET, require_POST
 
 from backends.models import Model
 
-from ..models import TERMINAL_STATES, Request, RequestKind, State
+from ..models import Request, RequestKind, State
 from . import intake
 from .errors import ApiError
-from .waiting import Subscription, cancel_abandoned, current, released, until_finished
+from .waiting import (
+    Subscription,
+    cancel_abandoned,
+    current,
+    finished_after,
+    released,
+    until_finished,
+)
 
 FAILED_STATUS = {
     "bad_request": 400,
@@ -101,19 +108,22 @@ async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
             if message and message["type"] == "stream.chunk":
                 yield f"data: {json.dumps(message['chunk'])}\n\n"
                 continue
-            if message and message.get("state") not in TERMINAL_STATES:
-                continue
-            request = await current(request_id)
-            if request.is_terminal:
-                finished = True
-                if request.state != State.COMPLETED:
-                    yield f"data: {json.dumps(error_of(request).body())}\n\n"
-                yield "data: [DONE]\n\n"
-                return
             if message is None:
-                position = await released(intake.position_in_line)(request)
-                where = f"position {position}" if position else "processing"
-                yield f": waiting, {request.state}, {where}\n\n"
+                request = await current(request_id)
+                if not request.is_terminal:
+                    position = await released(intake.position_in_line)(request)
+                    where = f"position {position}" if position else "processing"
+                    yield f": waiting, {request.state}, {where}\n\n"
+                    continue
+            else:
+                request = await finished_after(request_id, message)
+                if request is None:
+                    continue
+            finished = True
+            if request.state != State.COMPLETED:
+                yield f"data: {json.dumps(error_of(request).body())}\n\n"
+            yield "data: [DONE]\n\n"
+            return
     finally:
         if not finished:
             await cancel_abandoned(request_id)

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from backends.models import Model
@@ -69,12 +70,16 @@ def validate_body(kind: str, body: Any) -> dict[str, Any]:
 
 def check_queue_bound(priority: int) -> None:
     knobs = settings.SWITCHYARD
-    waiting = Request.objects.filter(state__in=WAITING_STATES)
-    limit = knobs[f"MAX_QUEUE_{Priority(priority).label.upper()}"]
-    if limit and waiting.filter(priority=priority).count() >= limit:
+    limit, overall = knobs[f"MAX_QUEUE_{Priority(priority).label.upper()}"], knobs["MAX_QUEUE"]
+    if not (limit or overall):
+        return
+    counts = Request.objects.filter(state__in=WAITING_STATES).aggregate(
+        mine=Count("pk", filter=Q(priority=priority)), all=Count("pk")
+    )
+    if limit and counts["mine"] >= limit:
         raise queue_full(limit, Priority(priority).label)
-    if knobs["MAX_QUEUE"] and waiting.count() >= knobs["MAX_QUEUE"]:
-        raise queue_full(knobs["MAX_QUEUE"], "all")
+    if overall and counts["all"] >= overall:
+        raise queue_full(overall, "all")
 
 
 def queue_full(limit: int, which: str) -> ApiError:

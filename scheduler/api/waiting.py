@@ -68,12 +68,33 @@ def current(request_id) -> Request:
     return Request.objects.select_related("server").get(pk=request_id)
 
 
+def told_outcome(request_id, message: Message) -> Request | None:
+    """The finished request as its hint tells it, when the hint carries all the answer
+    needs (an unsaved row: a terminal row never changes again)."""
+    state, outcome = message.get("state"), message.get("outcome")
+    if outcome is None or state not in TERMINAL_STATES:
+        return None
+    needed = {State.COMPLETED: "result", State.FAILED: "error", State.EXPIRED: "error"}
+    if state in needed and needed[state] not in outcome:
+        return None
+    return Request(id=request_id, state=state, **outcome)
+
+
+async def finished_after(request_id, message: Message | None) -> Request | None:
+    """The request if `message` (or, when it tells too little, the row) says it finished."""
+    if message is not None:
+        if told := told_outcome(request_id, message):
+            return told
+        if message.get("state") not in TERMINAL_STATES:
+            return None
+    request = await current(request_id)
+    return request if request.is_terminal else None
+
+
 async def until_finished(sub: Subscription, every_s: float) -> Request:
     async for message in sub.messages(every_s):
-        if message is None or message.get("state") in TERMINAL_STATES:
-            request = await current(sub.request_id)
-            if request.is_terminal:
-                return request
+        if finished := await finished_after(sub.request_id, message):
+            return finished
     raise AssertionError("unreachable")
 
 
