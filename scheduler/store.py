@@ -360,6 +360,8 @@ class ServeJob:
 def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob | None]:
     """Send ready requests to their deployments, in one transaction: each (request,
     deployment) becomes a ServeJob, or None if its slot, its model or its row is gone."""
+    if not sends:
+        return []
     now = timezone.now()
     deployment_ids = {did for _, did in sends}
     in_flight = (
@@ -370,8 +372,6 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
         .values("n")
     )
     jobs: list[ServeJob | None] = []
-    if not sends:
-        return jobs
     with transaction.atomic(savepoint=False):
         # Lock the servers (in id order, so that workers never deadlock), then the
         # deployments: workers dispatching at once never overfill a server's slots, and a
@@ -475,8 +475,10 @@ def requests_completed(answers: list[Answer]) -> list[bool]:
             if done:
                 _release(a.job, a.seconds)
             stored.append(done)
-        for server_id in {a.job.server_id for a in answers}:
-            server_succeeded(server_id)
+    # After commit: dispatch locks a server before its deployments, so a server must not be
+    # locked here after a deployment was.
+    for server_id in {a.job.server_id for a in answers}:
+        server_succeeded(server_id)
     return stored
 
 
