@@ -16,7 +16,8 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from backends.adapters.base import Adapter, AdapterError, ErrorCode
-from backends.adapters.registry import adapter_for
+from backends.adapters.registry import adapter_for, settings_of
+from backends.models import Health, Server
 
 from . import announce, store, streams, wakeup
 from .batching import Batcher
@@ -47,6 +48,8 @@ class Runtime:
         self.clock = clock
         self.worker_id: int | None = None
         self.adapters: dict[int, Adapter] = {}
+        self.built_from: dict[int, tuple] = {}  # server → the settings its adapter has
+        self.retired: list[Adapter] = []  # replaced after an edit; closed at stop
         self.tasks: dict[str, asyncio.Task] = {}
         self.chores: set[asyncio.Future] = set()  # DB writes no task waits for to the end
         self.completions = Batcher(store.requests_completed, self.chores)
@@ -95,7 +98,7 @@ class Runtime:
             _, recheck = await db(store.release_worker)(self.worker_id)
             for deployment_id in recheck:
                 await self.recheck(deployment_id)
-        for adapter in self.adapters.values():
+        for adapter in [*self.adapters.values(), *self.retired]:
             await adapter.close()
         await db(close_old_connections)()  # the DB thread outlives the worker
         await announce.close_outbox()
@@ -322,7 +325,16 @@ class Runtime:
         if server_id not in self.adapters:
             server = await db(store.server_by_id)(server_id)
             self.adapters[server_id] = adapter_for(server)
+            self.built_from[server_id] = settings_of(server)
         return self.adapters[server_id]
+
+    def retire_stale_adapter(self, server: Server) -> None:
+        """An operator's edit (URL, key, kind, …) reaches the worker with the next status
+        sync: the next task builds a new adapter. Requests still on the old one finish
+        there; it is closed when the worker stops."""
+        if server.pk in self.adapters and self.built_from[server.pk] != settings_of(server):
+            log.info("server %s was edited: connecting anew", server.name)
+            self.retired.append(self.adapters.pop(server.pk))
 
     async def load(self, job: store.LoadJob) -> None:
         adapter = await self.adapter(job.server_id)
@@ -450,8 +462,10 @@ class Runtime:
         if time.monotonic() - self.last_sync < self.knobs["STATUS_SYNC_S"]:
             return
         self.last_sync = time.monotonic()
-        for server in await db(store.servers_to_sync)():
-            self.sync_soon(server.pk)
+        for server in await db(store.all_servers)():
+            self.retire_stale_adapter(server)  # a server in cooldown too: its probe needs it
+            if server.enabled and server.health != Health.COOLDOWN:
+                self.sync_soon(server.pk)
 
     def sync_soon(self, server_id: int) -> None:
         """Ask the server what it holds, in a task of its own (after a failure, the failed

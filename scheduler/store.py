@@ -641,8 +641,8 @@ def recheck_deployment(
     )
 
 
-def servers_to_sync() -> list[Server]:
-    return list(Server.objects.filter(enabled=True).exclude(health=Health.COOLDOWN))
+def all_servers() -> list[Server]:
+    return list(Server.objects.all())
 
 
 def server_by_id(server_id: int) -> Server:

@@ -87,7 +87,6 @@ class Adapter:
     - `health()` → returns if the server answers; raises `AdapterError(CONNECTION)` if not.
     """
 
-    reports_progress = False
     controls_loading = True
 
     async def list_models(self) -> list[ServerModel]:

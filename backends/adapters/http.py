@@ -176,6 +176,11 @@ class HttpAdapter(Adapter):
         self.read_timeout_s = read_timeout_s
         self.loading: set[str] = set()  # loads this adapter has under way
 
+    @classmethod
+    def server_options(cls, server) -> dict[str, Any]:
+        """Constructor arguments a kind takes from its `backends.Server` row."""
+        return {}
+
     async def close(self) -> None:
         await self.client.aclose()
 

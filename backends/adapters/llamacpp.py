@@ -40,8 +40,6 @@ def load_fraction(progress: dict[str, Any]) -> float | None:
 
 
 class LlamaCppAdapter(HttpAdapter):
-    reports_progress = True
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.router: bool | None = None  # learnt from the first listing

@@ -17,6 +17,11 @@ ADAPTERS = {
 }
 
 
+def settings_of(server) -> tuple:
+    """What an adapter is built from: after an edit to any of it, build a new one."""
+    return (server.kind, server.name, server.base_url, server.api_key, server.max_llm)
+
+
 def adapter_for(server) -> Adapter:
     """A new adapter for a `backends.Server` (the runtime keeps one per server)."""
     if server.kind == "simulated":
@@ -35,4 +40,5 @@ def adapter_for(server) -> Adapter:
         server.api_key,
         connect_timeout_s=knobs["CONNECT_TIMEOUT_S"],
         read_timeout_s=knobs["READ_TIMEOUT_S"],
+        **cls.server_options(server),
     )

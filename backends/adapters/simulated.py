@@ -37,8 +37,6 @@ def simulated_server(name: str) -> SimulatedServer:
 
 
 class SimulatedAdapter(Adapter):
-    reports_progress = True
-
     def __init__(self, name: str, speed: float = 1.0) -> None:
         self.server = simulated_server(name)
         self.speed = speed  # > 1 runs faster than the configured seconds, for benchmarks

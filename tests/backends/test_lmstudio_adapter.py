@@ -7,6 +7,8 @@ import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.lmstudio import LMStudioAdapter
+from backends.adapters.registry import adapter_for
+from backends.models import Server
 from tests.support.replay_server import Reply, Stream, sse
 
 GEMMA = {
@@ -30,6 +32,12 @@ NOMIC = {
 }
 NOT_LOADED_GEMMA = {**GEMMA, "loaded_instances": []}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "model": "gemma"}
+MANUAL_LOADED = {
+    "type": "llm",
+    "instance_id": "google/gemma-4-26b-a4b",
+    "load_time_seconds": 9.099,
+    "status": "loaded",
+}
 
 
 @pytest.fixture
@@ -39,6 +47,33 @@ def make_adapter() -> Callable[[str], LMStudioAdapter]:
 
 def listing(*models):
     return Reply(200, {"models": list(models)})
+
+
+def chat_stream(*events: dict) -> Stream:
+    """The native chat's SSE: named events, the name repeated as `type`, no `[DONE]`."""
+    return Stream(sse(*events, done=False, named=[e["type"] for e in events]))
+
+
+GEMMA_ID = GEMMA["key"]
+LOADING_CHAT = [
+    {"type": "chat.start", "model_instance_id": GEMMA_ID},
+    {"type": "model_load.start", "model_instance_id": GEMMA_ID},
+    {"type": "model_load.progress", "model_instance_id": GEMMA_ID, "progress": 0.25},
+    {"type": "model_load.progress", "model_instance_id": GEMMA_ID, "progress": 0.65},
+    {"type": "model_load.end", "model_instance_id": GEMMA_ID, "load_time_seconds": 12.34},
+    {"type": "prompt_processing.start"},
+    {"type": "prompt_processing.progress", "progress": 0.5},
+    {"type": "prompt_processing.end"},
+    {"type": "message.start"},
+    {"type": "message.delta", "content": "The"},
+    {"type": "message.end"},
+]
+
+
+async def loads_with_progress(adapter, target: LoadTarget) -> list[float]:
+    seen: list[float] = []
+    await adapter.load(target, seen.append)
+    return seen
 
 
 async def test_lists_models_with_state_type_and_size(server, adapter):
@@ -76,32 +111,113 @@ async def test_falls_back_to_the_v0_listing_on_older_servers(server, adapter):
     ]
 
 
-async def test_load_sends_the_load_options(server, adapter):
+async def test_an_llm_loads_through_a_chat_stream_whose_progress_is_passed_on(server, adapter):
     server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
-    server.on(
-        "POST",
-        "/api/v1/models/load",
-        Reply(
-            200,
-            {
-                "type": "llm",
-                "instance_id": "google/gemma-4-26b-a4b",
-                "load_time_seconds": 9.099,
-                "status": "loaded",
-            },
-        ),
+    server.on("POST", "/api/v1/chat", chat_stream(*LOADING_CHAT))
+    target = LoadTarget(GEMMA_ID, options={"context_length": 16384, "load_seconds": 3})
+    assert await loads_with_progress(adapter, target) == [0.25, 0.65, 1.0]
+    assert server.calls() == [("GET", "/api/v1/models"), ("POST", "/api/v1/chat")]
+    assert server.body_of("POST", "/api/v1/chat") == {
+        "model": GEMMA_ID,
+        "input": "Hi",
+        "max_output_tokens": 1,
+        "stream": True,
+        "store": False,
+        "context_length": 16384,
+    }
+
+
+async def test_a_load_error_event_in_the_chat_stream_is_a_load_failure(server, adapter):
+    message = (
+        "Model loading was stopped due to insufficient system resources. Under the current "
+        "settings, this model requires approximately 18 GB of memory."
     )
+    error = {"type": "error", "error": {"type": "unknown", "message": message}}
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    server.on("POST", "/api/v1/chat", chat_stream(LOADING_CHAT[0], LOADING_CHAT[1], error))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget(GEMMA_ID), lambda fraction: None)
+    assert raised.value.code == ErrorCode.LOAD_FAILED
+    assert raised.value.message == message
+
+
+async def test_a_model_not_found_event_in_the_chat_stream_is_not_found(server, adapter):
+    error = {"type": "error", "error": {"type": "model_not_found", "message": "gone"}}
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    server.on("POST", "/api/v1/chat", chat_stream(error))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget(GEMMA_ID), lambda fraction: None)
+    assert raised.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_a_chat_that_finds_the_model_loaded_meanwhile_loads_nothing_more(server, adapter):
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA), listing(GEMMA))
+    server.on("POST", "/api/v1/chat", chat_stream(LOADING_CHAT[0], *LOADING_CHAT[5:]))
+    assert await loads_with_progress(adapter, LoadTarget(GEMMA_ID)) == []
+    assert server.calls() == [
+        ("GET", "/api/v1/models"),
+        ("POST", "/api/v1/chat"),
+        ("GET", "/api/v1/models"),
+    ]
+
+
+async def test_with_jit_loading_off_the_refused_chat_falls_back_to_a_manual_load(server, adapter):
+    refusal = {
+        "error": {
+            "message": "No models loaded. Please load a model in the developer page or use "
+            "the 'lms load' command.",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": None,
+        }
+    }
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    server.on("POST", "/api/v1/chat", Reply(400, refusal))
+    server.on("POST", "/api/v1/models/load", Reply(200, MANUAL_LOADED))
+    await adapter.load(LoadTarget(GEMMA_ID), lambda fraction: None)
+    assert server.calls()[1:] == [("POST", "/api/v1/chat"), ("POST", "/api/v1/models/load")]
+
+
+async def test_engine_options_need_the_manual_load_endpoint(server, adapter):
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    server.on("POST", "/api/v1/models/load", Reply(200, MANUAL_LOADED))
     target = LoadTarget(
-        "google/gemma-4-26b-a4b",
+        GEMMA_ID,
         options={"context_length": 16384, "flash_attention": True, "load_seconds": 3},
     )
     await adapter.load(target, lambda fraction: None)
     assert server.calls() == [("GET", "/api/v1/models"), ("POST", "/api/v1/models/load")]
     assert server.body_of("POST", "/api/v1/models/load") == {
-        "model": "google/gemma-4-26b-a4b",
+        "model": GEMMA_ID,
         "context_length": 16384,
         "flash_attention": True,
     }
+
+
+async def test_a_server_holding_several_llms_loads_manually_so_jit_evicts_nothing(server):
+    """A chat load is a JIT load, and LM Studio keeps one JIT model at a time."""
+    row = Server(kind="lmstudio", base_url=server.url, max_llm=2)
+    adapter = adapter_for(row)
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    server.on("POST", "/api/v1/models/load", Reply(200, MANUAL_LOADED))
+    try:
+        await adapter.load(LoadTarget(GEMMA_ID), lambda fraction: None)
+    finally:
+        await adapter.close()
+    assert server.calls() == [("GET", "/api/v1/models"), ("POST", "/api/v1/models/load")]
+
+
+@pytest.mark.parametrize(
+    ("via", "path"), [("manual", "/api/v1/models/load"), ("chat", "/api/v1/chat")]
+)
+async def test_the_load_via_option_chooses_the_endpoint(server, adapter_on, via, path):
+    adapter = adapter_on(server.url)
+    adapter.single_llm = via == "manual"  # the opposite of what the option asks for
+    server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
+    server.on("POST", "/api/v1/models/load", Reply(200, MANUAL_LOADED))
+    server.on("POST", "/api/v1/chat", chat_stream(*LOADING_CHAT))
+    await adapter.load(LoadTarget(GEMMA_ID, options={"load_via": via}), lambda fraction: None)
+    assert server.calls()[1:] == [("POST", path)]
 
 
 async def test_load_of_an_embedding_model_sends_only_the_context_length(server, adapter):
@@ -135,8 +251,9 @@ async def test_a_guardrail_refusal_is_a_load_failure_despite_its_404(server, ada
     )
     server.on("GET", "/api/v1/models", listing(NOT_LOADED_GEMMA))
     server.on("POST", "/api/v1/models/load", Reply(404, {"error": {"message": message}}))
+    target = LoadTarget(GEMMA_ID, options={"load_via": "manual"})
     with pytest.raises(AdapterError) as raised:
-        await adapter.load(LoadTarget("google/gemma-4-26b-a4b"), lambda fraction: None)
+        await adapter.load(target, lambda fraction: None)
     assert raised.value.code == ErrorCode.LOAD_FAILED
     assert raised.value.message == message
 

@@ -315,3 +315,19 @@ async def test_an_unreachable_server_is_marked_down_and_comes_back_by_itself(ups
         upstream.start()
         await running.until(lambda: state_of(request) == State.COMPLETED)
     assert await db(server_health)() == Health.UP
+
+
+async def test_a_server_moved_to_a_new_address_in_admin_is_reached_there(upstream, knobs):
+    """The operator's fix reaches the worker with the next status sync, even for a server
+    whose probes keep failing at the old address."""
+    knobs(STATUS_SYNC_S=0.05)
+    upstream.close()
+    await db(setup_server)(upstream)
+    with FlakyUpstream(["m1"]) as moved:
+        async with Running() as running:
+            await running.until(lambda: server_health() == Health.DOWN)
+            request = await db(factories.request)("m1")
+            await db(Server.objects.update)(base_url=moved.url)
+            await running.until(lambda: state_of(request) == State.COMPLETED)
+        assert moved.inferences == 1
+    assert upstream.inferences == 0
