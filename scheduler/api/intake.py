@@ -7,7 +7,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
 from django.utils import timezone
 
 from backends.models import Model
@@ -15,6 +14,7 @@ from backends.models import Model
 from .. import wakeup
 from ..models import WAITING_STATES, Priority, Request, RequestKind
 from .errors import ApiError
+from .queue_bound import queue_bound
 
 PRIORITY_NAMES = {p.label: p.value for p in Priority}
 REQUIRED_INPUT = {
@@ -68,30 +68,6 @@ def validate_body(kind: str, body: Any) -> dict[str, Any]:
     return body
 
 
-def check_queue_bound(priority: int) -> None:
-    knobs = settings.SWITCHYARD
-    limit, overall = knobs[f"MAX_QUEUE_{Priority(priority).label.upper()}"], knobs["MAX_QUEUE"]
-    if not (limit or overall):
-        return
-    counts = Request.objects.filter(state__in=WAITING_STATES).aggregate(
-        mine=Count("pk", filter=Q(priority=priority)), all=Count("pk")
-    )
-    if limit and counts["mine"] >= limit:
-        raise queue_full(limit, Priority(priority).label)
-    if overall and counts["all"] >= overall:
-        raise queue_full(overall, "all")
-
-
-def queue_full(limit: int, which: str) -> ApiError:
-    return ApiError(
-        429,
-        f"The queue is full ({limit} waiting requests, {which} classes). Try again later.",
-        type="rate_limit_error",
-        code="queue_full",
-        retry_after_s=5,
-    )
-
-
 def max_wait_s(priority: int) -> float:
     return settings.SWITCHYARD[f"MAX_WAIT_{Priority(priority).label.upper()}_S"]
 
@@ -105,7 +81,7 @@ def accept(kind: str, body: Any, priority: Any = None, request_id=None) -> Reque
     stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
     now = timezone.now()
     with transaction.atomic():
-        check_queue_bound(level)
+        queue_bound.admit(level)
         fields = {"id": request_id} if request_id else {}
         request = Request.objects.create(
             kind=kind,

@@ -46,7 +46,7 @@ INCLUSIVE = (
     "new_channel",
     "group_add",
     "group_discard",
-    "check_queue_bound",
+    "QueueBound.admit",
     "resolve_model",
     "request_moved",
 )
