@@ -98,6 +98,12 @@ class Request(models.Model):
                 name="waiting_by_age",
                 condition=models.Q(state__in=["pending", "needs_loading", "ready"]),
             ),
+            # Each model's own line: a model that can be served is seen behind a deep line.
+            models.Index(
+                fields=["model", "priority", "created_at", "id"],
+                name="waiting_by_model",
+                condition=models.Q(state__in=["pending", "needs_loading", "ready"]),
+            ),
             models.Index(fields=["state"], name="request_state"),
         ]
 

@@ -3,15 +3,17 @@
 All functions are synchronous; the runtime calls them through `sync_to_async`.
 """
 
+import itertools
 import logging
 import os
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, FloatField, OuterRef, Q, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -28,6 +30,8 @@ from .transitions import Transition, move, move_all
 log = logging.getLogger(__name__)
 DS = DeploymentState
 SNAPSHOT_HEAD = 250  # waiting requests read per ordering; see read_snapshot
+MODEL_HEAD = 50  # and the best of each deployed model's own line
+RANK = ("priority", "created_at", "id")
 
 
 def knob(name: str) -> Any:
@@ -61,6 +65,7 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
         )
         for s in Server.objects.all()
     )
+    deployment_rows = list(Deployment.objects.select_related("model"))
     deployments = tuple(
         DeploymentView(
             id=d.id,
@@ -84,7 +89,7 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
             last_error_code=d.last_error_code,
             last_error=d.last_error,
         )
-        for d in Deployment.objects.select_related("model")
+        for d in deployment_rows
     )
     # The best-ranked and the oldest waiting requests: enough to plan every free slot and
     # load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
@@ -99,7 +104,7 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
         "not_before",
     )
     waiting = Request.objects.filter(state__in=WAITING_STATES)
-    best = waiting.order_by("priority", "created_at", "id").values_list(*fields)
+    best = waiting.order_by(*RANK).values_list(*fields)
     rows = {row[0]: row for row in best[:SNAPSHOT_HEAD]}
     if len(rows) == SNAPSHOT_HEAD:  # else that was every waiting request
         for query in (
@@ -107,6 +112,10 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
             waiting.filter(state__in=(State.READY, State.NEEDS_LOADING)).order_by("created_at"),
         ):
             rows.update((row[0], row) for row in query.values_list(*fields)[:SNAPSHOT_HEAD])
+        # A model's requests must not hide behind a deep line for other models (a long
+        # load, a server that is down): a model that can be served now is seen now.
+        models = {d.model_id for d in deployment_rows}
+        rows.update((row[0], row) for row in best_of_each(waiting, models, fields))
     requests = tuple(
         RequestView(
             id=r[0],
@@ -121,6 +130,21 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
         for r in rows.values()
     )
     return Snapshot(servers=servers, deployments=deployments, requests=requests, config=config)
+
+
+def best_of_each(waiting, model_ids: set[int], fields: tuple[str, ...]) -> Iterable[tuple]:
+    """The `MODEL_HEAD` best-ranked waiting requests of each model: one statement where the
+    database takes a LIMIT in each part of a UNION (PostgreSQL), else one query per model
+    (SQLite, in-process)."""
+    heads = [
+        waiting.filter(model_id=m).order_by(*RANK).values_list(*fields)[:MODEL_HEAD]
+        for m in sorted(model_ids)
+    ]
+    if not heads:
+        return []
+    if connection.features.supports_slicing_ordering_in_compound:
+        return heads[0].union(*heads[1:], all=True)
+    return itertools.chain.from_iterable(heads)
 
 
 # -- workers -----------------------------------------------------------------------------

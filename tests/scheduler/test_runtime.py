@@ -15,6 +15,7 @@ from django.db import connection
 
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState
+from scheduler import store
 from scheduler.api import intake
 from scheduler.models import Request, State, Worker
 from scheduler.runtime import Runtime
@@ -84,6 +85,23 @@ async def test_a_long_load_does_not_hold_up_a_request_for_a_model_loaded_elsewhe
         assert await db(state_of)(slow) == State.NEEDS_LOADING
     # Stopping cancelled the load and handed it back: the server never finished it.
     assert await db(deployment_state)("slow") == DeploymentState.UNLOADED
+
+
+async def test_a_deep_line_for_a_loading_model_does_not_hide_a_loaded_one(monkeypatch):
+    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 3)  # a deep line, at test scale
+
+    def setup():
+        s1, s2 = factories.server("s1"), factories.server("s2")
+        factories.deployment(s1, "slow", load_s=LONG_LOAD_S)
+        factories.deployment(s2, "fast")
+        loaded_on("s2", "fast")
+        ahead = [factories.request("slow") for _ in range(10)]
+        return ahead, factories.request("fast")
+
+    ahead, fast = await db(setup)()
+    async with Running() as running:
+        await running.until(lambda: state_of(fast) == State.COMPLETED)
+        assert await db(state_of)(ahead[-1]) in (State.PENDING, State.NEEDS_LOADING)
 
 
 async def test_loads_on_two_servers_run_in_parallel_but_one_at_a_time_per_server():

@@ -46,3 +46,22 @@ def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> No
 
     # Two best, the two oldest, the two oldest routed (the one routed fills that query).
     assert waiting_ids(snapshot) == {r.id for r in [*best, oldest, middle[0], routed]}
+
+
+def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
+    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
+    monkeypatch.setattr(store, "MODEL_HEAD", 1)
+    server = factories.server("s1")
+    factories.deployment(server, "busy")
+    factories.deployment(server, "other")
+    long_ago = timezone.now() - timedelta(hours=1)
+    ahead = [
+        factories.request("busy", created_at=long_ago + timedelta(seconds=s)) for s in range(6)
+    ]
+    behind = [factories.request("other") for _ in range(2)]
+    factories.request("undeployed")
+
+    snapshot = store.read_snapshot(store.policy_config())
+
+    # The best two overall and the oldest are all `busy`; `other` still has its best.
+    assert waiting_ids(snapshot) == {r.id for r in [*ahead[:2], behind[0]]}
