@@ -170,7 +170,6 @@ class DeploymentAdmin(admin.ModelAdmin):
         "last_priority",
         "in_flight",
         "load_progress",
-        "load_progress_estimated",
         "avg_load_s",
         "avg_inference_s",
         "load_failures",

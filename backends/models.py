@@ -147,7 +147,6 @@ class Deployment(models.Model):
     )
     in_flight = models.PositiveIntegerField(default=0)
     load_progress = models.FloatField(null=True, blank=True)
-    load_progress_estimated = models.BooleanField(default=False)
     avg_load_s = models.FloatField(null=True, blank=True)
     avg_inference_s = models.FloatField(null=True, blank=True)
     load_failures = models.PositiveIntegerField(default=0)

@@ -53,7 +53,7 @@ def load_progress(d: Deployment, now: datetime) -> dict | None:
         return None
     elapsed = max((now - d.load_started_at).total_seconds(), 0.0)
     expected = d.avg_load_s
-    if d.load_progress and not d.load_progress_estimated:
+    if d.load_progress:
         fraction, estimated = min(d.load_progress, 1.0), False
     elif expected:
         fraction, estimated = min(elapsed / expected, ESTIMATE_CAP), True

@@ -312,9 +312,7 @@ def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
 
 
 def set_load_progress(deployment_id: int, fraction: float) -> None:
-    Deployment.objects.filter(pk=deployment_id, state=DS.LOADING).update(
-        load_progress=fraction, load_progress_estimated=False
-    )
+    Deployment.objects.filter(pk=deployment_id, state=DS.LOADING).update(load_progress=fraction)
     announce.dashboard_changed()
 
 
