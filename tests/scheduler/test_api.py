@@ -22,7 +22,8 @@ def upstream():
 def live(served, upstream):
     srv = factories.server("up", kind="openai", base_url=upstream.url, slots=4)
     factories.model("qwen", aliases=["q"])
-    factories.deployment(srv, "qwen", server_model_id="qwen-upstream")
+    # Loaded as the worker's first status sync would find it, so that no test races it.
+    factories.deployment(srv, "qwen", server_model_id="qwen-upstream", state="loaded")
     return served()
 
 
