@@ -34,7 +34,7 @@ from .decisions import (
     StartLoad,
     Unload,
 )
-from .models import State
+from .models import WAITING_STATES, State
 from .policy import plan
 from .transitions import Transition
 
@@ -253,14 +253,13 @@ class Runtime:
 
     def transition_for(self, decision: Decision) -> Transition | None:
         """The request transition that carries out `decision`, if that is all it takes."""
-        waiting = (State.PENDING, State.NEEDS_LOADING, State.READY)
         match decision:
             case Expire(request_id=rid, reason=reason):
                 fields = {"error": f"expired: {reason}", "error_code": "expired"}
-                return Transition(rid, waiting, State.EXPIRED, reason, fields)
+                return Transition(rid, WAITING_STATES, State.EXPIRED, reason, fields)
             case Fail(request_id=rid, code=code, message=message):
                 fields = {"error": message, "error_code": code}
-                return Transition(rid, waiting, State.FAILED, message, fields)
+                return Transition(rid, WAITING_STATES, State.FAILED, message, fields)
             case Route(request_id=rid, deployment_id=did, ready=ready, reason=reason):
                 now = timezone.now()
                 fields = {"deployment_id": did, "routed_at": now, "server_id": self.server_of[did]}

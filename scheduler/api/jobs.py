@@ -11,7 +11,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ..models import Request, RequestKind, State
+from ..models import WAITING_STATES, Request, RequestKind, State
 from ..transitions import move
 from . import intake
 from .errors import ApiError
@@ -92,8 +92,7 @@ def detail_body(request_id) -> dict:
 
 def cancel(request_id) -> dict:
     found = get_request(request_id)
-    waiting = [State.PENDING, State.NEEDS_LOADING, State.READY]
-    if not move(found.pk, waiting, State.CANCELLED, "cancelled through the API"):
+    if not move(found.pk, WAITING_STATES, State.CANCELLED, "cancelled through the API"):
         found.refresh_from_db()
         raise ApiError(
             409,

@@ -10,7 +10,7 @@ from typing import Any, ParamSpec, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connection
 
-from ..models import TERMINAL_STATES, Request, State
+from ..models import TERMINAL_STATES, WAITING_STATES, Request, State
 from ..transitions import move
 from .inbox import Message, inbox
 
@@ -103,7 +103,7 @@ async def cancel_abandoned(request_id) -> None:
     await asyncio.shield(
         sync_to_async(move)(
             request_id,
-            [State.PENDING, State.NEEDS_LOADING, State.READY],
+            WAITING_STATES,
             State.CANCELLED,
             "the caller disconnected before it was processed",
         )
