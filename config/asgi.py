@@ -1,8 +1,13 @@
-"""HTTP through Django, websockets through the dashboard's consumers (staff sessions only)."""
+"""HTTP through Django, websockets through the dashboard's consumers (staff sessions only).
+
+The API's paths skip the site's middleware (see `ApiHandler`); everything else, admin and
+dashboard included, gets all of it."""
 
 import os
 
 from django.core.asgi import get_asgi_application
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.exception import convert_exception_to_response
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
@@ -13,9 +18,32 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
+API_PREFIXES = ("/v1/", "/api/v1/")
+
+
+class ApiHandler(ASGIHandler):
+    """Django without middleware, for the API. Sessions, CSRF, logins, messages, static
+    files and frame options do not apply to it, and under ASGI every one of them is a sync
+    middleware: each request would cross to a thread and back about a dozen times."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        self._view_middleware = []
+        self._template_response_middleware = []
+        self._exception_middleware = []
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+
+
+api_asgi_app = ApiHandler()
+
+
+async def http(scope, receive, send) -> None:
+    app = api_asgi_app if scope["path"].startswith(API_PREFIXES) else django_asgi_app
+    await app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http,
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

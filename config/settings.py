@@ -103,9 +103,11 @@ REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # One channel per web process carries every waiting caller's hints and tokens.
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 10_000, "expiry": 60},
+            # Pub/sub: a hint is one PUBLISH, and a process's subscriber connection delivers
+            # it with no command per message. Hints are not stored: a listener that was not
+            # subscribed re-reads the database (the truth) instead.
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
         }
     }
 else:

@@ -60,6 +60,7 @@ class Runtime:
         self.last_sync = -float("inf")
         self.waiting = 0
         self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
+        self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
         self.dropped = 0  # decisions of the last pass that the database refused
         self.crashed: BaseException | None = None
         # For tests and embedders: `passes` counts finished passes; `passed` is notified
@@ -365,7 +366,7 @@ class Runtime:
             await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, repr(exc)))
         else:
             await db(store.load_succeeded)(job, time.monotonic() - started)
-            await db(store.server_succeeded)(job.server_id)
+            await self.server_answered(job.server_id)
 
     async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
         """Unload the victims first. One that fails to unload is re-checked with the server,
@@ -387,6 +388,7 @@ class Runtime:
             log.info("could not unload %s after its load timed out: %s", server_model_id, error)
 
     async def load_failed(self, job: store.LoadJob, error: AdapterError) -> None:
+        self.marked_up.pop(job.server_id, None)
         await db(store.load_failed)(job, error)
         if error.server_fault:
             await db(store.server_failed)(job.server_id, error.message)
@@ -423,8 +425,20 @@ class Runtime:
         answer = store.Answer(job, result, time.monotonic() - started)
         if not await self.completions.submit(answer):
             log.warning("request %s finished after it was taken over; result dropped", job)
+        await self.server_answered(job.server_id)
+
+    async def server_answered(self, server_id: int) -> None:
+        """Mark the server healthy and seen, at most once a second while it keeps answering:
+        a busy server's row is not rewritten (and locked) on every completion. After a
+        failure the next answer marks it at once. (Written after the completion's commit:
+        dispatch locks a server before its deployments, and so must everyone.)"""
+        if time.monotonic() - self.marked_up.get(server_id, -float("inf")) < 1.0:
+            return
+        self.marked_up[server_id] = time.monotonic()
+        await db(store.server_succeeded)(server_id)
 
     async def serve_failed(self, job: store.ServeJob, error: AdapterError, may_retry: bool) -> None:
+        self.marked_up.pop(job.server_id, None)
         state = await db(store.request_failed)(job, error, may_retry)
         log.warning(
             "request %s on %s: %s (%s) → %s",
@@ -480,6 +494,7 @@ class Runtime:
             listed = await adapter.list_models()
         except AdapterError as error:
             if error.server_fault:
+                self.marked_up.pop(server_id, None)
                 await db(store.mark_down)(server_id, error.message)
             return
         await db(store.apply_server_models)(server_id, listed, asked_at)

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, FloatField, OuterRef, Q, Subquery, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ServerModel
@@ -419,37 +419,46 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
                 "pk", "priority", "payload", "kind", "stream"
             )
         }
+        accepted: list[tuple[Any, Deployment]] = []
         for request_id, deployment_id in sends:
             d = deployments.get(deployment_id)
             if d is None or busy[d.server_id] >= d.server.slots or request_id not in requests:
-                jobs.append(None)
                 continue
-            priority, payload, kind, stream = requests[request_id]
-            if not move(
-                request_id,
-                [State.READY],
-                State.PROCESSING,
-                "sent to the server",
-                d.server.name,
-                started_at=now,
-                worker_id=worker_id,
-                attempts=F("attempts") + 1,
-                deployment_id=deployment_id,
-                server_id=d.server_id,
-            ):
-                jobs.append(None)
-                continue
+            if any(request_id == taken for taken, _ in accepted):
+                continue  # named twice: sent once
             busy[d.server_id] += 1
-            used = {"last_used_at": now, "last_priority": priority}
-            if priority == Priority.INTERACTIVE:
+            accepted.append((request_id, d))
+        fields = {"started_at": now, "worker_id": worker_id, "attempts": F("attempts") + 1}
+        moved = move_all(
+            [
+                Transition(
+                    request_id,
+                    (State.READY,),
+                    State.PROCESSING,
+                    "sent to the server",
+                    {**fields, "deployment_id": d.pk, "server_id": d.server_id},
+                    at_server=d.server.name,
+                )
+                for request_id, d in accepted
+            ]
+        )
+        sent = {request_id: d for (request_id, d), ok in zip(accepted, moved, strict=True) if ok}
+        for d in {d.pk: d for d in sent.values()}.values():
+            mine = [requests[rid][0] for rid, sent_to in sent.items() if sent_to.pk == d.pk]
+            used = {"last_used_at": now, "last_priority": mine[-1]}
+            if Priority.INTERACTIVE in mine:
                 used["last_interactive_at"] = now
-            Deployment.objects.filter(pk=deployment_id).update(in_flight=F("in_flight") + 1, **used)
+            Deployment.objects.filter(pk=d.pk).update(in_flight=F("in_flight") + len(mine), **used)
+        for request_id, _ in sends:
+            d = sent.get(request_id)
+            if d is None:
+                jobs.append(None)
+                continue
+            _, payload, kind, stream = requests[request_id]
             call = InferenceCall(
                 kind, d.server_model_id, payload, stream, d.effective_load_options()
             )
-            jobs.append(
-                ServeJob(request_id, deployment_id, d.server_id, d.server.name, worker_id, call)
-            )
+            jobs.append(ServeJob(request_id, d.pk, d.server_id, d.server.name, worker_id, call))
     return jobs
 
 
@@ -462,14 +471,25 @@ def move_and_dispatch(
         return move_all(transitions), dispatch_all(sends, worker_id)
 
 
-def _release(job: ServeJob, seconds: float | None = None) -> None:
-    changes: dict[str, Any] = {"in_flight": F("in_flight") - 1, "last_used_at": timezone.now()}
-    if seconds is not None:
-        # A moving average; NULL (no measurement yet) propagates, so Coalesce takes `seconds`.
+def _release(deployment_id: int, finished: int, seconds: list[float] | None = None) -> None:
+    """Free the slots of `finished` requests on the deployment; `seconds`, the inference
+    times of those that completed, go into its moving average."""
+    changes: dict[str, Any] = {
+        "in_flight": Greatest(F("in_flight") - finished, Value(0)),
+        "last_used_at": timezone.now(),
+    }
+    if seconds:
+        # The moving average after each measurement in turn, as one expression; with no
+        # average yet (NULL propagates), Coalesce takes the average of these alone.
+        kept = 0.8 ** len(seconds)
+        added = sum(0.2 * s * 0.8 ** (len(seconds) - 1 - i) for i, s in enumerate(seconds))
+        alone = seconds[0]
+        for s in seconds[1:]:
+            alone = 0.8 * alone + 0.2 * s
         changes["avg_inference_s"] = Coalesce(
-            0.8 * F("avg_inference_s") + 0.2 * seconds, Value(seconds), output_field=FloatField()
+            kept * F("avg_inference_s") + added, Value(alone), output_field=FloatField()
         )
-    Deployment.objects.filter(pk=job.deployment_id, in_flight__gt=0).update(**changes)
+    Deployment.objects.filter(pk=deployment_id).update(**changes)
 
 
 @dataclass(frozen=True)
@@ -483,24 +503,24 @@ def requests_completed(answers: list[Answer]) -> list[bool]:
     """Store the results, in one transaction. False for a request taken from this worker
     meanwhile."""
     with transaction.atomic():
-        stored = []
-        for a in answers:
-            done = move(
-                a.job.request_id,
-                [State.PROCESSING],
-                State.COMPLETED,
-                f"completed in {a.seconds:.2f} s",
-                a.job.server_name,
-                held_by=a.job.worker_id,
-                result=a.result,
-            )
-            if done:
-                _release(a.job, a.seconds)
-            stored.append(done)
-    # After commit: dispatch locks a server before its deployments, so a server must not be
-    # locked here after a deployment was.
-    for server_id in {a.job.server_id for a in answers}:
-        server_succeeded(server_id)
+        stored = move_all(
+            [
+                Transition(
+                    a.job.request_id,
+                    (State.PROCESSING,),
+                    State.COMPLETED,
+                    f"completed in {a.seconds:.2f} s",
+                    {"result": a.result},
+                    at_server=a.job.server_name,
+                    held_by=a.job.worker_id,
+                )
+                for a in answers
+            ]
+        )
+        done = [a for a, ok in zip(answers, stored, strict=True) if ok]
+        for deployment_id in {a.job.deployment_id for a in done}:
+            seconds = [a.seconds for a in done if a.job.deployment_id == deployment_id]
+            _release(deployment_id, len(seconds), seconds)
     return stored
 
 
@@ -544,7 +564,7 @@ def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -
             **fields,
         )
         if moved:
-            _release(job)
+            _release(job.deployment_id, 1)
     if error.server_fault:
         server_failed(job.server_id, error.message)
     return state if moved else "taken over"

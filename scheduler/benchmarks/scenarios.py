@@ -55,12 +55,14 @@ def overhead(ctx: Context) -> Outcome:
             Profiler(stack.switchyard_pids(), ctx.results, "overhead") if ctx.profile else None
         )
         phases = []
+        cpu_before = stack.cpu()
         for stream, c in runs:
             group = {"name": "run", "model": "bench-instant", "stream": stream, "concurrency": c}
             group |= {"count": counts[c], "duration_s": ctx.pick(1.0, 30)}
             for url in (up["url"], stack.base_url):
                 phases.append({"base_url": url, "warmup": 3, "groups": [group]})
         measured = run_loadgen(*phases)
+        cpu_after = stack.cpu()
         profile = profiler.stop() if profiler else None
         stamps = [fleet.timestamps([r["id"] for r in _ok(m["results"])]) for m in measured[1::2]]
     rows, data, targets, notes = [], {}, [], []
@@ -107,12 +109,19 @@ def overhead(ctx: Context) -> Outcome:
             targets.append(
                 Target("throughput c=32, non-streamed", round(v_rps, 1), 170, "req/s", True)
             )
+    served = sum(len(m["results"]) + 3 for m in measured[1::2])
+    cpu_ms = {
+        name: round(1000 * (cpu_after[name] - cpu_before[name]) / served, 2)
+        for name in cpu_before
+        if cpu_before[name] is not None and cpu_after.get(name) is not None
+    }
+    data["cpu_ms_per_request"] = cpu_ms
+    notes.append("CPU per request, ms: " + ", ".join(f"{k} {v}" for k, v in cpu_ms.items()))
     if profile:
         data["profile"] = profile
     if before is not None:
         # The processes have exited, so PostgreSQL has counted all they did.
         after = fleet.pg_counters()
-        served = sum(len(m["results"]) + 3 for m in measured[1::2])
         per = {k: round((after[k] - before[k]) / served, 1) for k in before}
         data["postgres_per_request"] = per
         notes.append("PostgreSQL per request: " + ", ".join(f"{k} {v}" for k, v in per.items()))

@@ -126,6 +126,15 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def cpu_s(pid: int) -> float | None:
+    """User plus system CPU time the process has used so far, in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Stack:
     """Upstream, web and worker processes for one scenario; logs under bench-results/logs."""
@@ -217,6 +226,10 @@ class Stack:
         if self.db.mode != "postgres+redis" and "web" in peaks:
             peaks = {"serve (web+worker)": peaks["web"]}
         return peaks
+
+    def cpu(self) -> dict[str, float | None]:
+        """CPU seconds used so far by the web and worker processes."""
+        return {name: cpu_s(pid) for name, pid in self.switchyard_pids().items()}
 
     def stop(self) -> None:
         for proc in self.procs.values():

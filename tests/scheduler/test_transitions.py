@@ -3,7 +3,7 @@
 import pytest
 from django.utils import timezone
 
-from scheduler.models import State, Trace, Worker
+from scheduler.models import Request, State, Trace, Worker
 from scheduler.transitions import ALLOWED, ImpossibleTransition, Transition, move, move_all
 from tests import factories
 
@@ -86,22 +86,65 @@ def test_a_move_held_by_another_worker_is_refused():
 def test_a_batch_of_moves_commits_together_and_a_refused_one_writes_nothing(
     django_assert_max_num_queries,
 ):
-    first, gone, last = (factories.request("m1") for _ in range(3))
+    first, gone, *rest = (factories.request("m1") for _ in range(10))
     move(gone.pk, [S.PENDING], S.CANCELLED, "the caller hung up")
+    now = timezone.now()
     batch = [
-        Transition(r.pk, (S.PENDING,), S.READY, "routed", {"ready_at": timezone.now()})
-        for r in (first, gone, last)
+        Transition(r.pk, (S.PENDING,), S.READY, "routed", {"ready_at": now})
+        for r in (first, gone, *rest)
     ]
 
-    # Three moves in one transaction: BEGIN, an UPDATE and a Trace INSERT each, COMMIT
-    # (the refused one stops at its UPDATE).
-    with django_assert_max_num_queries(7):
-        assert move_all(batch) == [True, False, True]
+    # However many: BEGIN, one SELECT … FOR UPDATE, one UPDATE for the rows that move
+    # alike, one INSERT of their trace rows, COMMIT.
+    with django_assert_max_num_queries(5):
+        assert move_all(batch) == [True, False] + [True] * 8
 
-    for r in (first, last):
+    for r in (first, *rest):
         r.refresh_from_db()
-        assert r.state == S.READY and r.ready_at is not None
+        assert r.state == S.READY and r.ready_at == now
         assert Trace.objects.get(request=r, to_state=S.READY).reason == "routed"
     gone.refresh_from_db()
     assert gone.state == S.CANCELLED
     assert not Trace.objects.filter(request=gone, to_state=S.READY).exists()
+
+
+@pytest.mark.django_db
+def test_in_a_batch_each_move_writes_its_own_values_and_holder_check():
+    mine, theirs = Worker.objects.create(host="a", pid=1), Worker.objects.create(host="b", pid=2)
+    a, b, c = (factories.request("m1", state=S.PROCESSING, worker=mine) for _ in range(3))
+    stolen = factories.request("m1", state=S.PROCESSING, worker=theirs)
+    batch = [
+        Transition(r.pk, (S.PROCESSING,), S.COMPLETED, "done", {"result": {"n": i}}, "s1", mine.pk)
+        for i, r in enumerate((a, b, stolen, c))
+    ]
+
+    assert move_all(batch) == [True, True, False, True]
+
+    results = dict(Request.objects.values_list("pk", "result"))
+    assert [results[r.pk] for r in (a, b, c)] == [{"n": 0}, {"n": 1}, {"n": 3}]
+    assert results[stolen.pk] is None
+    assert Request.objects.get(pk=stolen.pk).state == S.PROCESSING
+    assert set(Trace.objects.values_list("request_id", "server")) == {
+        (a.pk, "s1"),
+        (b.pk, "s1"),
+        (c.pk, "s1"),
+    }
+
+
+@pytest.mark.django_db
+def test_a_batch_that_names_a_request_twice_applies_the_moves_in_order():
+    r = factories.request("m1")
+    batch = [
+        Transition(r.pk, (S.PENDING,), S.NEEDS_LOADING, "routed"),
+        Transition(r.pk, (S.PENDING,), S.READY, "routed again"),
+        Transition(r.pk, (S.NEEDS_LOADING,), S.READY, "its model is loaded"),
+    ]
+
+    assert move_all(batch) == [True, False, True]
+
+    r.refresh_from_db()
+    assert r.state == S.READY
+    assert list(r.traces.values_list("from_state", "to_state")) == [
+        (S.PENDING, S.NEEDS_LOADING),
+        (S.NEEDS_LOADING, S.READY),
+    ]

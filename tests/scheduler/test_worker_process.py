@@ -13,7 +13,7 @@ from django.utils import timezone
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState
 from scheduler import store
-from scheduler.models import Request, State, Worker
+from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import Runtime
 from tests import factories
 from tests.conftest import database_url
@@ -227,3 +227,43 @@ def test_one_batch_of_dispatches_fills_free_slots_and_no_more():
         d2.pk: 1,
         gone.pk: 0,
     }
+
+
+def test_a_batch_of_dispatches_and_completions_keeps_the_deployments_books():
+    """Sent together, finished together: in-flight counts, the last class served and the
+    moving average of inference time come out as if each had been written alone."""
+    w = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(
+        factories.server("s1", slots=4), "m1", state=DS.LOADED, avg_inference_s=1.0
+    )
+    urgent = factories.request("m1", Priority.INTERACTIVE, state=State.READY, deployment=d)
+    calm = [factories.request("m1", state=State.READY, deployment=d) for _ in range(2)]
+
+    jobs = store.dispatch_all([(r.pk, d.pk) for r in (urgent, *calm)], w.pk)
+
+    d.refresh_from_db()
+    assert d.in_flight == 3 and d.last_priority == calm[-1].priority
+    assert d.last_interactive_at is not None
+    first_two = zip(jobs[:2], (2, 3), strict=True)
+    answers = [store.Answer(job, {"ok": i}, s) for i, (job, s) in enumerate(first_two)]
+    assert store.requests_completed(answers) == [True, True]
+
+    d.refresh_from_db()
+    assert d.in_flight == 1
+    assert d.avg_inference_s == pytest.approx(0.8 * (0.8 * 1.0 + 0.2 * 2) + 0.2 * 3)
+    stored = dict(Request.objects.values_list("pk", "result"))
+    assert [stored[job.request_id] for job in jobs[:2]] == [{"ok": 0}, {"ok": 1}]
+
+
+def test_the_first_measurements_start_the_moving_average():
+    w = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(factories.server("s1", slots=2), "m1", state=DS.LOADED)
+    ready = [factories.request("m1", state=State.READY, deployment=d) for _ in range(2)]
+    jobs = store.dispatch_all([(r.pk, d.pk) for r in ready], w.pk)
+
+    store.requests_completed(
+        [store.Answer(job, {}, s) for job, s in zip(jobs, (2, 4), strict=True)]
+    )
+
+    d.refresh_from_db()
+    assert d.in_flight == 0 and d.avg_inference_s == pytest.approx(0.8 * 2 + 0.2 * 4)
