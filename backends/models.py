@@ -167,4 +167,9 @@ class Deployment(models.Model):
         return f"{self.model.name}@{self.server.name}"
 
     def effective_load_options(self) -> dict:
-        return {**self.model.load_options, **self.load_options}
+        return merged_load_options(self.model.load_options, self.load_options)
+
+
+def merged_load_options(model_defaults: dict, own: dict) -> dict:
+    """A deployment's load options over its model's defaults."""
+    return {**model_defaults, **own}

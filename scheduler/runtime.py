@@ -41,6 +41,7 @@ from .transitions import Transition
 log = logging.getLogger(__name__)
 db = sync_to_async  # one DB thread: Django's connections are not shared across threads
 MAX_REPLANS = 3  # passes in a row planned again at once because the database refused some
+NO_NEWS = object()  # what a task returns when its end changes nothing the plan needs
 
 
 class Runtime:
@@ -63,6 +64,7 @@ class Runtime:
         self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
         self.dropped = 0  # decisions of the last pass that the database refused
         self.crashed: BaseException | None = None
+        self.until_idle = False
         # For tests and embedders: `passes` counts finished passes; `passed` is notified
         # after each, so a caller can await a fact instead of sleeping.
         self.passes = 0
@@ -127,6 +129,7 @@ class Runtime:
     async def run(self, stop: asyncio.Event, until_idle: bool = False) -> None:
         """Plan and execute until `stop` is set, or with `until_idle` until no request waits
         and nothing is left to do."""
+        self.until_idle = until_idle
         await self.start()
         side = [asyncio.create_task(self.heartbeat(stop), name="heartbeat")]
         if settings.IS_POSTGRES:
@@ -307,6 +310,12 @@ class Runtime:
                 return True
         raise TypeError(f"unknown decision {decision!r}")
 
+    def plan_after_news(self) -> bool:
+        """Whether a request that completed calls for a pass: only if requests were waiting
+        at the last one (its slot may serve them), or to notice idleness. A new arrival
+        wakes the loop by itself."""
+        return bool(self.waiting) or self.until_idle
+
     def spawn(self, name: str, coro) -> None:
         task = asyncio.create_task(coro, name=name)
         self.tasks[name] = task
@@ -315,6 +324,8 @@ class Runtime:
             self.tasks.pop(name, None)
             if not t.cancelled() and t.exception():
                 log.error("task %s crashed", name, exc_info=t.exception())
+            elif not t.cancelled() and t.result() is NO_NEWS and not self.plan_after_news():
+                return
             self.wake.set()
 
         task.add_done_callback(finished)
@@ -405,7 +416,7 @@ class Runtime:
         log.info("unloaded %s (%s)", model_id, why)
         await db(store.evicted)(deployment_id)
 
-    async def serve(self, job: store.ServeJob) -> None:
+    async def serve(self, job: store.ServeJob) -> object:
         adapter = await self.adapter(job.server_id)
         started = time.monotonic()
         relay = streams.Relay(job.request_id)
@@ -426,6 +437,7 @@ class Runtime:
         if not await self.completions.submit(answer):
             log.warning("request %s finished after it was taken over; result dropped", job)
         await self.server_answered(job.server_id)
+        return NO_NEWS
 
     async def server_answered(self, server_id: int) -> None:
         """Mark the server healthy and seen, at most once a second while it keeps answering:

@@ -10,7 +10,7 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -19,7 +19,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ServerModel
-from backends.models import Deployment, DeploymentState, Health, Server
+from backends.models import Deployment, DeploymentState, Health, Server, merged_load_options
 
 from . import announce
 from .models import WAITING_STATES, Priority, Request, State, Worker
@@ -379,6 +379,29 @@ class ServeJob:
     call: InferenceCall
 
 
+class LoadedDeployment(NamedTuple):
+    """What a dispatch reads of a deployment (columns, not model instances: this runs for
+    every request, and building three models per row costs more than the query)."""
+
+    id: int
+    server_id: int
+    slots: int
+    server_name: str
+    server_model_id: str
+    model_load_options: dict
+    load_options: dict
+
+    COLUMNS = (
+        "pk",
+        "server_id",
+        "server__slots",
+        "server__name",
+        "server_model_id",
+        "model__load_options",
+        "load_options",
+    )
+
+
 def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob | None]:
     """Send ready requests to their deployments, in one transaction: each (request,
     deployment) becomes a ServeJob, or None if its slot, its model or its row is gone."""
@@ -407,11 +430,11 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
             .values_list("pk", "busy")
         )
         deployments = {
-            d.pk: d
-            for d in Deployment.objects.select_for_update(of=("self",))
-            .select_related("server", "model")
+            row[0]: LoadedDeployment._make(row)
+            for row in Deployment.objects.select_for_update(of=("self",))
             .filter(pk__in=deployment_ids, state=DS.LOADED)
             .order_by("pk")
+            .values_list(*LoadedDeployment.COLUMNS)
         }
         requests = {
             row[0]: row[1:]
@@ -419,10 +442,10 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
                 "pk", "priority", "payload", "kind", "stream"
             )
         }
-        accepted: list[tuple[Any, Deployment]] = []
+        accepted: list[tuple[Any, LoadedDeployment]] = []
         for request_id, deployment_id in sends:
             d = deployments.get(deployment_id)
-            if d is None or busy[d.server_id] >= d.server.slots or request_id not in requests:
+            if d is None or busy[d.server_id] >= d.slots or request_id not in requests:
                 continue
             if any(request_id == taken for taken, _ in accepted):
                 continue  # named twice: sent once
@@ -436,29 +459,30 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
                     (State.READY,),
                     State.PROCESSING,
                     "sent to the server",
-                    {**fields, "deployment_id": d.pk, "server_id": d.server_id},
-                    at_server=d.server.name,
+                    {**fields, "deployment_id": d.id, "server_id": d.server_id},
+                    at_server=d.server_name,
                 )
                 for request_id, d in accepted
             ]
         )
         sent = {request_id: d for (request_id, d), ok in zip(accepted, moved, strict=True) if ok}
-        for d in {d.pk: d for d in sent.values()}.values():
-            mine = [requests[rid][0] for rid, sent_to in sent.items() if sent_to.pk == d.pk]
+        for deployment_id in {d.id for d in sent.values()}:
+            mine = [requests[rid][0] for rid, d in sent.items() if d.id == deployment_id]
             used = {"last_used_at": now, "last_priority": mine[-1]}
             if Priority.INTERACTIVE in mine:
                 used["last_interactive_at"] = now
-            Deployment.objects.filter(pk=d.pk).update(in_flight=F("in_flight") + len(mine), **used)
+            Deployment.objects.filter(pk=deployment_id).update(
+                in_flight=F("in_flight") + len(mine), **used
+            )
         for request_id, _ in sends:
             d = sent.get(request_id)
             if d is None:
                 jobs.append(None)
                 continue
             _, payload, kind, stream = requests[request_id]
-            call = InferenceCall(
-                kind, d.server_model_id, payload, stream, d.effective_load_options()
-            )
-            jobs.append(ServeJob(request_id, d.pk, d.server_id, d.server.name, worker_id, call))
+            options = merged_load_options(d.model_load_options, d.load_options)
+            call = InferenceCall(kind, d.server_model_id, payload, stream, options)
+            jobs.append(ServeJob(request_id, d.id, d.server_id, d.server_name, worker_id, call))
     return jobs
 
 

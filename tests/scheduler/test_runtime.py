@@ -18,7 +18,7 @@ from backends.models import Deployment, DeploymentState
 from scheduler import store
 from scheduler.api import intake
 from scheduler.models import Request, State, Worker
-from scheduler.runtime import Runtime
+from scheduler.runtime import NO_NEWS, Runtime
 from tests import factories
 from tests.support.openai_upstream import Upstream
 from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
@@ -219,3 +219,28 @@ def test_run_scheduler_until_idle_processes_everything_and_exits():
     call_command("run_scheduler", "--until-idle")
     assert {state_of(r) for r in requests} == {State.COMPLETED}
     assert not Worker.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "waiting, outcome, wakes",
+    [
+        (0, "completed", False),  # nothing to give the freed slot: no pass
+        (2, "completed", True),  # requests wait: the freed slot may serve one
+        (0, "failed", True),  # a retry or a re-route needs planning
+    ],
+)
+async def test_a_finished_request_wakes_the_loop_only_when_the_plan_may_change(
+    waiting, outcome, wakes
+):
+    rt = Runtime()
+    rt.waiting = waiting
+
+    async def serve():
+        return NO_NEWS if outcome == "completed" else None
+
+    ended = asyncio.Event()
+    rt.spawn("serve 1", serve())
+    rt.tasks["serve 1"].add_done_callback(lambda _: ended.set())  # runs after the runtime's
+    await ended.wait()
+
+    assert rt.wake.is_set() == wakes

@@ -1,8 +1,10 @@
 """Run the scheduler's Runtime in-process for a test and wait on facts, never on time.
 
 `Running.until(fact)` re-checks `fact` (a sync function, run on the DB thread) after every
-pass of the loop; a task that finishes wakes the loop, so every change the runtime makes is
-followed by a pass. The timeout only bounds a test that would otherwise hang.
+pass of the loop; a task that finishes wakes the loop (a completed request only while others
+waited at the last pass, or with nothing left to plan the poll finds it), so every change
+the runtime makes is followed by a pass. The timeout only bounds a test that would otherwise
+hang.
 """
 
 import asyncio
