@@ -103,13 +103,13 @@ def send_from_sync(group: str, message: dict[str, Any]) -> None:
 
 
 def request_moved(request_id, state: str, outcome: dict[str, Any] | None = None) -> None:
-    """Called on commit of a request's transition (from a sync thread). A move to a terminal
-    state carries what it wrote (result, error), so that its caller answers without
-    reading the row again."""
-    message = {"type": "request.moved", "id": str(request_id), "state": state}
+    """Called on commit of a request's transition (from a sync thread). Its own group hears
+    only of the end, carrying what the move wrote (result, error), so that its caller answers
+    without reading the row again: no one waiting on a request acts on the steps between
+    (its dashboard page follows the dashboard group, told of every move)."""
     if outcome is not None:
-        message["outcome"] = outcome
-    send_from_sync(request_group(request_id), message)
+        message = {"type": "request.moved", "id": str(request_id), "state": state}
+        send_from_sync(request_group(request_id), message | {"outcome": outcome})
     send_from_sync(DASHBOARD_GROUP, DASHBOARD_CHANGED)
 
 

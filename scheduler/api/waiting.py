@@ -48,9 +48,10 @@ T = TypeVar("T")
 
 
 def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
-    """`fn` in the request's database thread, then the connection goes back (to the pool, on
+    """`fn` in a thread of the shared pool, then the connection goes back (to the pool, on
     PostgreSQL): a caller may wait minutes between reads, and waiting callers must not hold
-    one connection each."""
+    one connection each. Not in the request's own thread: `fn` is a whole unit of work, and
+    a pool thread keeps its connection wrapper from one call to the next."""
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -60,7 +61,7 @@ def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
             if not connection.in_atomic_block:
                 connection.close()
 
-    return sync_to_async(run)
+    return sync_to_async(run, thread_sensitive=False)
 
 
 @released

@@ -86,3 +86,25 @@ def test_a_move_that_does_not_finish_carries_no_outcome(
     with django_capture_on_commit_callbacks(execute=True):
         move(request.pk, [S.PENDING], S.READY, "routed")
     assert announced == [(request.pk, S.READY, None)]
+
+
+@pytest.mark.django_db
+def test_a_requests_group_hears_of_its_end_and_the_dashboard_of_every_move(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    sent: list[tuple[str, dict]] = []
+    monkeypatch.setattr(announce, "send_from_sync", lambda group, msg: sent.append((group, msg)))
+    request = factories.request("m1")
+    own = announce.request_group(request.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        move(request.pk, [S.PENDING], S.READY, "routed")
+    assert [group for group, _ in sent] == [announce.DASHBOARD_GROUP]
+
+    sent.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        move(request.pk, [S.READY], S.CANCELLED, "the caller hung up")
+    assert sent[0] == (
+        own,
+        {"type": "request.moved", "id": str(request.pk), "state": S.CANCELLED, "outcome": {}},
+    )
+    assert [group for group, _ in sent[1:]] == [announce.DASHBOARD_GROUP]
