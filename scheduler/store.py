@@ -442,15 +442,15 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
                 "pk", "priority", "payload", "kind", "stream"
             )
         }
-        accepted: list[tuple[Any, LoadedDeployment]] = []
+        accepted: dict[Any, LoadedDeployment] = {}
         for request_id, deployment_id in sends:
             d = deployments.get(deployment_id)
             if d is None or busy[d.server_id] >= d.slots or request_id not in requests:
                 continue
-            if any(request_id == taken for taken, _ in accepted):
+            if request_id in accepted:
                 continue  # named twice: sent once
             busy[d.server_id] += 1
-            accepted.append((request_id, d))
+            accepted[request_id] = d
         fields = {"started_at": now, "worker_id": worker_id, "attempts": F("attempts") + 1}
         moved = move_all(
             [
@@ -462,10 +462,12 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
                     {**fields, "deployment_id": d.id, "server_id": d.server_id},
                     at_server=d.server_name,
                 )
-                for request_id, d in accepted
+                for request_id, d in accepted.items()
             ]
         )
-        sent = {request_id: d for (request_id, d), ok in zip(accepted, moved, strict=True) if ok}
+        sent = {
+            request_id: d for (request_id, d), ok in zip(accepted.items(), moved, strict=True) if ok
+        }
         for deployment_id in {d.id for d in sent.values()}:
             mine = [requests[rid][0] for rid, d in sent.items() if d.id == deployment_id]
             used = {"last_used_at": now, "last_priority": mine[-1]}
@@ -475,7 +477,7 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
                 in_flight=F("in_flight") + len(mine), **used
             )
         for request_id, _ in sends:
-            d = sent.get(request_id)
+            d = sent.pop(request_id, None)  # a request named twice gets one job
             if d is None:
                 jobs.append(None)
                 continue

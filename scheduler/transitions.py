@@ -100,11 +100,13 @@ def _distinct_requests(transitions: list[Transition]) -> Iterator[list[Transitio
     """Runs of transitions that name each request once: a second move of the same request
     must see the first."""
     chunk: list[Transition] = []
+    named: set = set()
     for t in transitions:
-        if any(c.request_id == t.request_id for c in chunk):
+        if t.request_id in named:
             yield chunk
-            chunk = []
+            chunk, named = [], set()
         chunk.append(t)
+        named.add(t.request_id)
     if chunk:
         yield chunk
 

@@ -267,3 +267,15 @@ def test_the_first_measurements_start_the_moving_average():
 
     d.refresh_from_db()
     assert d.in_flight == 0 and d.avg_inference_s == pytest.approx(0.8 * 2 + 0.2 * 4)
+
+
+def test_a_request_named_twice_in_a_batch_is_sent_once():
+    w = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(factories.server("s1", slots=4), "m1", state=DS.LOADED)
+    r = factories.request("m1", state=State.READY, deployment=d)
+
+    jobs = store.dispatch_all([(r.pk, d.pk), (r.pk, d.pk)], w.pk)
+
+    assert [job is not None for job in jobs] == [True, False]
+    d.refresh_from_db()
+    assert d.in_flight == 1 and r.traces.count() == 1
