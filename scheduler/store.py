@@ -107,15 +107,21 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
     best = waiting.order_by(*RANK).values_list(*fields)
     rows = {row[0]: row for row in best[:SNAPSHOT_HEAD]}
     if len(rows) == SNAPSHOT_HEAD:  # else that was every waiting request
+        # The other views of the line are read as ids, and only the rows not read yet in
+        # full: most are the same rows, and parsing their timestamps is most of the cost.
+        ids: set = set()
         for query in (
             waiting.order_by("created_at", "id"),
             waiting.filter(state__in=(State.READY, State.NEEDS_LOADING)).order_by("created_at"),
         ):
-            rows.update((row[0], row) for row in query.values_list(*fields)[:SNAPSHOT_HEAD])
+            ids.update(query.values_list("id", flat=True)[:SNAPSHOT_HEAD])
         # A model's requests must not hide behind a deep line for other models (a long
         # load, a server that is down): a model that can be served now is seen now.
-        models = {d.model_id for d in deployment_rows}
-        rows.update((row[0], row) for row in best_of_each(waiting, models, fields))
+        ids.update(best_of_each(waiting, {d.model_id for d in deployment_rows}))
+        if missing := ids - rows.keys():
+            rows.update(
+                (row[0], row) for row in waiting.filter(pk__in=missing).values_list(*fields)
+            )
     requests = tuple(
         RequestView(
             id=r[0],
@@ -132,12 +138,12 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
     return Snapshot(servers=servers, deployments=deployments, requests=requests, config=config)
 
 
-def best_of_each(waiting, model_ids: set[int], fields: tuple[str, ...]) -> Iterable[tuple]:
-    """The `MODEL_HEAD` best-ranked waiting requests of each model: one statement where the
-    database takes a LIMIT in each part of a UNION (PostgreSQL), else one query per model
-    (SQLite, in-process)."""
+def best_of_each(waiting, model_ids: set[int]) -> Iterable:
+    """The ids of the `MODEL_HEAD` best-ranked waiting requests of each model: one statement
+    where the database takes a LIMIT in each part of a UNION (PostgreSQL), else one query
+    per model (SQLite, in-process)."""
     heads = [
-        waiting.filter(model_id=m).order_by(*RANK).values_list(*fields)[:MODEL_HEAD]
+        waiting.filter(model_id=m).order_by(*RANK).values_list("id", flat=True)[:MODEL_HEAD]
         for m in sorted(model_ids)
     ]
     if not heads:

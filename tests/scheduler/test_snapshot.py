@@ -46,6 +46,13 @@ def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> No
 
     # Two best, the two oldest, the two oldest routed (the one routed fills that query).
     assert waiting_ids(snapshot) == {r.id for r in [*best, oldest, middle[0], routed]}
+    # Those found by another ordering than the best come whole, like the best.
+    seen = {r.id: r for r in snapshot.requests}
+    for request in (oldest, routed):
+        request.refresh_from_db()
+        view = seen[request.id]
+        assert (view.model, view.priority, view.state) == ("m", Priority.BACKGROUND, request.state)
+        assert (view.created_at, view.expires_at) == (request.created_at, request.expires_at)
 
 
 def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
