@@ -7,7 +7,7 @@ that report back through the database and wake the loop; the loop never waits fo
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 
 from asgiref.sync import sync_to_async
@@ -356,11 +356,7 @@ class Runtime:
             nonlocal last_report
             if time.monotonic() - last_report >= 0.5 or fraction >= 1.0:
                 last_report = time.monotonic()
-                chore = asyncio.ensure_future(
-                    db(store.set_load_progress)(job.deployment_id, fraction)
-                )
-                self.chores.add(chore)
-                chore.add_done_callback(self.chores.discard)
+                self.chore(db(store.set_load_progress)(job.deployment_id, fraction))
 
         try:
             await self.evict(adapter, job)
@@ -377,7 +373,7 @@ class Runtime:
             await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, repr(exc)))
         else:
             await db(store.load_succeeded)(job, time.monotonic() - started)
-            await self.server_answered(job.server_id)
+            self.server_answered(job.server_id)
 
     async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
         """Unload the victims first. One that fails to unload is re-checked with the server,
@@ -436,10 +432,10 @@ class Runtime:
         answer = store.Answer(job, result, time.monotonic() - started)
         if not await self.completions.submit(answer):
             log.warning("request %s finished after it was taken over; result dropped", job)
-        await self.server_answered(job.server_id)
+        self.server_answered(job.server_id)
         return NO_NEWS
 
-    async def server_answered(self, server_id: int) -> None:
+    def server_answered(self, server_id: int) -> None:
         """Mark the server healthy and seen, at most once a second while it keeps answering:
         a busy server's row is not rewritten (and locked) on every completion. After a
         failure the next answer marks it at once. (Written after the completion's commit:
@@ -447,7 +443,13 @@ class Runtime:
         if time.monotonic() - self.marked_up.get(server_id, -float("inf")) < 1.0:
             return
         self.marked_up[server_id] = time.monotonic()
-        await db(store.server_succeeded)(server_id)
+        self.chore(db(store.server_succeeded)(server_id))
+
+    def chore(self, write: Coroutine) -> None:
+        """A database write no task waits for (it is awaited when the worker stops)."""
+        future = asyncio.ensure_future(write)
+        self.chores.add(future)
+        future.add_done_callback(self.chores.discard)
 
     async def serve_failed(self, job: store.ServeJob, error: AdapterError, may_retry: bool) -> None:
         self.marked_up.pop(job.server_id, None)
