@@ -170,7 +170,9 @@ def _compare_and_set(t: Transition, fields: dict[str, Any]) -> str | None:
 def _lock(transitions: list[Transition]) -> list[str | None]:
     """Lock the rows in one statement; the state each request moves from, or None where it
     moved meanwhile (or its worker no longer holds it)."""
-    rows = Request.objects.select_for_update().filter(pk__in=[t.request_id for t in transitions])
+    ids = [t.request_id for t in transitions]
+    # In key order: two workers locking overlapping batches never wait on each other crosswise.
+    rows = Request.objects.select_for_update().filter(pk__in=ids).order_by("pk")
     found = {pk: (state, worker) for pk, state, worker in rows.values_list("pk", "state", "worker")}
     sources = []
     for t in transitions:
