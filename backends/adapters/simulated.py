@@ -108,8 +108,12 @@ class SimulatedAdapter(Adapter):
 
     async def _words(self, call: InferenceCall, options: dict[str, Any]) -> AsyncIterator[str]:
         per_token_s = 1.0 / (float(options.get("tokens_per_second", 50.0)) * self.speed)
+        clock = asyncio.get_running_loop().time
+        started = clock()
         for i in range(self._tokens(call)):
-            await asyncio.sleep(per_token_s)
+            # Each token is due at its time from the start: a late wake-up (a busy loop)
+            # does not push back every token after it.
+            await asyncio.sleep(max(started + (i + 1) * per_token_s - clock(), 0.0))
             yield REPLY_WORDS[i % len(REPLY_WORDS)]
 
     async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:

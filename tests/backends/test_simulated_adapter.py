@@ -1,0 +1,40 @@
+"""The simulated server keeps its configured pace: late wake-ups do not add up."""
+
+import pytest
+
+from backends.adapters import simulated
+from backends.adapters.base import InferenceCall
+
+
+class LateClock:
+    """A virtual clock in place of the module's asyncio: every sleep wakes `late_s` after it
+    was due."""
+
+    def __init__(self, late_s: float) -> None:
+        self.now = 0.0
+        self.late_s = late_s
+
+    def get_running_loop(self) -> "LateClock":
+        return self
+
+    def time(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds + self.late_s
+
+
+async def test_tokens_are_due_at_their_time_from_the_start(monkeypatch):
+    clock = LateClock(late_s=0.005)
+    monkeypatch.setattr(simulated, "asyncio", clock)
+    server = f"sim-{id(clock)}"
+    simulated.simulated_server(server).loaded.add("m")
+    simulated.simulated_server(server).options["m"] = {"tokens_per_second": 16}
+    adapter = simulated.SimulatedAdapter(server)
+    payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+    result = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
+
+    assert result["usage"]["completion_tokens"] == 8
+    # 8 tokens at 16 per second: 0.5 s, plus one late wake-up, not eight.
+    assert clock.now == pytest.approx(0.5 + 0.005)
