@@ -188,17 +188,17 @@ def release_worker(worker_id: int) -> tuple[int, list[int]]:
 
 def release_orphans(reason: str) -> tuple[int, list[int]]:
     orphans = Request.objects.filter(state=State.PROCESSING, worker__isnull=True)
-    moved = 0
-    for request_id, server in orphans.values_list("pk", "server__name"):
-        moved += move(
-            request_id,
-            [State.PROCESSING],
-            State.PENDING,
-            reason,
-            server or "",
-            deployment=None,
-            server=None,
+    back = {"deployment": None, "server": None}
+    moved = sum(
+        move_all(
+            [
+                Transition(
+                    request_id, (State.PROCESSING,), State.PENDING, reason, back, server or ""
+                )
+                for request_id, server in orphans.values_list("pk", "server__name")
+            ]
         )
+    )
     if moved:
         recount_in_flight()
     return moved, orphaned_deployments()
