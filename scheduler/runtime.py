@@ -59,15 +59,17 @@ class Runtime:
         self.knobs = settings.SWITCHYARD
         self.config = store.policy_config()
         self.last_sync = -float("inf")
-        self.waiting = 0
+        self.waiting = 0  # requests still waiting after the last pass (of those it saw)
         self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
         self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
         self.dropped = 0  # decisions of the last pass that the database refused
         self.crashed: BaseException | None = None
         self.until_idle = False
-        # For tests and embedders: `passes` counts finished passes; `passed` is notified
-        # after each, so a caller can await a fact instead of sleeping.
+        # For tests and embedders: `passes` counts finished passes, `quiet_ends` the tasks
+        # whose end called for none; `passed` is notified after each of either, so a caller
+        # can await a fact instead of sleeping.
         self.passes = 0
+        self.quiet_ends = 0
         self.passed = asyncio.Condition()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -167,6 +169,11 @@ class Runtime:
             self.passes += 1
             self.passed.notify_all()
 
+    async def count_quiet_end(self) -> None:
+        async with self.passed:
+            self.quiet_ends += 1
+            self.passed.notify_all()
+
     def side_task_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception():
             log.error("side task %s crashed: %r", task.get_name(), task.exception())
@@ -205,7 +212,6 @@ class Runtime:
     async def step(self) -> list[Decision]:
         """One snapshot, plan and execute pass. Returns what it did (Defer excluded)."""
         snapshot = await db(store.read_snapshot)(self.config)
-        self.waiting = len(snapshot.requests)
         self.server_of = {d.id: d.server_id for d in snapshot.deployments}
         decisions = plan(snapshot, self.clock())
         self.next_wake = None
@@ -253,6 +259,9 @@ class Runtime:
                 await flush()
                 record(decision, await self.execute(decision))
         await flush()
+        # Those it sent or ended wait no more: their completion alone calls for no pass.
+        left = sum(isinstance(d, Dispatch | Expire | Fail) for d in done)
+        self.waiting = len(snapshot.requests) - left
         return done
 
     def transition_for(self, decision: Decision) -> Transition | None:
@@ -325,6 +334,7 @@ class Runtime:
             if not t.cancelled() and t.exception():
                 log.error("task %s crashed", name, exc_info=t.exception())
             elif not t.cancelled() and t.result() is NO_NEWS and not self.plan_after_news():
+                self.chore(self.count_quiet_end())
                 return
             self.wake.set()
 

@@ -221,6 +221,22 @@ def test_run_scheduler_until_idle_processes_everything_and_exits():
     assert not Worker.objects.exists()
 
 
+async def test_requests_a_pass_sent_count_as_waiting_no_more():
+    def setup():
+        factories.deployment(factories.server("s1", slots=1), "m1")
+        loaded_on("s1", "m1")
+        return [factories.request("m1") for _ in range(2)]
+
+    await db(setup)()
+    rt = Runtime()
+    await rt.start()
+    try:
+        await rt.step()  # one slot: one sent, one still waiting
+        assert rt.waiting == 1
+    finally:
+        await rt.stop()
+
+
 @pytest.mark.parametrize(
     "waiting, outcome, wakes",
     [

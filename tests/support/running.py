@@ -1,10 +1,9 @@
 """Run the scheduler's Runtime in-process for a test and wait on facts, never on time.
 
 `Running.until(fact)` re-checks `fact` (a sync function, run on the DB thread) after every
-pass of the loop; a task that finishes wakes the loop (a completed request only while others
-waited at the last pass, or with nothing left to plan the poll finds it), so every change
-the runtime makes is followed by a pass. The timeout only bounds a test that would otherwise
-hang.
+pass of the loop and after every task whose end called for no pass (a completed request
+while nothing else waits), so every change the runtime makes is followed by a check. The
+timeout only bounds a test that would otherwise hang.
 """
 
 import asyncio
@@ -38,22 +37,24 @@ class Running:
     async def until(
         self, fact: Callable[[], object], wake: bool = True, timeout: float = TIMEOUT_S
     ):
-        """Return fact()'s first truthy value, checked after each pass. With `wake` the loop
-        is woken first, as the API does after storing a request (rows a test writes itself
-        wake nothing)."""
+        """Return fact()'s first truthy value, checked after each pass or quiet end. With
+        `wake` the loop is woken first, as the API does after storing a request (rows a test
+        writes itself wake nothing)."""
         rt = self.runtime
         if wake:
             wakeup.wake_local()
         async with asyncio.timeout(timeout):
             while True:
-                seen = rt.passes
+                seen = (rt.passes, rt.quiet_ends)
                 if value := await sync_to_async(fact)():
                     return value
                 if self.task.done():
                     self.task.result()
                     raise AssertionError("the runtime stopped before the fact held")
                 async with rt.passed:
-                    await rt.passed.wait_for(lambda seen=seen: rt.passes > seen or self.task.done())
+                    await rt.passed.wait_for(
+                        lambda seen=seen: (rt.passes, rt.quiet_ends) != seen or self.task.done()
+                    )
 
     async def passes(self, n: int = 1) -> None:
         """Wake the loop and wait for `n` more passes (to show that something did not
