@@ -4,6 +4,7 @@ All functions are synchronous; the runtime calls them through `sync_to_async`.
 """
 
 import itertools
+import json
 import logging
 import os
 import socket
@@ -14,14 +15,14 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, FloatField, OuterRef, Q, Subquery, Sum, Value
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ServerModel
 from backends.models import Deployment, DeploymentState, Health, Server, merged_load_options
 
-from . import announce
+from . import announce, sql
 from .models import WAITING_STATES, Priority, Request, State, Worker
 from .retry import backoff_s
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
@@ -386,26 +387,58 @@ class ServeJob:
 
 
 class LoadedDeployment(NamedTuple):
-    """What a dispatch reads of a deployment (columns, not model instances: this runs for
-    every request, and building three models per row costs more than the query)."""
+    """What a dispatch reads of a deployment it may send to."""
 
     id: int
     server_id: int
-    slots: int
     server_name: str
     server_model_id: str
-    model_load_options: dict
     load_options: dict
 
-    COLUMNS = (
-        "pk",
-        "server_id",
-        "server__slots",
-        "server__name",
-        "server_model_id",
-        "model__load_options",
-        "load_options",
+
+SERVERS = Server._meta.db_table
+DEPLOYMENTS = Deployment._meta.db_table
+MODELS = Deployment._meta.get_field("model").related_model._meta.db_table
+REQUESTS = Request._meta.db_table
+
+
+def _lock_servers(deployment_ids: set[int]) -> dict[int, int]:
+    """Lock the servers of these deployments (in id order, so that workers never deadlock);
+    their slots."""
+    ids = sorted(deployment_ids)
+    return dict(
+        sql.fetch(
+            f"SELECT id, slots FROM {SERVERS} WHERE id IN"
+            f" (SELECT server_id FROM {DEPLOYMENTS} WHERE id IN ({sql.marks(len(ids))}))"
+            f" ORDER BY id{sql.for_update()}",
+            ids,
+        )
     )
+
+
+def _servers_deployments(
+    slots: dict[int, int],
+) -> tuple[dict[int, int], dict[int, LoadedDeployment]]:
+    """With their servers locked: each server's requests in flight, and its loaded
+    deployments, locked too (one found loaded stays loaded until commit). Read after the
+    servers' lock, so that a dispatch that held it is counted."""
+    ids = sorted(slots)
+    rows = sql.fetch(
+        f"SELECT d.id, d.server_id, s.name, d.server_model_id, m.load_options,"
+        f" d.load_options, d.state, d.in_flight"
+        f" FROM {DEPLOYMENTS} d JOIN {SERVERS} s ON s.id = d.server_id"
+        f" JOIN {MODELS} m ON m.id = d.model_id"
+        f" WHERE d.server_id IN ({sql.marks(len(ids))}) ORDER BY d.id{sql.for_update('d')}",
+        ids,
+    )
+    busy = dict.fromkeys(ids, 0)
+    loaded = {}
+    for did, server_id, name, model_id, defaults, own, state, in_flight in rows:
+        busy[server_id] += in_flight
+        if state == DS.LOADED:
+            options = merged_load_options(json.loads(defaults), json.loads(own))
+            loaded[did] = LoadedDeployment(did, server_id, name, model_id, options)
+    return busy, loaded
 
 
 def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob | None]:
@@ -414,50 +447,33 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
     if not sends:
         return []
     now = timezone.now()
-    deployment_ids = {did for _, did in sends}
-    in_flight = (
-        Deployment.objects.filter(server=OuterRef("pk"))
-        .order_by()
-        .values("server")
-        .annotate(n=Sum("in_flight"))
-        .values("n")
-    )
     jobs: list[ServeJob | None] = []
     with transaction.atomic(savepoint=False):
-        # Lock the servers (in id order, so that workers never deadlock), then the
-        # deployments: workers dispatching at once never overfill a server's slots, and a
-        # deployment found loaded stays loaded until commit.
-        server_ids = Deployment.objects.filter(pk__in=deployment_ids).values("server_id")
-        busy = dict(
-            Server.objects.select_for_update(of=("self",))
-            .filter(pk__in=server_ids)
-            .order_by("pk")
-            .annotate(busy=Coalesce(Subquery(in_flight), 0))
-            .values_list("pk", "busy")
-        )
-        deployments = {
-            row[0]: LoadedDeployment._make(row)
-            for row in Deployment.objects.select_for_update(of=("self",))
-            .filter(pk__in=deployment_ids, state=DS.LOADED)
-            .order_by("pk")
-            .values_list(*LoadedDeployment.COLUMNS)
-        }
+        # Servers first, then their deployments: workers dispatching at once never overfill
+        # a server's slots.
+        slots = _lock_servers({did for _, did in sends})
+        busy, deployments = _servers_deployments(slots)
+        request_ids = list(dict.fromkeys(rid for rid, _ in sends))
+        key_of = dict(zip(request_ids, sql.keys(Request, request_ids), strict=True))
+        keys = list(key_of.values())
         requests = {
-            row[0]: row[1:]
-            for row in Request.objects.filter(pk__in=[rid for rid, _ in sends]).values_list(
-                "pk", "priority", "payload", "kind", "stream"
+            key: (priority, json.loads(payload), kind, bool(stream))
+            for key, priority, payload, kind, stream in sql.fetch(
+                f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
+                f" WHERE id IN ({sql.marks(len(keys))})",
+                keys,
             )
         }
         accepted: dict[Any, LoadedDeployment] = {}
         for request_id, deployment_id in sends:
             d = deployments.get(deployment_id)
-            if d is None or busy[d.server_id] >= d.slots or request_id not in requests:
+            if d is None or busy[d.server_id] >= slots[d.server_id]:
                 continue
-            if request_id in accepted:
-                continue  # named twice: sent once
+            if key_of[request_id] not in requests or request_id in accepted:
+                continue  # gone, or named twice: sent once
             busy[d.server_id] += 1
             accepted[request_id] = d
-        fields = {"started_at": now, "worker_id": worker_id, "attempts": F("attempts") + 1}
+        fields = {"started_at": now, "worker_id": worker_id, "attempts": sql.Increment()}
         moved = move_all(
             [
                 Transition(
@@ -475,23 +491,30 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
             request_id: d for (request_id, d), ok in zip(accepted.items(), moved, strict=True) if ok
         }
         for deployment_id in {d.id for d in sent.values()}:
-            mine = [requests[rid][0] for rid, d in sent.items() if d.id == deployment_id]
-            used = {"last_used_at": now, "last_priority": mine[-1]}
-            if Priority.INTERACTIVE in mine:
-                used["last_interactive_at"] = now
-            Deployment.objects.filter(pk=deployment_id).update(
-                in_flight=F("in_flight") + len(mine), **used
-            )
+            mine = [requests[key_of[rid]][0] for rid, d in sent.items() if d.id == deployment_id]
+            _deployment_used(deployment_id, now, mine)
         for request_id, _ in sends:
             d = sent.pop(request_id, None)  # a request named twice gets one job
             if d is None:
                 jobs.append(None)
                 continue
-            _, payload, kind, stream = requests[request_id]
-            options = merged_load_options(d.model_load_options, d.load_options)
-            call = InferenceCall(kind, d.server_model_id, payload, stream, options)
+            _, payload, kind, stream = requests[key_of[request_id]]
+            call = InferenceCall(kind, d.server_model_id, payload, stream, d.load_options)
             jobs.append(ServeJob(request_id, d.id, d.server_id, d.server_name, worker_id, call))
     return jobs
+
+
+def _deployment_used(deployment_id: int, now: datetime, priorities: list[int]) -> None:
+    """Count requests sent to the deployment; remember when, and for which classes."""
+    used: dict[str, Any] = {
+        "in_flight": sql.Increment(len(priorities)),
+        "last_used_at": now,
+        "last_priority": priorities[-1],
+    }
+    if Priority.INTERACTIVE in priorities:
+        used["last_interactive_at"] = now
+    changes, params = sql.assignments(Deployment, used)
+    sql.execute(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s", [*params, deployment_id])
 
 
 def move_and_dispatch(
@@ -506,22 +529,25 @@ def move_and_dispatch(
 def _release(deployment_id: int, finished: int, seconds: list[float] | None = None) -> None:
     """Free the slots of `finished` requests on the deployment; `seconds`, the inference
     times of those that completed, go into its moving average."""
-    changes: dict[str, Any] = {
-        "in_flight": Greatest(F("in_flight") - finished, Value(0)),
-        "last_used_at": timezone.now(),
-    }
+    changes = (
+        "in_flight = CASE WHEN in_flight > %s THEN in_flight - %s ELSE 0 END, last_used_at = %s"
+    )
+    params: list[Any] = [
+        finished,
+        finished,
+        sql.db_value(Deployment, "last_used_at", timezone.now()),
+    ]
     if seconds:
         # The moving average after each measurement in turn, as one expression; with no
-        # average yet (NULL propagates), Coalesce takes the average of these alone.
+        # average yet (NULL propagates), COALESCE takes the average of these alone.
         kept = 0.8 ** len(seconds)
         added = sum(0.2 * s * 0.8 ** (len(seconds) - 1 - i) for i, s in enumerate(seconds))
         alone = seconds[0]
         for s in seconds[1:]:
             alone = 0.8 * alone + 0.2 * s
-        changes["avg_inference_s"] = Coalesce(
-            kept * F("avg_inference_s") + added, Value(alone), output_field=FloatField()
-        )
-    Deployment.objects.filter(pk=deployment_id).update(**changes)
+        changes += ", avg_inference_s = COALESCE(%s * avg_inference_s + %s, %s)"
+        params += [kept, added, alone]
+    sql.execute(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s", [*params, deployment_id])
 
 
 @dataclass(frozen=True)

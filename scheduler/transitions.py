@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import announce, wakeup
+from . import announce, sql, wakeup
 from .models import TERMINAL_STATES, Request, State, Trace
 
 S = State
@@ -130,18 +130,7 @@ def _move_chunk(transitions: list[Transition]) -> list[bool]:
     ]
     # Stamped once the rows are ours: a move that waited for the lock comes after the one
     # that held it, in the trace as in fact.
-    at = timezone.now()
-    Trace.objects.bulk_create(
-        Trace(
-            request_id=t.request_id,
-            at=at,
-            from_state=source,
-            to_state=t.to_state,
-            server=t.at_server,
-            reason=t.reason,
-        )
-        for t, _, source in moved
-    )
+    _trace([(t, source) for t, _, source in moved], timezone.now())
     if any(t.to_state in (S.CANCELLED, S.PENDING) for t, _, _ in moved):
         # A cancel frees room; a request back in line needs routing: wake the workers.
         wakeup.notify_in_transaction()
@@ -159,24 +148,37 @@ def _fields_written(t: Transition, now) -> dict[str, Any]:
     return t.fields
 
 
+REQUESTS = Request._meta.db_table
+TRACES = Trace._meta.db_table
+TRACE_ROWS_PER_INSERT = 500  # 6 values a row, within SQLite's limit on parameters
+
+
 def _compare_and_set(t: Transition, fields: dict[str, Any]) -> str | None:
     """One request from one known state: the conditional UPDATE is the compare-and-set."""
-    rows = Request.objects.filter(pk=t.request_id, state=t.from_states[0])
+    changes, params = sql.assignments(Request, {"state": t.to_state, **fields})
+    condition = "id = %s AND state = %s"
+    params += [*sql.keys(Request, [t.request_id]), t.from_states[0]]
     if t.held_by is not None:
-        rows = rows.filter(worker_id=t.held_by)
-    return t.from_states[0] if rows.update(state=t.to_state, **fields) else None
+        condition += " AND worker_id = %s"
+        params.append(t.held_by)
+    changed = sql.execute(f"UPDATE {REQUESTS} SET {changes} WHERE {condition}", params)
+    return t.from_states[0] if changed else None
 
 
 def _lock(transitions: list[Transition]) -> list[str | None]:
     """Lock the rows in one statement; the state each request moves from, or None where it
     moved meanwhile (or its worker no longer holds it)."""
-    ids = [t.request_id for t in transitions]
+    ids = sql.keys(Request, [t.request_id for t in transitions])
     # In key order: two workers locking overlapping batches never wait on each other crosswise.
-    rows = Request.objects.select_for_update().filter(pk__in=ids).order_by("pk")
-    found = {pk: (state, worker) for pk, state, worker in rows.values_list("pk", "state", "worker")}
+    rows = sql.fetch(
+        f"SELECT id, state, worker_id FROM {REQUESTS} WHERE id IN ({sql.marks(len(ids))})"
+        f" ORDER BY id{sql.for_update()}",
+        ids,
+    )
+    found = {key: (state, worker) for key, state, worker in rows}
     sources = []
-    for t in transitions:
-        state, worker = found.get(t.request_id, (None, None))
+    for t, key in zip(transitions, ids, strict=True):
+        state, worker = found.get(key, (None, None))
         held = t.held_by is None or worker == t.held_by
         sources.append(state if state in t.from_states and held else None)
     return sources
@@ -191,5 +193,26 @@ def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]]) -> None:
             groups.append((to_state, fields, [request_id]))
         else:
             alike[2].append(request_id)
-    for to_state, fields, ids in groups:
-        Request.objects.filter(pk__in=ids).update(state=to_state, **fields)
+    for to_state, fields, request_ids in groups:
+        changes, params = sql.assignments(Request, {"state": to_state, **fields})
+        ids = sql.keys(Request, request_ids)
+        sql.execute(
+            f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})", params + ids
+        )
+
+
+def _trace(moved: list[tuple[Transition, str]], at) -> None:
+    """The trace rows of the moves made, in as few INSERTs as the database takes."""
+    stamp = sql.db_value(Trace, "at", at)
+    for start in range(0, len(moved), TRACE_ROWS_PER_INSERT):
+        chunk = moved[start : start + TRACE_ROWS_PER_INSERT]
+        keys = sql.keys(Request, [t.request_id for t, _ in chunk])
+        params: list[Any] = []
+        for (t, source), key in zip(chunk, keys, strict=True):
+            params += [key, stamp, source, t.to_state, t.at_server, t.reason]
+        rows = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))
+        sql.execute(
+            f"INSERT INTO {TRACES} (request_id, at, from_state, to_state, server, reason)"
+            f" VALUES {rows}",
+            params,
+        )

@@ -4,10 +4,14 @@ crash safety proven with real `manage.py run_scheduler` processes."""
 import asyncio
 import os
 import signal
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from backends.adapters.simulated import simulated_server
@@ -198,6 +202,44 @@ def test_two_workers_never_overfill_a_servers_slots():
     second.refresh_from_db()
     assert second.state == State.READY and not second.traces.exists()
     assert Deployment.objects.get().in_flight == 1
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="row locks need PostgreSQL")
+def test_a_dispatch_that_waited_for_the_servers_lock_counts_what_the_holder_sent():
+    """The requests in flight are read after the server's lock is ours: read with the lock,
+    they would be as of before the holder's commit."""
+    a, b = (Worker.objects.create(host=h, pid=1) for h in "ab")
+    d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED)
+    first, second = (factories.request("m1", state=State.READY, deployment=d) for _ in "12")
+    jobs: list = []
+
+    def other_worker() -> None:
+        try:
+            jobs.extend(store.dispatch_all([(second.pk, d.pk)], b.pk))
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        assert store.dispatch_all([(first.pk, d.pk)], a.pk) != [None]
+        waiting = threading.Thread(target=other_worker)
+        waiting.start()
+        until_a_query_waits_for_a_lock()
+    waiting.join()
+    assert jobs == [None]
+    assert Deployment.objects.get().in_flight == 1
+
+
+def until_a_query_waits_for_a_lock(timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return
+    raise AssertionError("no query came to wait for a lock")
 
 
 def test_one_batch_of_dispatches_fills_free_slots_and_no_more():

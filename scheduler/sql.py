@@ -1,0 +1,68 @@
+"""The hot path's statements as SQL written once, for PostgreSQL and SQLite alike.
+
+The ORM compiles every statement anew on each call: an `UPDATE … WHERE id = … AND state = …`
+costs 0.5 ms of CPU through it and 0.2 ms as SQL, and a request makes about a dozen of them.
+Values still go through their model fields (`get_db_prep_save`), so a UUID, a timestamp or a
+JSON value is written exactly as the ORM writes it.
+"""
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from django.db import connection, models
+
+
+class Increment(NamedTuple):
+    """A value that adds to the column's own: `attempts = attempts + 1`."""
+
+    by: int = 1
+
+
+def execute(statement: str, params: Sequence[Any] = ()) -> int:
+    """Run one statement; the number of rows it changed."""
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.rowcount
+
+
+def fetch(statement: str, params: Sequence[Any] = ()) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchall()
+
+
+def marks(n: int) -> str:
+    """`%s, %s, …`: the placeholders of an IN list of `n` values."""
+    return ", ".join(["%s"] * n)
+
+
+def for_update(of: str = "") -> str:
+    """Lock the rows read (PostgreSQL); SQLite writes one transaction at a time anyway."""
+    if not connection.features.has_select_for_update:
+        return ""
+    return f" FOR UPDATE OF {of}" if of else " FOR UPDATE"
+
+
+def db_value(model: type[models.Model], name: str, value: Any) -> Any:
+    """`value` as the ORM would write it to the field `name` (attname or name)."""
+    return model._meta.get_field(name).get_db_prep_save(value, connection)
+
+
+def keys(model: type[models.Model], values: Iterable[Any]) -> list[Any]:
+    """Primary keys as the database takes them (a UUID is text on SQLite)."""
+    pk = model._meta.pk
+    return [pk.get_db_prep_value(v, connection) for v in values]
+
+
+def assignments(model: type[models.Model], fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The SET list for `fields` and its parameters."""
+    parts, params = [], []
+    for name, value in fields.items():
+        column = model._meta.get_field(name).column
+        if isinstance(value, Increment):
+            parts.append(f"{column} = {column} + %s")
+            params.append(value.by)
+        else:
+            parts.append(f"{column} = %s")
+            params.append(db_value(model, name, value))
+    return ", ".join(parts), params
