@@ -93,13 +93,6 @@ class Server(models.Model):
     def is_simulated(self) -> bool:
         return self.kind == ServerKind.SIMULATED
 
-    def capacity(self) -> dict[str, int]:
-        return {
-            ModelType.LLM: self.max_llm,
-            ModelType.EMBEDDING: self.max_embedding,
-            ModelType.RERANKING: self.max_reranking,
-        }
-
 
 class Model(models.Model):
     name = models.CharField(max_length=200, unique=True, help_text="The name apps ask for.")

@@ -6,7 +6,9 @@ Values still go through their model fields (`get_db_prep_save`), so a UUID, a ti
 JSON value is written exactly as the ORM writes it.
 """
 
+import uuid
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from django.db import connection, models
@@ -66,3 +68,16 @@ def assignments(model: type[models.Model], fields: dict[str, Any]) -> tuple[str,
             parts.append(f"{column} = %s")
             params.append(db_value(model, name, value))
     return ", ".join(parts), params
+
+
+def aware(value: Any) -> Any:
+    """A value read back as the ORM reads it: SQLite gives timestamps without their zone
+    (stored in UTC); anything else passes unchanged."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def uuid_of(value: Any) -> uuid.UUID:
+    """A UUID key read back (SQLite keeps it as hex text)."""
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(value)

@@ -3,6 +3,7 @@
 All functions are synchronous; the runtime calls them through `sync_to_async`.
 """
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -20,7 +21,14 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ServerModel
-from backends.models import Deployment, DeploymentState, Health, Server, merged_load_options
+from backends.models import (
+    Deployment,
+    DeploymentState,
+    Health,
+    ModelType,
+    Server,
+    merged_load_options,
+)
 
 from . import announce, sql
 from .models import WAITING_STATES, Priority, Request, State, Worker
@@ -52,62 +60,82 @@ def policy_config() -> PolicyConfig:
 # -- snapshot ----------------------------------------------------------------------------
 
 
+SERVER_VIEW_SQL = (
+    "SELECT id, name, slots, max_llm, max_embedding, max_reranking, memory_mb, enabled,"
+    f" health, cooldown_until FROM {Server._meta.db_table} ORDER BY name"
+)
+# Every DeploymentView field is the deployment's column of that name, but for its model's.
+DEPLOYMENT_VIEW_SQL = (
+    "SELECT d.model_id, "
+    + ", ".join(
+        {"model": "m.name", "model_type": "m.type"}.get(f.name, f"d.{f.name}")
+        for f in dataclasses.fields(DeploymentView)
+    )
+    + f" FROM {Deployment._meta.db_table} d"
+    f" JOIN {Deployment._meta.get_field('model').related_model._meta.db_table} m"
+    " ON m.id = d.model_id"
+    f" JOIN {Server._meta.db_table} s ON s.id = d.server_id ORDER BY s.name, m.name"
+)
+REQUEST_FIELDS = (
+    "id",
+    "model__name",
+    "priority",
+    "state",
+    "created_at",
+    "expires_at",
+    "deployment_id",
+    "not_before",
+)
+REQUEST_HEAD_SQL = (
+    "SELECT r.id, m.name, r.priority, r.state, r.created_at, r.expires_at, r.deployment_id,"
+    f" r.not_before FROM {Request._meta.db_table} r"
+    f" LEFT JOIN {Request._meta.get_field('model').related_model._meta.db_table} m"
+    " ON m.id = r.model_id"
+    " WHERE r.state IN (%s, %s, %s) ORDER BY r.priority, r.created_at, r.id LIMIT %s"
+)
+
+
 def read_snapshot(config: PolicyConfig) -> Snapshot:
+    """What the policy plans on: every server and deployment, and the head of the line.
+    Read as SQL written once, as the ORM would return it (this runs on every pass)."""
     servers = tuple(
         ServerView(
-            id=s.id,
-            name=s.name,
-            slots=s.slots,
-            capacity=s.capacity(),
-            memory_mb=s.memory_mb,
-            enabled=s.enabled,
-            health=s.health,
-            cooldown_until=s.cooldown_until,
+            id=sid,
+            name=name,
+            slots=slots,
+            capacity={
+                ModelType.LLM: max_llm,
+                ModelType.EMBEDDING: max_embedding,
+                ModelType.RERANKING: max_reranking,
+            },
+            memory_mb=memory_mb,
+            enabled=bool(enabled),
+            health=health,
+            cooldown_until=sql.aware(cooldown_until),
         )
-        for s in Server.objects.all()
+        for (
+            sid,
+            name,
+            slots,
+            max_llm,
+            max_embedding,
+            max_reranking,
+            memory_mb,
+            enabled,
+            health,
+            cooldown_until,
+        ) in sql.fetch(SERVER_VIEW_SQL)
     )
-    deployment_rows = list(Deployment.objects.select_related("model"))
+    deployment_rows = sql.fetch(DEPLOYMENT_VIEW_SQL)
     deployments = tuple(
-        DeploymentView(
-            id=d.id,
-            server_id=d.server_id,
-            model=d.model.name,
-            model_type=d.model.type,
-            state=d.state,
-            in_flight=d.in_flight,
-            size_mb=d.size_mb,
-            device=d.device,
-            pinned=d.pinned,
-            preload=d.preload,
-            idle_ttl_s=d.idle_ttl_s,
-            loaded_at=d.loaded_at,
-            last_used_at=d.last_used_at,
-            last_interactive_at=d.last_interactive_at,
-            last_priority=d.last_priority,
-            avg_load_s=d.avg_load_s,
-            load_failures=d.load_failures,
-            next_load_at=d.next_load_at,
-            last_error_code=d.last_error_code,
-            last_error=d.last_error,
-        )
-        for d in deployment_rows
+        DeploymentView(*(sql.aware(value) for value in row[1:])) for row in deployment_rows
     )
     # The best-ranked and the oldest waiting requests: enough to plan every free slot and
     # load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
-    fields = (
-        "id",
-        "model__name",
-        "priority",
-        "state",
-        "created_at",
-        "expires_at",
-        "deployment_id",
-        "not_before",
-    )
-    waiting = Request.objects.filter(state__in=WAITING_STATES)
-    best = waiting.order_by(*RANK).values_list(*fields)
-    rows = {row[0]: row for row in best[:SNAPSHOT_HEAD]}
+    head = sql.fetch(REQUEST_HEAD_SQL, [*WAITING_STATES, SNAPSHOT_HEAD])
+    rows = {row[0]: row for row in map(_request_row, head)}
     if len(rows) == SNAPSHOT_HEAD:  # else that was every waiting request
+        waiting = Request.objects.filter(state__in=WAITING_STATES)
         # The other views of the line are read as ids, and only the rows not read yet in
         # full: most are the same rows, and parsing their timestamps is most of the cost.
         ids: set = set()
@@ -118,10 +146,10 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
             ids.update(query.values_list("id", flat=True)[:SNAPSHOT_HEAD])
         # A model's requests must not hide behind a deep line for other models (a long
         # load, a server that is down): a model that can be served now is seen now.
-        ids.update(best_of_each(waiting, {d.model_id for d in deployment_rows}))
+        ids.update(best_of_each(waiting, {row[0] for row in deployment_rows}))
         if missing := ids - rows.keys():
             rows.update(
-                (row[0], row) for row in waiting.filter(pk__in=missing).values_list(*fields)
+                (row[0], row) for row in waiting.filter(pk__in=missing).values_list(*REQUEST_FIELDS)
             )
     requests = tuple(
         RequestView(
@@ -137,6 +165,11 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
         for r in rows.values()
     )
     return Snapshot(servers=servers, deployments=deployments, requests=requests, config=config)
+
+
+def _request_row(row: tuple) -> tuple:
+    """A row of REQUEST_HEAD_SQL as the ORM's `values_list(*REQUEST_FIELDS)` gives it."""
+    return (sql.uuid_of(row[0]), *(sql.aware(value) for value in row[1:]))
 
 
 def best_of_each(waiting, model_ids: set[int]) -> Iterable:

@@ -72,3 +72,50 @@ def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
 
     # The best two overall and the oldest are all `busy`; `other` still has its best.
     assert waiting_ids(snapshot) == {r.id for r in [*ahead[:2], behind[0]]}
+
+
+def test_views_hold_what_the_rows_hold_as_the_policy_compares_it() -> None:
+    """Read as SQL, not through the ORM: keys are UUIDs and timestamps carry their zone on
+    every database, so the policy can compare them with its clock."""
+    now = timezone.now()
+    server = factories.server("s1", slots=3, max_embedding=2, cooldown_until=now)
+    deployment = factories.deployment(
+        server, "m1", state="loaded", loaded_at=now, pinned=True, in_flight=1, idle_ttl_s=60
+    )
+    request = factories.request("m1", priority=Priority.INTERACTIVE, deployment=deployment)
+
+    snapshot = store.read_snapshot(store.policy_config())
+
+    [s] = snapshot.servers
+    assert (s.id, s.name, s.slots, s.enabled, s.health) == (server.pk, "s1", 3, True, "up")
+    assert s.capacity == {"llm": 1, "embedding": 2, "reranking": 1}
+    assert s.cooldown_until == now
+    [d] = snapshot.deployments
+    assert (d.id, d.server_id, d.model, d.model_type, d.state) == (
+        deployment.pk,
+        server.pk,
+        "m1",
+        "llm",
+        "loaded",
+    )
+    assert (d.in_flight, d.pinned, d.preload, d.idle_ttl_s, d.loaded_at) == (
+        1,
+        True,
+        False,
+        60,
+        now,
+    )
+    [r] = snapshot.requests
+    assert (r.id, r.model, r.priority, r.state, r.deployment_id) == (
+        request.pk,
+        "m1",
+        Priority.INTERACTIVE,
+        State.PENDING,
+        deployment.pk,
+    )
+    assert (r.created_at, r.expires_at, r.not_before) == (
+        request.created_at,
+        request.expires_at,
+        None,
+    )
+    assert r.expires_at - now > timedelta(minutes=5)  # aware: comparable with the clock
