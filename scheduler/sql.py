@@ -81,3 +81,8 @@ def aware(value: Any) -> Any:
 def uuid_of(value: Any) -> uuid.UUID:
     """A UUID key read back (SQLite keeps it as hex text)."""
     return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+
+
+def timestamp(text: str | None) -> datetime | None:
+    """A timestamp read as text (`CAST(… AS TEXT)`), with its zone (UTC on SQLite)."""
+    return None if text is None else aware(datetime.fromisoformat(text))

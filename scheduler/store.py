@@ -25,6 +25,7 @@ from backends.models import (
     Deployment,
     DeploymentState,
     Health,
+    Model,
     ModelType,
     Server,
     merged_load_options,
@@ -40,7 +41,12 @@ log = logging.getLogger(__name__)
 DS = DeploymentState
 SNAPSHOT_HEAD = 250  # waiting requests read per ordering; see read_snapshot
 MODEL_HEAD = 50  # and the best of each deployed model's own line
+ROWS_PER_READ = 500  # ids in one IN list, within SQLite's limit on parameters
 RANK = ("priority", "created_at", "id")
+SERVERS = Server._meta.db_table
+DEPLOYMENTS = Deployment._meta.db_table
+MODELS = Model._meta.db_table
+REQUESTS = Request._meta.db_table
 
 
 def knob(name: str) -> Any:
@@ -62,7 +68,7 @@ def policy_config() -> PolicyConfig:
 
 SERVER_VIEW_SQL = (
     "SELECT id, name, slots, max_llm, max_embedding, max_reranking, memory_mb, enabled,"
-    f" health, cooldown_until FROM {Server._meta.db_table} ORDER BY name"
+    f" health, cooldown_until FROM {SERVERS} ORDER BY name"
 )
 # Every DeploymentView field is the deployment's column of that name, but for its model's.
 DEPLOYMENT_VIEW_SQL = (
@@ -71,28 +77,17 @@ DEPLOYMENT_VIEW_SQL = (
         {"model": "m.name", "model_type": "m.type"}.get(f.name, f"d.{f.name}")
         for f in dataclasses.fields(DeploymentView)
     )
-    + f" FROM {Deployment._meta.db_table} d"
-    f" JOIN {Deployment._meta.get_field('model').related_model._meta.db_table} m"
-    " ON m.id = d.model_id"
-    f" JOIN {Server._meta.db_table} s ON s.id = d.server_id ORDER BY s.name, m.name"
+    + f" FROM {DEPLOYMENTS} d JOIN {MODELS} m ON m.id = d.model_id"
+    f" JOIN {SERVERS} s ON s.id = d.server_id ORDER BY s.name, m.name"
 )
-REQUEST_FIELDS = (
-    "id",
-    "model__name",
-    "priority",
-    "state",
-    "created_at",
-    "expires_at",
-    "deployment_id",
-    "not_before",
+# A RequestView's columns; timestamps as text, which `datetime.fromisoformat` parses many
+# times faster than the driver's loader (most of a deep snapshot's cost).
+REQUEST_VIEW_SQL = (
+    "SELECT r.id, m.name, r.priority, r.state, CAST(r.created_at AS TEXT),"
+    " CAST(r.expires_at AS TEXT), r.deployment_id, CAST(r.not_before AS TEXT)"
+    f" FROM {REQUESTS} r LEFT JOIN {MODELS} m ON m.id = r.model_id"
 )
-REQUEST_HEAD_SQL = (
-    "SELECT r.id, m.name, r.priority, r.state, r.created_at, r.expires_at, r.deployment_id,"
-    f" r.not_before FROM {Request._meta.db_table} r"
-    f" LEFT JOIN {Request._meta.get_field('model').related_model._meta.db_table} m"
-    " ON m.id = r.model_id"
-    " WHERE r.state IN (%s, %s, %s) ORDER BY r.priority, r.created_at, r.id LIMIT %s"
-)
+WAITING_SQL = f"r.state IN ({sql.marks(len(WAITING_STATES))})"
 
 
 def read_snapshot(config: PolicyConfig) -> Snapshot:
@@ -132,44 +127,61 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
     )
     # The best-ranked and the oldest waiting requests: enough to plan every free slot and
     # load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
-    head = sql.fetch(REQUEST_HEAD_SQL, [*WAITING_STATES, SNAPSHOT_HEAD])
-    rows = {row[0]: row for row in map(_request_row, head)}
-    if len(rows) == SNAPSHOT_HEAD:  # else that was every waiting request
-        waiting = Request.objects.filter(state__in=WAITING_STATES)
-        # The other views of the line are read as ids, and only the rows not read yet in
-        # full: most are the same rows, and parsing their timestamps is most of the cost.
-        ids: set = set()
-        for query in (
-            waiting.order_by("created_at", "id"),
-            waiting.filter(state__in=(State.READY, State.NEEDS_LOADING)).order_by("created_at"),
-        ):
-            ids.update(query.values_list("id", flat=True)[:SNAPSHOT_HEAD])
-        # A model's requests must not hide behind a deep line for other models (a long
-        # load, a server that is down): a model that can be served now is seen now.
-        ids.update(best_of_each(waiting, {row[0] for row in deployment_rows}))
-        if missing := ids - rows.keys():
-            rows.update(
-                (row[0], row) for row in waiting.filter(pk__in=missing).values_list(*REQUEST_FIELDS)
-            )
-    requests = tuple(
-        RequestView(
-            id=r[0],
-            model=r[1] or "",
-            priority=r[2],
-            state=r[3],
-            created_at=r[4],
-            expires_at=r[5],
-            deployment_id=r[6],
-            not_before=r[7],
-        )
-        for r in rows.values()
+    head = sql.fetch(
+        f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY r.priority, r.created_at, r.id LIMIT %s",
+        [*WAITING_STATES, SNAPSHOT_HEAD],
     )
-    return Snapshot(servers=servers, deployments=deployments, requests=requests, config=config)
+    requests = {view.id: view for view in map(_request_view, head)}
+    if len(requests) == SNAPSHOT_HEAD:  # else that was every waiting request
+        # The other views of the line are read as ids, and only the rows not read yet in
+        # full: most are the same rows.
+        ids = list({sql.uuid_of(key) for key in _other_heads(deployment_rows)} - requests.keys())
+        for start in range(0, len(ids), ROWS_PER_READ):
+            keys = sql.keys(Request, ids[start : start + ROWS_PER_READ])
+            requests.update(
+                (view.id, view)
+                for view in map(
+                    _request_view,
+                    sql.fetch(f"{REQUEST_VIEW_SQL} WHERE r.id IN ({sql.marks(len(keys))})", keys),
+                )
+            )
+    return Snapshot(
+        servers=servers,
+        deployments=deployments,
+        requests=tuple(requests.values()),
+        config=config,
+    )
 
 
-def _request_row(row: tuple) -> tuple:
-    """A row of REQUEST_HEAD_SQL as the ORM's `values_list(*REQUEST_FIELDS)` gives it."""
-    return (sql.uuid_of(row[0]), *(sql.aware(value) for value in row[1:]))
+def _request_view(row: tuple) -> RequestView:
+    rid, model, priority, state, created_at, expires_at, deployment_id, not_before = row
+    return RequestView(
+        id=sql.uuid_of(rid),
+        model=model or "",
+        priority=priority,
+        state=state,
+        created_at=sql.timestamp(created_at),
+        expires_at=sql.timestamp(expires_at),
+        deployment_id=deployment_id,
+        not_before=sql.timestamp(not_before),
+    )
+
+
+def _other_heads(deployment_rows: list[tuple]) -> Iterable:
+    """With a deep line, the ids of the oldest waiting requests, of the oldest routed ones,
+    and of each deployed model's best: a model that can be served now is seen now, and
+    does not hide behind a deep line for other models (a long load, a server down)."""
+    routed = (State.READY, State.NEEDS_LOADING)
+    for states in (WAITING_STATES, routed):
+        yield from itertools.chain.from_iterable(
+            sql.fetch(
+                f"SELECT id FROM {REQUESTS} WHERE state IN ({sql.marks(len(states))})"
+                " ORDER BY created_at, id LIMIT %s",
+                [*states, SNAPSHOT_HEAD],
+            )
+        )
+    waiting = Request.objects.filter(state__in=WAITING_STATES)
+    yield from best_of_each(waiting, {row[0] for row in deployment_rows})
 
 
 def best_of_each(waiting, model_ids: set[int]) -> Iterable:
@@ -427,12 +439,6 @@ class LoadedDeployment(NamedTuple):
     server_name: str
     server_model_id: str
     load_options: dict
-
-
-SERVERS = Server._meta.db_table
-DEPLOYMENTS = Deployment._meta.db_table
-MODELS = Deployment._meta.get_field("model").related_model._meta.db_table
-REQUESTS = Request._meta.db_table
 
 
 def _lock_servers(deployment_ids: set[int]) -> dict[int, int]:
