@@ -403,6 +403,9 @@ class _Pass:
 
     def dispatch(self) -> None:
         for r in self.ranked("ready"):
+            if not self.any_free_slot():
+                # The rest waits; a slot that frees wakes the loop (retries' times included).
+                return
             if r.not_before and r.not_before > self.now:
                 self.wake_at(r.not_before, "retry a request")
                 continue
@@ -413,6 +416,9 @@ class _Pass:
             self.in_flight[d.server_id] += 1
             self.deployments[d.id] = replace(d, in_flight=d.in_flight + 1)
             self.drop(r)
+
+    def any_free_slot(self) -> bool:
+        return any(self.in_flight[s.id] < s.slots for s in self.servers.values())
 
     def free_slot_for(self, r: RequestView) -> DeploymentView | None:
         """Its own deployment if it has a free slot, else another server with its model

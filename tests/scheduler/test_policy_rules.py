@@ -588,6 +588,15 @@ def test_retry_backoff_of_a_request_is_respected():
     assert of(plan(snap([server(1)], [dep(1, 1, "a", "loaded")], [r]), at(3)), Dispatch)
 
 
+def test_with_every_slot_taken_a_retry_waits_for_a_freed_slot_not_its_time():
+    """Nothing can be sent while every slot is taken: the pass stops looking (a freed slot
+    wakes the loop), and plans no wake-up for a retry's time."""
+    busy = dep(1, 1, "a", "loaded", in_flight=1)
+    r = req("a", state="ready", deployment_id=1, not_before=at(3), expires_at=at(600))
+    decisions = plan(snap([server(1)], [busy], [r]), at(0))
+    assert of(decisions, Dispatch) == [] and defer(decisions).until != at(3)
+
+
 def test_defer_is_the_earliest_wake():
     """One Defer, for the earliest of several known moments (expiry, TTL, backoff)."""
     r = req("a", expires_at=at(100))
