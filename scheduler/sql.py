@@ -45,6 +45,21 @@ def for_update(of: str = "") -> str:
     return f" FOR UPDATE OF {of}" if of else " FOR UPDATE"
 
 
+def insert(instance: models.Model) -> None:
+    """INSERT the unsaved `instance` (its key set in Python), every concrete field as the
+    ORM would write it."""
+    meta = instance._meta
+    fields = meta.concrete_fields
+    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    execute(
+        f"INSERT INTO {meta.db_table} ({', '.join(f.column for f in fields)})"
+        f" VALUES ({marks(len(fields))})",
+        params,
+    )
+    instance._state.adding = False
+    instance._state.db = connection.alias
+
+
 def db_value(model: type[models.Model], name: str, value: Any) -> Any:
     """`value` as the ORM would write it to the field `name` (attname or name)."""
     return model._meta.get_field(name).get_db_prep_save(value, connection)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from backends.models import Model
 
-from .. import wakeup
+from .. import sql, wakeup
 from ..models import WAITING_STATES, Priority, Request, RequestKind
 from .errors import ApiError
 from .queue_bound import queue_bound
@@ -24,18 +24,20 @@ REQUIRED_INPUT = {
 }
 
 
-def resolve_model(name: str) -> Model:
-    model = Model.objects.filter(name=name).first()
-    if model is None:
-        model = next((m for m in Model.objects.all() if name in (m.aliases or [])), None)
-    if model is None:
-        raise ApiError(
-            404,
-            f"The model `{name}` does not exist.",
-            param="model",
-            code="model_not_found",
-        )
-    return model
+def resolve_model(name: str) -> int:
+    """The id of the model called `name`, by name or else by alias."""
+    found = sql.fetch(f"SELECT id FROM {Model._meta.db_table} WHERE name = %s", [name])
+    if found:
+        return found[0][0]
+    model = next((m for m in Model.objects.all() if name in (m.aliases or [])), None)
+    if model is not None:
+        return model.pk
+    raise ApiError(
+        404,
+        f"The model `{name}` does not exist.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def parse_priority(value: Any) -> int:
@@ -77,23 +79,24 @@ def accept(kind: str, body: Any, priority: Any = None, request_id=None) -> Reque
     body = dict(validate_body(kind, body))
     body_priority = body.pop("priority", None)
     level = parse_priority(priority if priority not in (None, "") else body_priority)
-    model = resolve_model(body["model"])
+    model_id = resolve_model(body["model"])
     stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
     now = timezone.now()
+    fields = {"id": request_id} if request_id else {}
+    request = Request(
+        kind=kind,
+        model_name=body["model"],
+        model_id=model_id,
+        payload=body,
+        stream=stream,
+        priority=level,
+        created_at=now,
+        expires_at=now + timedelta(seconds=max_wait_s(level)),
+        **fields,
+    )
     with transaction.atomic():
         queue_bound.admit(level)
-        fields = {"id": request_id} if request_id else {}
-        request = Request.objects.create(
-            kind=kind,
-            model_name=body["model"],
-            model=model,
-            payload=body,
-            stream=stream,
-            priority=level,
-            created_at=now,
-            expires_at=now + timedelta(seconds=max_wait_s(level)),
-            **fields,
-        )
+        sql.insert(request)
         wakeup.notify_in_transaction()
         transaction.on_commit(wakeup.wake_local)
     return request
