@@ -4,18 +4,16 @@ All functions are synchronous; the runtime calls them through `sync_to_async`.
 """
 
 import dataclasses
-import itertools
 import json
 import logging
 import os
 import socket
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -42,7 +40,6 @@ DS = DeploymentState
 SNAPSHOT_HEAD = 250  # waiting requests read per ordering; see read_snapshot
 MODEL_HEAD = 50  # and the best of each deployed model's own line
 ROWS_PER_READ = 500  # ids in one IN list, within SQLite's limit on parameters
-RANK = ("priority", "created_at", "id")
 SERVERS = Server._meta.db_table
 DEPLOYMENTS = Deployment._meta.db_table
 MODELS = Model._meta.db_table
@@ -167,36 +164,33 @@ def _request_view(row: tuple) -> RequestView:
     )
 
 
-def _other_heads(deployment_rows: list[tuple]) -> Iterable:
-    """With a deep line, the ids of the oldest waiting requests, of the oldest routed ones,
-    and of each deployed model's best: a model that can be served now is seen now, and
-    does not hide behind a deep line for other models (a long load, a server down)."""
-    routed = (State.READY, State.NEEDS_LOADING)
-    for states in (WAITING_STATES, routed):
-        yield from itertools.chain.from_iterable(
-            sql.fetch(
-                f"SELECT id FROM {REQUESTS} WHERE state IN ({sql.marks(len(states))})"
-                " ORDER BY created_at, id LIMIT %s",
-                [*states, SNAPSHOT_HEAD],
-            )
-        )
-    waiting = Request.objects.filter(state__in=WAITING_STATES)
-    yield from best_of_each(waiting, {row[0] for row in deployment_rows})
-
-
-def best_of_each(waiting, model_ids: set[int]) -> Iterable:
-    """The ids of the `MODEL_HEAD` best-ranked waiting requests of each model: one statement
-    where the database takes a LIMIT in each part of a UNION (PostgreSQL), else one query
-    per model (SQLite, in-process)."""
+def _other_heads(deployment_rows: list[tuple]) -> list:
+    """With a deep line, in one statement, the ids of the oldest waiting requests, of the
+    oldest routed ones, and of each deployed model's `MODEL_HEAD` best: a model that can be
+    served now is seen now, and does not hide behind a deep line for other models (a long
+    load, a server down)."""
+    waiting = f"state IN ({sql.marks(len(WAITING_STATES))})"
     heads = [
-        waiting.filter(model_id=m).order_by(*RANK).values_list("id", flat=True)[:MODEL_HEAD]
-        for m in sorted(model_ids)
+        (waiting, "created_at, id", [*WAITING_STATES], SNAPSHOT_HEAD),
+        ("state IN (%s, %s)", "created_at, id", [State.READY, State.NEEDS_LOADING], SNAPSHOT_HEAD),
     ]
-    if not heads:
-        return []
-    if connection.features.supports_slicing_ordering_in_compound:
-        return heads[0].union(*heads[1:], all=True)
-    return itertools.chain.from_iterable(heads)
+    heads += [
+        (
+            f"{waiting} AND model_id = %s",
+            "priority, created_at, id",
+            [*WAITING_STATES, m],
+            MODEL_HEAD,
+        )
+        for m in sorted({row[0] for row in deployment_rows})
+    ]
+    # Each head a subquery: SQLite takes no ORDER BY or LIMIT in a UNION's parts themselves.
+    statement = " UNION ALL ".join(
+        f"SELECT id FROM (SELECT id FROM {REQUESTS} WHERE {where} ORDER BY {order} LIMIT %s)"
+        f" AS head{i}"
+        for i, (where, order, _, _) in enumerate(heads)
+    )
+    params = [p for _, _, values, limit in heads for p in (*values, limit)]
+    return [key for (key,) in sql.fetch(statement, params)]
 
 
 # -- workers -----------------------------------------------------------------------------
