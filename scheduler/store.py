@@ -479,7 +479,6 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
     deployment) becomes a ServeJob, or None if its slot, its model or its row is gone."""
     if not sends:
         return []
-    now = timezone.now()
     jobs: list[ServeJob | None] = []
     with transaction.atomic(savepoint=False):
         # Servers first, then their deployments: workers dispatching at once never overfill
@@ -506,6 +505,7 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
                 continue  # gone, or named twice: sent once
             busy[d.server_id] += 1
             accepted[request_id] = d
+        now = timezone.now()  # once the slots are ours: as near the send as the row can tell
         fields = {"started_at": now, "worker_id": worker_id, "attempts": sql.Increment()}
         moved = move_all(
             [

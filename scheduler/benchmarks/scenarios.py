@@ -342,7 +342,10 @@ def dispatch(ctx: Context) -> Outcome:
             {"kind": "hist", "title": "commit→send, c=1", "xlabel": "ms", "series": {"c=1": hist}}
         ],
         data=data,
-        notes=["created_at is stamped just before the insert commits; started_at at dispatch."],
+        notes=[
+            "created_at is stamped just before the insert commits; started_at once the"
+            " dispatch holds the slot, just before the request's row is updated."
+        ],
     )
 
 
