@@ -7,11 +7,13 @@ JSON value is written exactly as the ORM writes it.
 """
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import connection, models
+
+T = TypeVar("T")
 
 
 class Increment(NamedTuple):
@@ -31,6 +33,13 @@ def fetch(statement: str, params: Sequence[Any] = ()) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.fetchall()
+
+
+def batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """`items` in runs of at most `size`: one statement each, within the parameters a
+    database takes in one statement."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def marks(n: int) -> str:

@@ -85,6 +85,8 @@ REQUEST_VIEW_SQL = (
     f" FROM {REQUESTS} r LEFT JOIN {MODELS} m ON m.id = r.model_id"
 )
 WAITING_SQL = f"r.state IN ({sql.marks(len(WAITING_STATES))})"
+RANK_SQL = "r.priority, r.created_at, r.id"  # best first, as the policy ranks before aging
+AGE_SQL = "r.created_at, r.id"  # oldest first
 
 
 def read_snapshot(config: PolicyConfig) -> Snapshot:
@@ -125,7 +127,7 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
     # The best-ranked and the oldest waiting requests: enough to plan every free slot and
     # load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
     head = sql.fetch(
-        f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY r.priority, r.created_at, r.id LIMIT %s",
+        f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY {RANK_SQL} LIMIT %s",
         [*WAITING_STATES, SNAPSHOT_HEAD],
     )
     requests = {view.id: view for view in map(_request_view, head)}
@@ -133,8 +135,8 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
         # The other views of the line are read as ids, and only the rows not read yet in
         # full: most are the same rows.
         ids = list({sql.uuid_of(key) for key in _other_heads(deployment_rows)} - requests.keys())
-        for start in range(0, len(ids), ROWS_PER_READ):
-            keys = sql.keys(Request, ids[start : start + ROWS_PER_READ])
+        for batch in sql.batches(ids, ROWS_PER_READ):
+            keys = sql.keys(Request, batch)
             requests.update(
                 (view.id, view)
                 for view in map(
@@ -169,23 +171,18 @@ def _other_heads(deployment_rows: list[tuple]) -> list:
     oldest routed ones, and of each deployed model's `MODEL_HEAD` best: a model that can be
     served now is seen now, and does not hide behind a deep line for other models (a long
     load, a server down)."""
-    waiting = f"state IN ({sql.marks(len(WAITING_STATES))})"
+    routed = "r.state IN (%s, %s)"
     heads = [
-        (waiting, "created_at, id", [*WAITING_STATES], SNAPSHOT_HEAD),
-        ("state IN (%s, %s)", "created_at, id", [State.READY, State.NEEDS_LOADING], SNAPSHOT_HEAD),
+        (WAITING_SQL, AGE_SQL, [*WAITING_STATES], SNAPSHOT_HEAD),
+        (routed, AGE_SQL, [State.READY, State.NEEDS_LOADING], SNAPSHOT_HEAD),
     ]
     heads += [
-        (
-            f"{waiting} AND model_id = %s",
-            "priority, created_at, id",
-            [*WAITING_STATES, m],
-            MODEL_HEAD,
-        )
+        (f"{WAITING_SQL} AND r.model_id = %s", RANK_SQL, [*WAITING_STATES, m], MODEL_HEAD)
         for m in sorted({row[0] for row in deployment_rows})
     ]
     # Each head a subquery: SQLite takes no ORDER BY or LIMIT in a UNION's parts themselves.
     statement = " UNION ALL ".join(
-        f"SELECT id FROM (SELECT id FROM {REQUESTS} WHERE {where} ORDER BY {order} LIMIT %s)"
+        f"SELECT id FROM (SELECT r.id FROM {REQUESTS} r WHERE {where} ORDER BY {order} LIMIT %s)"
         f" AS head{i}"
         for i, (where, order, _, _) in enumerate(heads)
     )
@@ -485,11 +482,9 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
         # a server's slots.
         slots = _lock_servers({did for _, did in sends})
         busy, deployments = _servers_deployments(slots)
-        request_ids = list(dict.fromkeys(rid for rid, _ in sends))
-        key_of = dict(zip(request_ids, sql.keys(Request, request_ids), strict=True))
-        keys = list(key_of.values())
+        keys = sql.keys(Request, dict.fromkeys(rid for rid, _ in sends))
         requests = {
-            key: (priority, json.loads(payload), kind, bool(stream))
+            sql.uuid_of(key): (priority, json.loads(payload), kind, bool(stream))
             for key, priority, payload, kind, stream in sql.fetch(
                 f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
                 f" WHERE id IN ({sql.marks(len(keys))})",
@@ -501,7 +496,7 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
             d = deployments.get(deployment_id)
             if d is None or busy[d.server_id] >= slots[d.server_id]:
                 continue
-            if key_of[request_id] not in requests or request_id in accepted:
+            if request_id not in requests or request_id in accepted:
                 continue  # gone, or named twice: sent once
             busy[d.server_id] += 1
             accepted[request_id] = d
@@ -524,14 +519,14 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
             request_id: d for (request_id, d), ok in zip(accepted.items(), moved, strict=True) if ok
         }
         for deployment_id in {d.id for d in sent.values()}:
-            mine = [requests[key_of[rid]][0] for rid, d in sent.items() if d.id == deployment_id]
+            mine = [requests[rid][0] for rid, d in sent.items() if d.id == deployment_id]
             _deployment_used(deployment_id, now, mine)
         for request_id, _ in sends:
             d = sent.pop(request_id, None)  # a request named twice gets one job
             if d is None:
                 jobs.append(None)
                 continue
-            _, payload, kind, stream = requests[key_of[request_id]]
+            _, payload, kind, stream = requests[request_id]
             call = InferenceCall(kind, d.server_model_id, payload, stream, d.load_options)
             jobs.append(ServeJob(request_id, d.id, d.server_id, d.server_name, worker_id, call))
     return jobs

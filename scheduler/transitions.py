@@ -204,8 +204,7 @@ def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]]) -> None:
 def _trace(moved: list[tuple[Transition, str]], at) -> None:
     """The trace rows of the moves made, in as few INSERTs as the database takes."""
     stamp = sql.db_value(Trace, "at", at)
-    for start in range(0, len(moved), TRACE_ROWS_PER_INSERT):
-        chunk = moved[start : start + TRACE_ROWS_PER_INSERT]
+    for chunk in sql.batches(moved, TRACE_ROWS_PER_INSERT):
         keys = sql.keys(Request, [t.request_id for t, _ in chunk])
         params: list[Any] = []
         for (t, source), key in zip(chunk, keys, strict=True):
