@@ -549,8 +549,12 @@ def move_and_dispatch(
     transitions: list[Transition], sends: list[tuple[Any, int]], worker_id: int
 ) -> tuple[list[bool], list[ServeJob | None]]:
     """`move_all`, then `dispatch_all`, in one transaction: a request routed and sent in the
-    same pass costs one commit."""
+    same pass costs one commit. Nor does that commit wait for the disk: should a database
+    crash lose it, each request is back where the pass found it and is planned again (one
+    already sent is sent again, as after a worker's crash); its end, committed durably,
+    flushes this commit with it."""
     with transaction.atomic():
+        sql.without_waiting_for_disk()
         return move_all(transitions), dispatch_all(sends, worker_id)
 
 

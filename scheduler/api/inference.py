@@ -70,7 +70,7 @@ async def handle(http: HttpRequest, kind: str) -> HttpResponse:
         sub = await Subscription().open()
         try:
             request = await released(intake.accept)(
-                kind, body, http.headers.get("X-Priority"), sub.request_id
+                kind, body, http.headers.get("X-Priority"), sub.request_id, caller_waits=True
             )
         except BaseException:
             await sub.close()
@@ -85,6 +85,8 @@ async def handle(http: HttpRequest, kind: str) -> HttpResponse:
         )
     try:
         finished = await until_finished(sub, settings.SWITCHYARD["WAITING_COMMENT_S"])
+    except ApiError as lost:
+        return lost.as_json_response()
     except asyncio.CancelledError:
         await cancel_abandoned(request.pk)
         raise
@@ -104,26 +106,31 @@ async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
     finished = False
     try:
         yield f": queued as {request_id}\n\n"
-        async for message in sub.messages(every_s):
-            if message and message["type"] == "stream.chunk":
-                yield f"data: {json.dumps(message['chunk'])}\n\n"
-                continue
-            if message is None:
-                request = await current(request_id)
-                if not request.is_terminal:
-                    position = await released(intake.position_in_line)(request)
-                    where = f"position {position}" if position else "processing"
-                    yield f": waiting, {request.state}, {where}\n\n"
+        try:
+            async for message in sub.messages(every_s):
+                if message and message["type"] == "stream.chunk":
+                    yield f"data: {json.dumps(message['chunk'])}\n\n"
                     continue
-            else:
-                request = await finished_after(request_id, message)
-                if request is None:
-                    continue
+                if message is None:
+                    request = await current(request_id)
+                    if not request.is_terminal:
+                        position = await released(intake.position_in_line)(request)
+                        where = f"position {position}" if position else "processing"
+                        yield f": waiting, {request.state}, {where}\n\n"
+                        continue
+                else:
+                    request = await finished_after(request_id, message)
+                    if request is None:
+                        continue
+                finished = True
+                if request.state != State.COMPLETED:
+                    yield f"data: {json.dumps(error_of(request).body())}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+        except ApiError as lost:  # its row is gone: see waiting.current
             finished = True
-            if request.state != State.COMPLETED:
-                yield f"data: {json.dumps(error_of(request).body())}\n\n"
+            yield f"data: {json.dumps(lost.body())}\n\n"
             yield "data: [DONE]\n\n"
-            return
     finally:
         if not finished:
             await cancel_abandoned(request_id)

@@ -74,8 +74,15 @@ def max_wait_s(priority: int) -> float:
     return settings.SWITCHYARD[f"MAX_WAIT_{Priority(priority).label.upper()}_S"]
 
 
-def accept(kind: str, body: Any, priority: Any = None, request_id=None) -> Request:
-    """Validate and store a new request. Raises ApiError (and stores nothing) on bad input."""
+def accept(
+    kind: str, body: Any, priority: Any = None, request_id=None, *, caller_waits: bool = False
+) -> Request:
+    """Validate and store a new request. Raises ApiError (and stores nothing) on bad input.
+
+    A caller that waits on the open connection (`caller_waits`) is answered only after the
+    request ends, by a durable commit that flushes this insert too; should a database crash
+    lose the row before then, that caller is told so (`request_lost`). So its insert need
+    not wait for the disk. A job's id is a promise made at once: its insert waits."""
     body = dict(validate_body(kind, body))
     body_priority = body.pop("priority", None)
     level = parse_priority(priority if priority not in (None, "") else body_priority)
@@ -95,6 +102,8 @@ def accept(kind: str, body: Any, priority: Any = None, request_id=None) -> Reque
         **fields,
     )
     with transaction.atomic():
+        if caller_waits:
+            sql.without_waiting_for_disk()
         queue_bound.admit(level)
         sql.insert(request)
         wakeup.notify_in_transaction()

@@ -12,6 +12,7 @@ from django.db import connection
 
 from ..models import TERMINAL_STATES, WAITING_STATES, Request, State
 from ..transitions import move
+from .errors import ApiError
 from .inbox import Message, inbox
 
 
@@ -66,7 +67,17 @@ def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
 
 @released
 def current(request_id) -> Request:
-    return Request.objects.select_related("server").get(pk=request_id)
+    found = Request.objects.select_related("server").filter(pk=request_id).first()
+    if found is None:
+        # Its insert had not reached the disk when the database crashed (see intake.accept).
+        raise ApiError(
+            503,
+            "The request was lost: the database restarted before storing it. Send it again.",
+            type="server_error",
+            code="request_lost",
+            retry_after_s=1,
+        )
+    return found
 
 
 def told_outcome(request_id, message: Message) -> Request | None:

@@ -1,0 +1,93 @@
+"""Which commits wait for the disk. A job's acceptance and every request's end do; what the
+system redoes by itself (a pass's routes and dispatches, the insert of a request whose caller
+waits for its answer) does not. A caller whose row a database crash lost is told so."""
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from backends.models import DeploymentState
+from scheduler import sql, store
+from scheduler.api import intake
+from scheduler.api.errors import ApiError
+from scheduler.api.inference import relay_sse
+from scheduler.api.waiting import Subscription, until_finished
+from scheduler.models import Request, State, Worker
+from tests import factories
+from tests.support.running import db_thread_closed  # noqa: F401 (fixture)
+
+NO_WAIT = "SET LOCAL synchronous_commit TO OFF"
+BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def waits_for_disk(work) -> bool:
+    with CaptureQueriesContext(connection) as captured:
+        work()
+    return NO_WAIT not in [q["sql"] for q in captured.captured_queries]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_waiting_for_disk_holds_for_its_own_transaction_only():
+    def synchronous_commit() -> str:
+        return sql.fetch("SHOW synchronous_commit")[0][0] if settings.IS_POSTGRES else ""
+
+    before = synchronous_commit()
+    with transaction.atomic():
+        sql.without_waiting_for_disk()
+        inside = synchronous_commit()
+    assert synchronous_commit() == before
+    if settings.IS_POSTGRES:
+        assert (before, inside) == ("on", "off")
+
+
+@pytest.mark.django_db
+def test_what_commits_without_waiting_for_disk():
+    """On SQLite (WAL, synchronous=NORMAL) no commit waits for the disk anyway: nothing to set."""
+    redone = not settings.IS_POSTGRES
+    factories.model("m1")
+    assert waits_for_disk(lambda: intake.accept("chat", BODY))  # a job: a promise
+    assert waits_for_disk(lambda: intake.accept("chat", BODY, caller_waits=True)) == redone
+
+    worker = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(factories.server("s1", slots=2), "m1", state=DeploymentState.LOADED)
+    ready = factories.request("m1", state=State.READY, deployment=d)
+    jobs: list = []
+
+    def a_pass() -> None:
+        jobs.extend(store.move_and_dispatch([], [(ready.pk, d.pk)], worker.pk)[1])
+
+    assert waits_for_disk(a_pass) == redone
+    assert jobs[0] is not None
+
+    answer = store.Answer(jobs[0], {"ok": True}, 0.1)
+    assert waits_for_disk(lambda: store.requests_completed([answer]))  # an end is kept
+    assert Request.objects.get(pk=ready.pk).state == State.COMPLETED
+
+
+@pytest.fixture
+async def lost_request() -> Subscription:
+    """A caller waiting on a request whose row is gone, as after a database crash."""
+    request = await sync_to_async(factories.request)("m1")
+    sub = await Subscription(request.pk).open()
+    await Request.objects.filter(pk=request.pk).adelete()
+    yield sub
+    await sub.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("db_thread_closed")
+async def test_a_waiting_caller_whose_row_was_lost_is_told_to_send_it_again(lost_request):
+    with pytest.raises(ApiError) as lost:
+        await until_finished(lost_request, every_s=0.01)
+    assert (lost.value.status, lost.value.code) == (503, "request_lost")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("db_thread_closed")
+async def test_a_streaming_caller_whose_row_was_lost_gets_an_error_event(lost_request, knobs):
+    knobs(WAITING_COMMENT_S=0.01)
+    events = [event async for event in relay_sse(lost_request)]
+    assert '"code": "request_lost"' in events[-2]
+    assert events[-1] == "data: [DONE]\n\n"
