@@ -69,10 +69,12 @@ def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
 def current(request_id) -> Request:
     found = Request.objects.select_related("server").filter(pk=request_id).first()
     if found is None:
-        # Its insert had not reached the disk when the database crashed (see intake.accept).
+        # Deleted by an operator, or its insert had not reached the disk when the database
+        # crashed (see intake.accept).
         raise ApiError(
             503,
-            "The request was lost: the database restarted before storing it. Send it again.",
+            "The request's row is gone (deleted, or lost in a database crash before it was"
+            " stored durably). Send it again.",
             type="server_error",
             code="request_lost",
             retry_after_s=1,
