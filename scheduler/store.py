@@ -30,7 +30,7 @@ from backends.models import (
 )
 
 from . import announce, sql
-from .models import WAITING_STATES, Priority, Request, State, Worker
+from .models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State, Worker
 from .retry import backoff_s
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
 from .transitions import Transition, move, move_all
@@ -549,12 +549,13 @@ def move_and_dispatch(
     transitions: list[Transition], sends: list[tuple[Any, int]], worker_id: int
 ) -> tuple[list[bool], list[ServeJob | None]]:
     """`move_all`, then `dispatch_all`, in one transaction: a request routed and sent in the
-    same pass costs one commit. Nor does that commit wait for the disk: should a database
-    crash lose it, each request is back where the pass found it and is planned again (one
-    already sent is sent again, as after a worker's crash); its end, committed durably,
-    flushes this commit with it."""
+    same pass costs one commit. Unless it ends a request (an expiry, a failure), that commit
+    does not wait for the disk either: should a database crash lose it, each request is back
+    where the pass found it and is planned again (one already sent is sent again, as after
+    a worker's crash); its end, committed durably, flushes this commit with it."""
     with transaction.atomic():
-        sql.without_waiting_for_disk()
+        if not any(t.to_state in TERMINAL_STATES for t in transitions):
+            sql.without_waiting_for_disk()
         return move_all(transitions), dispatch_all(sends, worker_id)
 
 

@@ -1,6 +1,7 @@
 """Which commits wait for the disk. A job's acceptance and every request's end do; what the
-system redoes by itself (a pass's routes and dispatches, the insert of a request whose caller
-waits for its answer) does not. A caller whose row a database crash lost is told so."""
+system redoes by itself (a pass's routes and dispatches, unless it also ends a request; the
+insert of a request whose caller waits for its answer) does not. A caller whose row a
+database crash lost is told so."""
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -15,6 +16,7 @@ from scheduler.api.errors import ApiError
 from scheduler.api.inference import relay_sse
 from scheduler.api.waiting import Subscription, until_finished
 from scheduler.models import Request, State, Worker
+from scheduler.transitions import Transition
 from tests import factories
 from tests.support.running import db_thread_closed  # noqa: F401 (fixture)
 
@@ -60,6 +62,10 @@ def test_what_commits_without_waiting_for_disk():
 
     assert waits_for_disk(a_pass) == redone
     assert jobs[0] is not None
+
+    waiting = factories.request("m1")
+    expiry = Transition(waiting.pk, (State.PENDING,), State.EXPIRED, "waited too long")
+    assert waits_for_disk(lambda: store.move_and_dispatch([expiry], [], worker.pk))
 
     answer = store.Answer(jobs[0], {"ok": True}, 0.1)
     assert waits_for_disk(lambda: store.requests_completed([answer]))  # an end is kept
