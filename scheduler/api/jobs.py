@@ -15,7 +15,7 @@ from ..models import WAITING_STATES, Request, RequestKind, State
 from ..transitions import move
 from . import intake
 from .errors import ApiError
-from .waiting import Subscription, current, until_finished
+from .waiting import Subscription, current, stored, until_finished
 
 
 class SubmitSerializer(serializers.Serializer):
@@ -67,7 +67,7 @@ class RequestSerializer(serializers.ModelSerializer):
 
 
 def get_request(request_id) -> Request:
-    found = Request.objects.select_related("server").filter(pk=request_id).first()
+    found = stored(request_id)
     if found is None:
         raise ApiError(404, f"No request with id {request_id}.", code="request_not_found")
     return found

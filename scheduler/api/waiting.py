@@ -65,9 +65,14 @@ def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
     return sync_to_async(run, thread_sensitive=False)
 
 
+def stored(request_id) -> Request | None:
+    """The request's row with its server, or None if there is none."""
+    return Request.objects.select_related("server").filter(pk=request_id).first()
+
+
 @released
 def current(request_id) -> Request:
-    found = Request.objects.select_related("server").filter(pk=request_id).first()
+    found = stored(request_id)
     if found is None:
         # Deleted by an operator, or its insert had not reached the disk when the database
         # crashed (see intake.accept).

@@ -3,6 +3,8 @@ system redoes by itself (a pass's routes and dispatches, unless it also ends a r
 insert of a request whose caller waits for its answer) does not. A caller whose row a
 database crash lost is told so."""
 
+from collections.abc import AsyncIterator
+
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -73,7 +75,7 @@ def test_what_commits_without_waiting_for_disk():
 
 
 @pytest.fixture
-async def lost_request() -> Subscription:
+async def lost_request() -> AsyncIterator[Subscription]:
     """A caller waiting on a request whose row is gone, as after a database crash."""
     request = await sync_to_async(factories.request)("m1")
     sub = await Subscription(request.pk).open()
