@@ -1,7 +1,8 @@
 """HTTP through Django, websockets through the dashboard's consumers (staff sessions only).
 
-The API's paths skip the site's middleware (see `ApiHandler`); everything else, admin and
-dashboard included, gets all of it."""
+The inference endpoints are a bare ASGI app (`scheduler.api.openai_asgi`); the rest of the
+API skips the site's middleware (see `ApiHandler`); everything else, admin and dashboard
+included, gets all of it."""
 
 import os
 
@@ -18,6 +19,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from config import urls  # noqa: E402, F401 (imported now, not during the first request)
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from scheduler.api import openai_asgi  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/api/v1/")
 
@@ -38,7 +40,13 @@ api_asgi_app = ApiHandler()
 
 
 async def http(scope, receive, send) -> None:
-    app = api_asgi_app if scope["path"].startswith(API_PREFIXES) else django_asgi_app
+    path = scope["path"]
+    if path in openai_asgi.KINDS:
+        app = openai_asgi.app
+    elif path.startswith(API_PREFIXES):
+        app = api_asgi_app
+    else:
+        app = django_asgi_app
     await app(scope, receive, send)
 
 

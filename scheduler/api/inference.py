@@ -3,15 +3,15 @@
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
 
 from backends.models import Model
 
-from ..models import Request, RequestKind, State
+from ..models import Request, State
 from . import intake
 from .errors import ApiError
 from .waiting import (
@@ -55,48 +55,61 @@ def error_of(request: Request) -> ApiError:
     )
 
 
-def parse_json(request: HttpRequest):
+def parse_json(raw: bytes):
     try:
-        return json.loads(request.body or b"")
+        return json.loads(raw or b"")
     except ValueError as exc:
         raise ApiError(
             400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
         ) from exc
 
 
-async def handle(http: HttpRequest, kind: str) -> HttpResponse:
+@dataclass
+class Reply:
+    """What an endpoint answers: a JSON body, or (`events`) a stream of SSE events."""
+
+    status: int
+    headers: dict[str, str]
+    body: dict | None = None
+    events: AsyncIterator[str] | None = None
+
+    @classmethod
+    def error(cls, error: ApiError, request_id=None) -> "Reply":
+        headers = error.headers()
+        if request_id is not None:
+            headers["X-Request-Id"] = str(request_id)  # its trace tells why
+        return cls(error.status, headers, error.body())
+
+
+async def answer(kind: str, raw: bytes, priority: str | None) -> Reply:
+    """Store the request, then wait for its end (or relay its events as they come)."""
     try:
-        body = parse_json(http)
+        body = parse_json(raw)
         sub = await Subscription().open()
         try:
             request = await released(intake.accept)(
-                kind, body, http.headers.get("X-Priority"), sub.request_id, caller_waits=True
+                kind, body, priority, sub.request_id, caller_waits=True
             )
         except BaseException:
             await sub.close()
             raise
     except ApiError as error:
-        return error.as_json_response()
+        return Reply.error(error)
     if request.stream:
-        return StreamingHttpResponse(
-            relay_sse(sub),
-            content_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Request-Id": str(request.pk)},
-        )
+        headers = {"Cache-Control": "no-cache", "X-Request-Id": str(request.pk)}
+        return Reply(200, headers, events=relay_sse(sub))
     try:
         finished = await until_finished(sub, settings.SWITCHYARD["WAITING_COMMENT_S"])
     except ApiError as lost:
-        return lost.as_json_response()
+        return Reply.error(lost)
     except asyncio.CancelledError:
         await cancel_abandoned(request.pk)
         raise
     finally:
         await sub.close()
     if finished.state == State.COMPLETED:
-        return JsonResponse(finished.result, headers={"X-Request-Id": str(finished.pk)})
-    response = error_of(finished).as_json_response()
-    response["X-Request-Id"] = str(finished.pk)  # its trace tells why
-    return response
+        return Reply(200, {"X-Request-Id": str(finished.pk)}, finished.result)
+    return Reply.error(error_of(finished), finished.pk)
 
 
 async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
@@ -135,24 +148,6 @@ async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
         if not finished:
             await cancel_abandoned(request_id)
         await sub.close()
-
-
-@csrf_exempt
-@require_POST
-async def chat_completions(http: HttpRequest) -> HttpResponse:
-    return await handle(http, RequestKind.CHAT)
-
-
-@csrf_exempt
-@require_POST
-async def completions(http: HttpRequest) -> HttpResponse:
-    return await handle(http, RequestKind.COMPLETION)
-
-
-@csrf_exempt
-@require_POST
-async def embeddings(http: HttpRequest) -> HttpResponse:
-    return await handle(http, RequestKind.EMBEDDING)
 
 
 @require_GET

@@ -5,6 +5,7 @@ import json
 import httpx
 import openai
 import pytest
+from django.conf import settings
 
 from scheduler.models import Request, State
 from tests import factories
@@ -88,6 +89,22 @@ def test_bad_input_is_400_and_changes_nothing(live, body, param):
     assert r.status_code == 400
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert r.json()["error"]["param"] == param
+    assert Request.objects.count() == 0
+
+
+def test_other_methods_are_405_in_openai_shape(live):
+    r = httpx.get(f"{live.url}/v1/chat/completions")
+    assert r.status_code == 405
+    assert r.headers["Allow"] == "POST"
+    assert r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_a_body_over_the_upload_limit_is_413_and_changes_nothing(live):
+    content = "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+    body = {"model": "qwen", "messages": [{"role": "user", "content": content}]}
+    r = httpx.post(f"{live.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
     assert Request.objects.count() == 0
 
 
