@@ -6,8 +6,10 @@ Values still go through their model fields (`get_db_prep_save`), so a UUID, a ti
 JSON value is written exactly as the ORM writes it.
 """
 
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -15,6 +17,7 @@ from django.conf import settings
 from django.db import connection, models
 
 T = TypeVar("T")
+Statement = tuple[str, Sequence[Any]]
 
 
 class Increment(NamedTuple):
@@ -30,6 +33,61 @@ def execute(statement: str, params: Sequence[Any] = ()) -> int:
         return cursor.rowcount
 
 
+def fetch_all(statements: Sequence[Statement]) -> list[list[tuple]]:
+    """The rows of each query, in order. On PostgreSQL in one round trip: one query of
+    several statements, its values bound on the client as Django binds them all (psycopg's
+    client-side cursor, simple query protocol), run in order (so row locks are taken in
+    order). On SQLite, in turn: there is no round trip to save."""
+    if not settings.IS_POSTGRES or len(statements) == 1:
+        return [fetch(statement, params) for statement, params in statements]
+    rows = []
+    with connection.cursor() as cursor:
+        cursor.execute(*_joined(statements))
+        rows.append(cursor.fetchall())
+        while cursor.nextset():
+            rows.append(cursor.fetchall())
+    return rows
+
+
+def _joined(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
+    return "; ".join(s for s, _ in statements), [p for _, params in statements for p in params]
+
+
+_held = threading.local()  # the writes of this thread's open `writes_at_end`
+
+
+@contextmanager
+def writes_at_end() -> Iterator[None]:
+    """Inside a transaction: hold the `write_later` statements made within, and send them
+    together when it ends without error, just before the commit (one round trip on
+    PostgreSQL). Nested, the outermost sends."""
+    if getattr(_held, "writes", None) is not None:
+        yield
+        return
+    _held.writes = []
+    try:
+        yield
+        writes, _held.writes = _held.writes, None
+        if writes and settings.IS_POSTGRES:
+            execute(*_joined(writes))
+        else:
+            for statement, params in writes:
+                execute(statement, params)
+    finally:
+        _held.writes = None
+
+
+def write_later(statement: str, params: Sequence[Any] = ()) -> None:
+    """A write whose result nobody reads and that nothing in its transaction reads back
+    (a trace row, a counter, a setting, a NOTIFY): sent with the others when the open
+    `writes_at_end` ends; at once outside one."""
+    writes = getattr(_held, "writes", None)
+    if writes is None:
+        execute(statement, params)
+    else:
+        writes.append((statement, params))
+
+
 def without_waiting_for_disk() -> None:
     """Inside a transaction: commit it without waiting for its WAL to reach the disk
     (PostgreSQL's `synchronous_commit` off; a flush costs 0.1 ms on this machine's quiet
@@ -40,7 +98,7 @@ def without_waiting_for_disk() -> None:
     it, leaving the rows as they were before. A later durable commit flushes it too, so a
     durable state never rests on a lost move."""
     if settings.IS_POSTGRES:
-        execute("SET LOCAL synchronous_commit TO OFF")
+        write_later("SET LOCAL synchronous_commit TO OFF")
 
 
 def fetch(statement: str, params: Sequence[Any] = ()) -> list[tuple]:
@@ -70,11 +128,11 @@ def for_update(of: str = "") -> str:
 
 def insert(instance: models.Model) -> None:
     """INSERT the unsaved `instance` (its key set in Python), every concrete field as the
-    ORM would write it."""
+    ORM would write it; with `write_later`, so nothing in its transaction may read it."""
     meta = instance._meta
     fields = meta.concrete_fields
     params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    execute(
+    write_later(
         f"INSERT INTO {meta.db_table} ({', '.join(f.column for f in fields)})"
         f" VALUES ({marks(len(fields))})",
         params,

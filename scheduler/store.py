@@ -91,7 +91,18 @@ AGE_SQL = "r.created_at, r.id"  # oldest first
 
 def read_snapshot(config: PolicyConfig) -> Snapshot:
     """What the policy plans on: every server and deployment, and the head of the line.
-    Read as SQL written once, as the ORM would return it (this runs on every pass)."""
+    Read as SQL written once, as the ORM would return it (this runs on every pass), the
+    three reads in one round trip."""
+    server_rows, deployment_rows, head = sql.fetch_all(
+        [
+            (SERVER_VIEW_SQL, []),
+            (DEPLOYMENT_VIEW_SQL, []),
+            (
+                f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY {RANK_SQL} LIMIT %s",
+                [*WAITING_STATES, SNAPSHOT_HEAD],
+            ),
+        ]
+    )
     servers = tuple(
         ServerView(
             id=sid,
@@ -118,18 +129,13 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
             enabled,
             health,
             cooldown_until,
-        ) in sql.fetch(SERVER_VIEW_SQL)
+        ) in server_rows
     )
-    deployment_rows = sql.fetch(DEPLOYMENT_VIEW_SQL)
     deployments = tuple(
         DeploymentView(*(sql.aware(value) for value in row[1:])) for row in deployment_rows
     )
     # The best-ranked and the oldest waiting requests: enough to plan every free slot and
     # load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
-    head = sql.fetch(
-        f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY {RANK_SQL} LIMIT %s",
-        [*WAITING_STATES, SNAPSHOT_HEAD],
-    )
     requests = {view.id: view for view in map(_request_view, head)}
     if len(requests) == SNAPSHOT_HEAD:  # else that was every waiting request
         # The other views of the line are read as ids, and only the rows not read yet in
@@ -432,36 +438,37 @@ class LoadedDeployment(NamedTuple):
     load_options: dict
 
 
-def _lock_servers(deployment_ids: set[int]) -> dict[int, int]:
+def _lock_servers(deployment_ids: list[int]) -> sql.Statement:
     """Lock the servers of these deployments (in id order, so that workers never deadlock);
     their slots."""
-    ids = sorted(deployment_ids)
-    return dict(
-        sql.fetch(
-            f"SELECT id, slots FROM {SERVERS} WHERE id IN"
-            f" (SELECT server_id FROM {DEPLOYMENTS} WHERE id IN ({sql.marks(len(ids))}))"
-            f" ORDER BY id{sql.for_update()}",
-            ids,
-        )
+    return (
+        f"SELECT id, slots FROM {SERVERS} WHERE id IN"
+        f" (SELECT server_id FROM {DEPLOYMENTS} WHERE id IN ({sql.marks(len(deployment_ids))}))"
+        f" ORDER BY id{sql.for_update()}",
+        deployment_ids,
     )
 
 
-def _servers_deployments(
-    slots: dict[int, int],
-) -> tuple[dict[int, int], dict[int, LoadedDeployment]]:
-    """With their servers locked: each server's requests in flight, and its loaded
-    deployments, locked too (one found loaded stays loaded until commit). Read after the
-    servers' lock, so that a dispatch that held it is counted."""
-    ids = sorted(slots)
-    rows = sql.fetch(
+def _servers_deployments(deployment_ids: list[int]) -> sql.Statement:
+    """Then every deployment of those servers, locked too (one found loaded stays loaded
+    until commit), with its requests in flight. Run after the servers' lock is held (the
+    next statement of the same query), so that a dispatch that held it is counted."""
+    return (
         f"SELECT d.id, d.server_id, s.name, d.server_model_id, m.load_options,"
         f" d.load_options, d.state, d.in_flight"
         f" FROM {DEPLOYMENTS} d JOIN {SERVERS} s ON s.id = d.server_id"
         f" JOIN {MODELS} m ON m.id = d.model_id"
-        f" WHERE d.server_id IN ({sql.marks(len(ids))}) ORDER BY d.id{sql.for_update('d')}",
-        ids,
+        f" WHERE d.server_id IN (SELECT server_id FROM {DEPLOYMENTS}"
+        f" WHERE id IN ({sql.marks(len(deployment_ids))})) ORDER BY d.id{sql.for_update('d')}",
+        deployment_ids,
     )
-    busy = dict.fromkeys(ids, 0)
+
+
+def _loaded(
+    slots: dict[int, int], rows: list[tuple]
+) -> tuple[dict[int, int], dict[int, LoadedDeployment]]:
+    """Each server's requests in flight, and its loaded deployments."""
+    busy = dict.fromkeys(slots, 0)
     loaded = {}
     for did, server_id, name, model_id, defaults, own, state, in_flight in rows:
         busy[server_id] += in_flight
@@ -477,19 +484,27 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
     if not sends:
         return []
     jobs: list[ServeJob | None] = []
+    deployment_ids = sorted({did for _, did in sends})
+    keys = sql.keys(Request, dict.fromkeys(rid for rid, _ in sends))
     with transaction.atomic(savepoint=False):
         # Servers first, then their deployments: workers dispatching at once never overfill
-        # a server's slots.
-        slots = _lock_servers({did for _, did in sends})
-        busy, deployments = _servers_deployments(slots)
-        keys = sql.keys(Request, dict.fromkeys(rid for rid, _ in sends))
+        # a server's slots. One round trip for the three reads.
+        server_rows, deployment_rows, request_rows = sql.fetch_all(
+            [
+                _lock_servers(deployment_ids),
+                _servers_deployments(deployment_ids),
+                (
+                    f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
+                    f" WHERE id IN ({sql.marks(len(keys))})",
+                    keys,
+                ),
+            ]
+        )
+        slots = dict(server_rows)
+        busy, deployments = _loaded(slots, deployment_rows)
         requests = {
             sql.uuid_of(key): (priority, json.loads(payload), kind, bool(stream))
-            for key, priority, payload, kind, stream in sql.fetch(
-                f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
-                f" WHERE id IN ({sql.marks(len(keys))})",
-                keys,
-            )
+            for key, priority, payload, kind, stream in request_rows
         }
         accepted: dict[Any, LoadedDeployment] = {}
         for request_id, deployment_id in sends:
@@ -542,7 +557,7 @@ def _deployment_used(deployment_id: int, now: datetime, priorities: list[int]) -
     if Priority.INTERACTIVE in priorities:
         used["last_interactive_at"] = now
     changes, params = sql.assignments(Deployment, used)
-    sql.execute(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s", [*params, deployment_id])
+    sql.write_later(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s", [*params, deployment_id])
 
 
 def move_and_dispatch(
@@ -553,7 +568,7 @@ def move_and_dispatch(
     does not wait for the disk either: should a database crash lose it, each request is back
     where the pass found it and is planned again (one already sent is sent again, as after
     a worker's crash); its end, committed durably, flushes this commit with it."""
-    with transaction.atomic():
+    with transaction.atomic(), sql.writes_at_end():
         if not any(t.to_state in TERMINAL_STATES for t in transitions):
             sql.without_waiting_for_disk()
         return move_all(transitions), dispatch_all(sends, worker_id)
@@ -580,7 +595,7 @@ def _release(deployment_id: int, finished: int, seconds: list[float] | None = No
             alone = 0.8 * alone + 0.2 * s
         changes += ", avg_inference_s = COALESCE(%s * avg_inference_s + %s, %s)"
         params += [kept, added, alone]
-    sql.execute(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s", [*params, deployment_id])
+    sql.write_later(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s", [*params, deployment_id])
 
 
 @dataclass(frozen=True)
@@ -593,7 +608,7 @@ class Answer:
 def requests_completed(answers: list[Answer]) -> list[bool]:
     """Store the results, in one transaction. False for a request taken from this worker
     meanwhile."""
-    with transaction.atomic():
+    with transaction.atomic(), sql.writes_at_end():
         stored = move_all(
             [
                 Transition(

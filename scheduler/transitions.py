@@ -89,8 +89,9 @@ def move_all(transitions: list[Transition]) -> list[bool]:
     for t in transitions:
         check(t.from_states, t.to_state)
     results: list[bool] = []
-    # No savepoint when nested: a refused compare-and-set writes nothing to undo.
-    with transaction.atomic(savepoint=False):
+    # No savepoint when nested: a refused compare-and-set writes nothing to undo. The trace
+    # rows go with the transaction's last writes: nothing reads them before its commit.
+    with transaction.atomic(savepoint=False), sql.writes_at_end():
         for chunk in _distinct_requests(transitions):
             results += _move_chunk(chunk)
     return results
@@ -210,7 +211,7 @@ def _trace(moved: list[tuple[Transition, str]], at) -> None:
         for (t, source), key in zip(chunk, keys, strict=True):
             params += [key, stamp, source, t.to_state, t.at_server, t.reason]
         rows = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))
-        sql.execute(
+        sql.write_later(
             f"INSERT INTO {TRACES} (request_id, at, from_state, to_state, server, reason)"
             f" VALUES {rows}",
             params,

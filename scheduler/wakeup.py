@@ -12,6 +12,8 @@ import threading
 from django.conf import settings
 from django.db import connection
 
+from . import sql
+
 CHANNEL = "switchyard"
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,7 @@ def wake_local() -> None:
 def notify_in_transaction() -> None:
     """Call inside the transaction that made work: other processes wake on its commit."""
     if settings.IS_POSTGRES:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+        sql.write_later(f"NOTIFY {CHANNEL}")
 
 
 async def listen_postgres(event: asyncio.Event) -> None:

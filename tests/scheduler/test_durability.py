@@ -29,7 +29,7 @@ BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 def waits_for_disk(work) -> bool:
     with CaptureQueriesContext(connection) as captured:
         work()
-    return NO_WAIT not in [q["sql"] for q in captured.captured_queries]
+    return not any(NO_WAIT in q["sql"] for q in captured.captured_queries)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,127 @@
+"""The statements a request costs. On PostgreSQL each one is a round trip to the database
+server (a few tenths of a millisecond on a 2-core machine, the largest share of a request's
+latency), so reads that can go together go in one query, and writes whose results nobody
+reads go with a transaction's last one. On SQLite they run in turn: there is no trip."""
+
+import pytest
+from django.conf import settings
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from backends.models import DeploymentState
+from scheduler import sql, store
+from scheduler.api import intake
+from scheduler.api.queue_bound import queue_bound
+from scheduler.decisions import Dispatch
+from scheduler.models import Request, State, Trace, Worker
+from scheduler.policy import plan
+from scheduler.runtime import Runtime
+from tests import factories
+
+POSTGRES = settings.IS_POSTGRES
+BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def sent(captured: CaptureQueriesContext) -> list[str]:
+    """The statements sent, as the connection saw them: BEGIN and COMMIT aside, and the
+    savepoints that stand for them inside a test's transaction."""
+    return [q["sql"] for q in captured.captured_queries if "SAVEPOINT" not in q["sql"]]
+
+
+def statements(work) -> list[str]:
+    with CaptureQueriesContext(connection) as captured:
+        work()
+    return sent(captured)
+
+
+@pytest.mark.django_db
+def test_fetch_all_reads_each_query_in_order_in_one_round_trip():
+    factories.server("s1")
+    factories.server("s2")
+    queries = [
+        ("SELECT name FROM backends_server WHERE name = %s", ["s2"]),
+        ("SELECT name FROM backends_server ORDER BY name", []),
+        ("SELECT name FROM backends_server WHERE name = %s", ["none"]),
+    ]
+    sent: list = []
+    sent.extend(statements(lambda: sent.append(sql.fetch_all(queries))))
+    rows, *queries_sent = sent
+    assert rows == [[("s2",)], [("s1",), ("s2",)], []]
+    assert len(queries_sent) == (1 if POSTGRES else 3)
+
+
+@pytest.mark.django_db
+def test_writes_at_end_holds_writes_until_its_end_and_sends_them_together():
+    server = factories.server("s1")
+    rename = "UPDATE backends_server SET name = %s WHERE id = %s"
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        with sql.writes_at_end():
+            sql.write_later(rename, ["s2", server.pk])
+            with sql.writes_at_end():  # nested: the outermost sends
+                sql.write_later(rename, ["s3", server.pk])
+            assert not sent(captured)
+            assert sql.fetch("SELECT name FROM backends_server")[0][0] == "s1"
+        after = sql.fetch("SELECT name FROM backends_server")[0][0]
+    assert after == "s3"  # in order
+    writes = [s for s in sent(captured) if s.startswith("UPDATE")]
+    assert len(writes) == (1 if POSTGRES else 2)
+
+    sql.write_later(rename, ["s4", server.pk])  # outside one: at once
+    assert sql.fetch("SELECT name FROM backends_server")[0][0] == "s4"
+
+
+@pytest.mark.django_db
+def test_writes_at_end_sends_nothing_when_its_work_fails():
+    server = factories.server("s1")
+    with pytest.raises(RuntimeError), transaction.atomic(), sql.writes_at_end():
+        sql.write_later("UPDATE backends_server SET name = 'x' WHERE id = %s", [server.pk])
+        raise RuntimeError("the transaction rolls back")
+    sql.write_later("UPDATE backends_server SET slots = 3 WHERE id = %s", [server.pk])
+    server.refresh_from_db()
+    assert (server.name, server.slots) == ("s1", 3)  # the held write went nowhere
+
+
+@pytest.mark.django_db
+def test_one_request_costs_nine_statements_on_postgresql(monkeypatch):
+    """Its insert (and the model's id), the snapshot, the pass that routes and sends it, and
+    its completion: each with every trace row, counter and setting it writes. (The queue
+    bound's count, at most once a second, is taken before.)"""
+    factories.model("m1")
+    monkeypatch.setattr(queue_bound, "clock", lambda: 0.0)
+    queue_bound.count()
+    d = factories.deployment(factories.server("s1", slots=2), "m1", state=DeploymentState.LOADED)
+    worker = Worker.objects.create(host="a", pid=1)
+    runtime = Runtime()
+    found: dict = {}
+
+    def a_pass() -> None:
+        snapshot = store.read_snapshot(store.policy_config())
+        runtime.server_of = {v.id: v.server_id for v in snapshot.deployments}
+        found["plan"] = plan(snapshot, runtime.clock())
+
+    def route_and_send() -> None:
+        moves = [t for d in found["plan"] if (t := runtime.transition_for(d))]
+        sends = [(d.request_id, d.deployment_id) for d in found["plan"] if isinstance(d, Dispatch)]
+        found["job"] = store.move_and_dispatch(moves, sends, worker.pk)[1][0]
+
+    def complete() -> None:
+        store.requests_completed([store.Answer(found["job"], {"ok": True}, 0.1)])
+
+    counts = [
+        len(statements(lambda: intake.accept("chat", BODY, caller_waits=True))),
+        len(statements(a_pass)),
+        len(statements(route_and_send)),
+        len(statements(complete)),
+    ]
+    request = Request.objects.get()
+    assert request.state == State.COMPLETED
+    assert request.deployment_id == d.pk
+    assert list(Trace.objects.values_list("to_state", flat=True).order_by("id")) == [
+        State.READY,
+        State.PROCESSING,
+        State.COMPLETED,
+    ]
+    if POSTGRES:
+        assert counts == [2, 1, 4, 2]
+    else:
+        assert sum(counts) > 9
