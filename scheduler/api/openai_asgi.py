@@ -102,9 +102,13 @@ async def send_reply(send, found: Reply, extra: dict[str, str] | None = None) ->
         await send(start(found.status, "application/json", headers))
         await send(part(body))
         return
-    await send(start(found.status, "text/event-stream", headers))
-    # Closed here, not when collected: its `finally` cancels a request whose caller left.
+    # Closed here, not when collected: its `finally` cancels a request whose caller left and
+    # ends the subscription. Started before anything is sent, so that it has a `finally` to
+    # run even if the caller leaves during the first send.
     async with contextlib.aclosing(found.events) as events:
+        first = await anext(events)
+        await send(start(found.status, "text/event-stream", headers))
+        await send(part(first.encode(), more=True))
         try:
             async for event in events:
                 await send(part(event.encode(), more=True))
