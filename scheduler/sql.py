@@ -67,14 +67,14 @@ def writes_at_end() -> Iterator[None]:
     _held.writes = []
     try:
         yield
-        writes, _held.writes = _held.writes, None
-        if writes and settings.IS_POSTGRES:
-            execute(*_joined(writes))
-        else:
-            for statement, params in writes:
-                execute(statement, params)
+        writes = _held.writes
     finally:
         _held.writes = None
+    if writes and settings.IS_POSTGRES:
+        execute(*_joined(writes))
+    else:
+        for statement, params in writes:
+            execute(statement, params)
 
 
 def write_later(statement: str, params: Sequence[Any] = ()) -> None:

@@ -438,12 +438,15 @@ class LoadedDeployment(NamedTuple):
     load_options: dict
 
 
+def _servers_of(deployment_ids: list[int]) -> str:
+    return f"SELECT server_id FROM {DEPLOYMENTS} WHERE id IN ({sql.marks(len(deployment_ids))})"
+
+
 def _lock_servers(deployment_ids: list[int]) -> sql.Statement:
     """Lock the servers of these deployments (in id order, so that workers never deadlock);
     their slots."""
     return (
-        f"SELECT id, slots FROM {SERVERS} WHERE id IN"
-        f" (SELECT server_id FROM {DEPLOYMENTS} WHERE id IN ({sql.marks(len(deployment_ids))}))"
+        f"SELECT id, slots FROM {SERVERS} WHERE id IN ({_servers_of(deployment_ids)})"
         f" ORDER BY id{sql.for_update()}",
         deployment_ids,
     )
@@ -458,8 +461,7 @@ def _servers_deployments(deployment_ids: list[int]) -> sql.Statement:
         f" d.load_options, d.state, d.in_flight"
         f" FROM {DEPLOYMENTS} d JOIN {SERVERS} s ON s.id = d.server_id"
         f" JOIN {MODELS} m ON m.id = d.model_id"
-        f" WHERE d.server_id IN (SELECT server_id FROM {DEPLOYMENTS}"
-        f" WHERE id IN ({sql.marks(len(deployment_ids))})) ORDER BY d.id{sql.for_update('d')}",
+        f" WHERE d.server_id IN ({_servers_of(deployment_ids)}) ORDER BY d.id{sql.for_update('d')}",
         deployment_ids,
     )
 

@@ -35,7 +35,9 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         error = ApiError(
             405, f"{scope['method']} is not allowed here; use POST.", code="method_not_allowed"
         )
-        await send_reply(send, Reply.error(error), {"Allow": "POST"})
+        refused = Reply.error(error)
+        refused.headers["Allow"] = "POST"
+        await send_reply(send, refused)
         return
     try:
         raw = await read_body(receive)
@@ -94,8 +96,8 @@ async def reply(kind: str, raw: bytes, priority: str | None, send) -> None:
     await send_reply(send, found)
 
 
-async def send_reply(send, found: Reply, extra: dict[str, str] | None = None) -> None:
-    headers = found.headers | (extra or {})
+async def send_reply(send, found: Reply) -> None:
+    headers = dict(found.headers)
     if found.events is None:
         body = json.dumps(found.body).encode()
         headers["Content-Length"] = str(len(body))
