@@ -89,6 +89,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # one per process so parallel test runs never share it.
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f"test-{os.getpid()}.sqlite3")}
 else:
+    # Django's backend, less a round trip per transaction (config/postgresql/base.py).
+    DATABASES["default"]["ENGINE"] = "config.postgresql"
     # A pool per process: a request borrows a connection per burst of queries instead of
     # opening one (a new backend process) per HTTP request.
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
@@ -97,7 +99,7 @@ else:
         "timeout": 30,
     }
     DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_switchyard_{os.getpid()}"
-IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+IS_POSTGRES = DATABASES["default"]["ENGINE"] == "config.postgresql"
 
 REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
 from django.conf import settings
-from django.db import connection, models
+from django.db import connection, models, transaction
 
 T = TypeVar("T")
 Statement = tuple[str, Sequence[Any]]
@@ -57,10 +57,13 @@ _held = threading.local()  # the writes of this thread's open `writes_at_end`
 
 
 @contextmanager
-def writes_at_end() -> Iterator[None]:
+def writes_at_end(commit: bool = False) -> Iterator[None]:
     """Inside a transaction: hold the `write_later` statements made within, and send them
     together when it ends without error, just before the commit (one round trip on
-    PostgreSQL). Nested, the outermost sends."""
+    PostgreSQL). Nested, the outermost sends. With `commit`, in Django's outermost atomic
+    block, on PostgreSQL: the COMMIT goes in the same round trip (Django's own then finds
+    the transaction ended, and sends nothing); nothing may run between this block's end and
+    the atomic block's."""
     if getattr(_held, "writes", None) is not None:
         yield
         return
@@ -71,10 +74,26 @@ def writes_at_end() -> Iterator[None]:
     finally:
         _held.writes = None
     if writes and settings.IS_POSTGRES:
+        if commit and _outermost_block():
+            writes.append(("COMMIT", []))
         execute(*_joined(writes))
     else:
         for statement, params in writes:
             execute(statement, params)
+
+
+def _outermost_block() -> bool:
+    """In Django's only atomic block, which will commit (not inside a test's, say)."""
+    return len(connection.atomic_blocks) == 1 and not connection.needs_rollback
+
+
+@contextmanager
+def atomic(savepoint: bool = True) -> Iterator[None]:
+    """A transaction whose `write_later` writes go at its end, with its COMMIT on
+    PostgreSQL: with the BEGIN that rides on its first statement (config/postgresql), a
+    transaction of writes alone is one round trip."""
+    with transaction.atomic(savepoint=savepoint), writes_at_end(commit=True):
+        yield
 
 
 def write_later(statement: str, params: Sequence[Any] = ()) -> None:

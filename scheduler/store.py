@@ -570,7 +570,7 @@ def move_and_dispatch(
     does not wait for the disk either: should a database crash lose it, each request is back
     where the pass found it and is planned again (one already sent is sent again, as after
     a worker's crash); its end, committed durably, flushes this commit with it."""
-    with transaction.atomic(), sql.writes_at_end():
+    with sql.atomic():
         if not any(t.to_state in TERMINAL_STATES for t in transitions):
             sql.without_waiting_for_disk()
         return move_all(transitions), dispatch_all(sends, worker_id)
@@ -610,7 +610,7 @@ class Answer:
 def requests_completed(answers: list[Answer]) -> list[bool]:
     """Store the results, in one transaction. False for a request taken from this worker
     meanwhile."""
-    with transaction.atomic(), sql.writes_at_end():
+    with sql.atomic():
         stored = move_all(
             [
                 Transition(

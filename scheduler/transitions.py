@@ -91,7 +91,7 @@ def move_all(transitions: list[Transition]) -> list[bool]:
     results: list[bool] = []
     # No savepoint when nested: a refused compare-and-set writes nothing to undo. The trace
     # rows go with the transaction's last writes: nothing reads them before its commit.
-    with transaction.atomic(savepoint=False), sql.writes_at_end():
+    with sql.atomic(savepoint=False):
         for chunk in _distinct_requests(transitions):
             results += _move_chunk(chunk)
     return results

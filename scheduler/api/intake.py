@@ -101,7 +101,7 @@ def accept(
         expires_at=now + timedelta(seconds=max_wait_s(level)),
         **fields,
     )
-    with transaction.atomic(), sql.writes_at_end():
+    with sql.atomic():
         if caller_waits:
             sql.without_waiting_for_disk()
         queue_bound.admit(level)
