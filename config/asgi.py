@@ -17,11 +17,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from config import urls  # noqa: E402, F401 (imported now, not during the first request)
+# urls: imported now, not during the first request
+from config import daphne_requests, urls  # noqa: E402, F401
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from scheduler.api import openai_asgi  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/api/v1/")
+daphne_requests.install()
 
 
 class ApiHandler(ASGIHandler):
