@@ -2,7 +2,7 @@
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -72,6 +72,8 @@ class Reply:
     headers: dict[str, str]
     body: dict | None = None
     events: AsyncIterator[str] | None = None
+    # Work the caller need not wait for: done once the reply has gone (or failed to).
+    then: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
     def error(cls, error: ApiError, request_id=None) -> "Reply":
@@ -101,15 +103,18 @@ async def answer(kind: str, raw: bytes, priority: str | None) -> Reply:
     try:
         finished = await until_finished(sub, settings.SWITCHYARD["WAITING_COMMENT_S"])
     except ApiError as lost:
-        return Reply.error(lost)
+        reply = Reply.error(lost)
     except asyncio.CancelledError:
         await cancel_abandoned(request.pk)
-        raise
-    finally:
         await sub.close()
-    if finished.state == State.COMPLETED:
-        return Reply(200, {"X-Request-Id": str(finished.pk)}, finished.result)
-    return Reply.error(error_of(finished), finished.pk)
+        raise
+    else:
+        if finished.state == State.COMPLETED:
+            reply = Reply(200, {"X-Request-Id": str(finished.pk)}, finished.result)
+        else:
+            reply = Reply.error(error_of(finished), finished.pk)
+    reply.then = sub.close  # a round trip to the channel layer: after the answer
+    return reply
 
 
 async def relay_sse(sub: Subscription) -> AsyncIterator[str]:

@@ -21,6 +21,7 @@ from .inference import Reply, answer
 
 log = logging.getLogger(__name__)
 
+_after_replies: set[asyncio.Task] = set()  # held here until done: the loop holds tasks weakly
 KINDS = {
     "/v1/chat/completions": RequestKind.CHAT,
     "/v1/completions": RequestKind.COMPLETION,
@@ -93,7 +94,15 @@ async def reply(kind: str, raw: bytes, priority: str | None, send) -> None:
             500, "Switchyard failed; its log tells why.", type="server_error", code="internal"
         )
         found = Reply.error(error)
-    await send_reply(send, found)
+    try:
+        await send_reply(send, found)
+    finally:
+        if found.then is not None:
+            # In a task of its own: daphne reports the caller gone as soon as the answer
+            # is sent, and `app` then cancels this one.
+            task = asyncio.create_task(found.then())
+            _after_replies.add(task)
+            task.add_done_callback(_after_replies.discard)
 
 
 async def send_reply(send, found: Reply) -> None:

@@ -1,0 +1,94 @@
+"""The bare ASGI app's own duties, driven as daphne drives it: what waits until after the
+answer is sent runs even though daphne reports the caller gone the moment it is."""
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from scheduler.api import openai_asgi
+from scheduler.api.inbox import inbox
+from scheduler.api.inference import Reply
+from tests import factories
+from tests.support.openai_upstream import Upstream
+from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
+
+BODY = b'{"model": "m1", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+@pytest.fixture
+def answered(monkeypatch):
+    """`answer` replaced: a 200 whose `then` records when it ran (and what was sent by then)."""
+    ran: list[list[dict]] = []
+    sent: list[dict] = []
+
+    async def then() -> None:
+        await asyncio.sleep(0)  # a round trip of its own: cancellable, were it in the request
+        ran.append(list(sent))
+
+    async def answer(kind, raw, priority) -> Reply:
+        return Reply(200, {}, {"ok": True}, then=then)
+
+    monkeypatch.setattr(openai_asgi, "answer", answer)
+    return sent, ran
+
+
+async def drive(sent: list[dict], send_fails: bool = False) -> None:
+    """One POST through the app; daphne's `http.disconnect` as soon as the body is sent."""
+    done = asyncio.Event()
+    incoming = [{"type": "http.request", "body": BODY, "more_body": False}]
+
+    async def receive() -> dict:
+        if incoming:
+            return incoming.pop()
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if send_fails:
+            raise OSError("the caller is gone")
+        sent.append(message)
+        if not message.get("more_body") and message["type"] == "http.response.body":
+            done.set()
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    await openai_asgi.app(scope, receive, send)
+    await asyncio.gather(*openai_asgi._after_replies)
+
+
+async def test_what_follows_an_answer_runs_after_it_is_sent(answered):
+    sent, ran = answered
+    await drive(sent)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert ran == [sent]  # after the whole answer, though the caller was then reported gone
+
+
+async def test_what_follows_an_answer_runs_when_sending_it_fails(answered):
+    sent, ran = answered
+    with pytest.raises(OSError):
+        await drive(sent, send_fails=True)
+    await asyncio.gather(*openai_asgi._after_replies)
+    assert ran == [[]]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("db_thread_closed")
+async def test_a_callers_subscription_ends_once_it_is_answered():
+    """Through the real `answer`, the channel layer and an in-process worker."""
+    upstream = Upstream(["m1-upstream"])
+    try:
+        await sync_to_async(deployed)(upstream.url)
+        sent: list[dict] = []
+        async with Running():
+            await drive(sent)
+        assert sent[0]["status"] == 200
+        assert json.loads(sent[1]["body"])["choices"][0]["message"]["content"]
+        assert not inbox().queues  # no one listens for that request any more
+    finally:
+        upstream.close()
+
+
+def deployed(url: str) -> None:
+    server = factories.server("up", kind="openai", base_url=url)
+    factories.deployment(server, "m1", server_model_id="m1-upstream", state="loaded")
