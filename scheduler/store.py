@@ -480,9 +480,15 @@ def _loaded(
     return busy, loaded
 
 
-def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob | None]:
+def dispatch_all(
+    sends: list[tuple[Any, int]], worker_id: int, routes: dict[Any, Transition] | None = None
+) -> list[ServeJob | None]:
     """Send ready requests to their deployments, in one transaction: each (request,
-    deployment) becomes a ServeJob, or None if its slot, its model or its row is gone."""
+    deployment) becomes a ServeJob, or None if its slot, its model or its row is gone.
+
+    `routes`: the moves from pending to ready of requests routed in the same pass; one that
+    is sent moves once, pending to processing (its trace still shows both steps)."""
+    routes = routes or {}
     if not sends:
         return []
     jobs: list[ServeJob | None] = []
@@ -519,19 +525,18 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
             accepted[request_id] = d
         now = timezone.now()  # once the slots are ours: as near the send as the row can tell
         fields = {"started_at": now, "worker_id": worker_id, "attempts": sql.Increment()}
-        moved = move_all(
-            [
-                Transition(
-                    request_id,
-                    (State.READY,),
-                    State.PROCESSING,
-                    "sent to the server",
-                    {**fields, "deployment_id": d.id, "server_id": d.server_id},
-                    at_server=d.server_name,
-                )
-                for request_id, d in accepted.items()
-            ]
-        )
+        sending = [
+            Transition(
+                request_id,
+                (State.READY,),
+                State.PROCESSING,
+                "sent to the server",
+                {**fields, "deployment_id": d.id, "server_id": d.server_id},
+                at_server=d.server_name,
+            )
+            for request_id, d in accepted.items()
+        ]
+        moved = move_all([_via(routes.get(t.request_id), t) for t in sending])
         sent = {
             request_id: d for (request_id, d), ok in zip(accepted.items(), moved, strict=True) if ok
         }
@@ -547,6 +552,14 @@ def dispatch_all(sends: list[tuple[Any, int]], worker_id: int) -> list[ServeJob 
             call = InferenceCall(kind, d.server_model_id, payload, stream, d.load_options)
             jobs.append(ServeJob(request_id, d.id, d.server_id, d.server_name, worker_id, call))
     return jobs
+
+
+def _via(route: Transition | None, send: Transition) -> Transition:
+    """The send, made together with the request's route when it has one."""
+    if route is None:
+        return send
+    fields = {**route.fields, **send.fields}
+    return dataclasses.replace(send, from_states=route.from_states, fields=fields, via=route)
 
 
 def _deployment_used(deployment_id: int, now: datetime, priorities: list[int]) -> None:
@@ -566,14 +579,30 @@ def move_and_dispatch(
     transitions: list[Transition], sends: list[tuple[Any, int]], worker_id: int
 ) -> tuple[list[bool], list[ServeJob | None]]:
     """`move_all`, then `dispatch_all`, in one transaction: a request routed and sent in the
-    same pass costs one commit. Unless it ends a request (an expiry, a failure), that commit
-    does not wait for the disk either: should a database crash lose it, each request is back
-    where the pass found it and is planned again (one already sent is sent again, as after
-    a worker's crash); its end, committed durably, flushes this commit with it."""
+    same pass costs one commit, and one UPDATE of its row. Unless it ends a request (an
+    expiry, a failure), that commit does not wait for the disk either: should a database
+    crash lose it, each request is back where the pass found it and is planned again (one
+    already sent is sent again, as after a worker's crash); its end, committed durably,
+    flushes this commit with it."""
+    to_send = {request_id for request_id, _ in sends}
+    routed_ready = (t for t in transitions if t.to_state == State.READY)
+    routes = {
+        t.request_id: t
+        for t in routed_ready
+        if t.from_states == (State.PENDING,) and t.request_id in to_send
+    }
+    others = [t for t in transitions if routes.get(t.request_id) is not t]
     with sql.atomic():
         if not any(t.to_state in TERMINAL_STATES for t in transitions):
             sql.without_waiting_for_disk()
-        return move_all(transitions), dispatch_all(sends, worker_id)
+        done = dict(zip(map(id, others), move_all(others), strict=True))
+        jobs = dispatch_all(sends, worker_id, routes)
+        sent = {job.request_id for job in jobs if job is not None}
+        done |= {id(t): True for rid, t in routes.items() if rid in sent}
+        # A route whose request was not sent after all (its slot taken meanwhile) goes alone.
+        unsent = [t for rid, t in routes.items() if rid not in sent]
+        done |= zip(map(id, unsent), move_all(unsent), strict=True)
+    return [done[id(t)] for t in transitions], jobs
 
 
 def _release(deployment_id: int, finished: int, seconds: list[float] | None = None) -> None:

@@ -3,7 +3,7 @@ same transaction as its Trace row, announced after commit."""
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db import transaction
@@ -61,6 +61,14 @@ class Transition:
     fields: dict[str, Any] = field(default_factory=dict)
     at_server: str = ""
     held_by: int | None = None  # move only while this worker holds the request
+    # A move made first, by the same UPDATE (a request routed and sent at once): the row
+    # goes from its states to this one's, each step with its own trace row.
+    via: "Transition | None" = None
+
+    def steps(self) -> list["Transition"]:
+        if self.via is None:
+            return [self]
+        return [self.via, replace(self, from_states=(self.via.to_state,), via=None)]
 
 
 def move(
@@ -86,8 +94,8 @@ def move_all(transitions: list[Transition]) -> list[bool]:
     order. The rows are claimed in one statement, rows that move alike are updated in one,
     and the trace rows are inserted in one: a pass that sends thirty requests does not
     write ninety statements."""
-    for t in transitions:
-        check(t.from_states, t.to_state)
+    for step in (step for t in transitions for step in t.steps()):
+        check(step.from_states, step.to_state)
     results: list[bool] = []
     # No savepoint when nested: a refused compare-and-set writes nothing to undo. The trace
     # rows go with the transaction's last writes: nothing reads them before its commit.
@@ -151,7 +159,7 @@ def _fields_written(t: Transition, now) -> dict[str, Any]:
 
 REQUESTS = Request._meta.db_table
 TRACES = Trace._meta.db_table
-TRACE_ROWS_PER_INSERT = 500  # 6 values a row, within SQLite's limit on parameters
+MOVES_PER_TRACE_INSERT = 250  # up to two rows a move, six values a row: within SQLite's limit
 
 
 def _compare_and_set(t: Transition, fields: dict[str, Any]) -> str | None:
@@ -205,14 +213,18 @@ def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]]) -> None:
 def _trace(moved: list[tuple[Transition, str]], at) -> None:
     """The trace rows of the moves made, in as few INSERTs as the database takes."""
     stamp = sql.db_value(Trace, "at", at)
-    for chunk in sql.batches(moved, TRACE_ROWS_PER_INSERT):
+    for chunk in sql.batches(moved, MOVES_PER_TRACE_INSERT):
         keys = sql.keys(Request, [t.request_id for t, _ in chunk])
         params: list[Any] = []
+        rows = 0
         for (t, source), key in zip(chunk, keys, strict=True):
-            params += [key, stamp, source, t.to_state, t.at_server, t.reason]
-        rows = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))
+            for step in t.steps():
+                params += [key, stamp, source, step.to_state, step.at_server, step.reason]
+                source = step.to_state
+                rows += 1
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * rows)
         sql.write_later(
             f"INSERT INTO {TRACES} (request_id, at, from_state, to_state, server, reason)"
-            f" VALUES {rows}",
+            f" VALUES {values}",
             params,
         )

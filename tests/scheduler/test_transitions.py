@@ -148,3 +148,15 @@ def test_a_batch_that_names_a_request_twice_applies_the_moves_in_order():
         (S.PENDING, S.NEEDS_LOADING),
         (S.NEEDS_LOADING, S.READY),
     ]
+
+
+@pytest.mark.django_db
+def test_a_move_made_via_another_checks_each_step():
+    request = factories.request("m1")
+    first = Transition(request.pk, (S.PENDING,), S.READY, "routed")
+    # pending → ready → completed: the second step is not allowed
+    through = Transition(request.pk, (S.PENDING,), S.COMPLETED, "done", via=first)
+    with pytest.raises(ImpossibleTransition):
+        move_all([through])
+    request.refresh_from_db()
+    assert request.state == S.PENDING and not Trace.objects.exists()

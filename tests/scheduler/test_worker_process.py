@@ -19,6 +19,7 @@ from backends.models import Deployment, DeploymentState
 from scheduler import store
 from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import Runtime
+from scheduler.transitions import Transition
 from tests import factories
 from tests.conftest import database_url
 from tests.support.manage_process import ManageProcess
@@ -321,3 +322,52 @@ def test_a_request_named_twice_in_a_batch_is_sent_once():
     assert [job is not None for job in jobs] == [True, False]
     d.refresh_from_db()
     assert d.in_flight == 1 and r.traces.count() == 1
+
+
+def route(request: Request, d: Deployment) -> Transition:
+    fields = {"deployment_id": d.pk, "server_id": d.server_id, "routed_at": timezone.now()}
+    return Transition(request.pk, (State.PENDING,), State.READY, "its model is loaded", fields)
+
+
+def test_a_request_routed_and_sent_in_one_pass_moves_once_and_traces_both_steps():
+    w = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED)
+    r = factories.request("m1")
+
+    results, jobs = store.move_and_dispatch([route(r, d)], [(r.pk, d.pk)], w.pk)
+
+    assert results == [True] and jobs[0].request_id == r.pk
+    r.refresh_from_db()
+    assert (r.state, r.deployment_id, r.worker_id) == (State.PROCESSING, d.pk, w.pk)
+    assert r.routed_at and r.started_at
+    steps = list(r.traces.order_by("id").values_list("from_state", "to_state", "reason"))
+    assert steps == [
+        (State.PENDING, State.READY, "its model is loaded"),
+        (State.READY, State.PROCESSING, "sent to the server"),
+    ]
+
+
+def test_a_routed_request_that_finds_no_slot_is_routed_all_the_same():
+    w = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED, in_flight=1)
+    r = factories.request("m1")
+
+    results, jobs = store.move_and_dispatch([route(r, d)], [(r.pk, d.pk)], w.pk)
+
+    assert results == [True] and jobs == [None]
+    r.refresh_from_db()
+    assert (r.state, r.deployment_id) == (State.READY, d.pk)
+    assert list(r.traces.values_list("to_state", flat=True)) == [State.READY]
+
+
+def test_a_request_cancelled_before_its_route_and_send_is_neither():
+    w = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED)
+    r = factories.request("m1", state=State.CANCELLED)
+
+    results, jobs = store.move_and_dispatch([route(r, d)], [(r.pk, d.pk)], w.pk)
+
+    assert results == [False] and jobs == [None]
+    r.refresh_from_db()
+    assert r.state == State.CANCELLED and not r.traces.exists()
+    assert Deployment.objects.get(pk=d.pk).in_flight == 0
