@@ -1,13 +1,13 @@
 """Websockets for staff. Every message carries the full state, read after the commit that
-sent the hint; hints in a burst are folded into one read (see `coalesce.py`)."""
+sent the hint; hints in a burst are folded into one read (see `scheduler/coalesce.py`)."""
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from scheduler.announce import DASHBOARD_GROUP, request_group
+from scheduler.coalesce import Coalescer
 
 from . import state
-from .coalesce import Coalescer
 
 REFUSED = 4403
 

@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from config.asgi import application
-from dashboard.coalesce import Coalescer
+from scheduler.coalesce import Coalescer
 from scheduler.models import State
 from scheduler.transitions import move
 from tests import factories

@@ -1,5 +1,5 @@
 """Hints come in bursts (a load reports progress, ten requests move at once); a dashboard
-needs the state after the burst, not one re-read per hint."""
+needs the state after the burst, not one re-read (or one message) per hint."""
 
 import asyncio
 import logging
@@ -36,6 +36,11 @@ class Coalescer:
                 await self.push()
             except Exception:  # the next hint tries again; the page keeps its last state
                 log.exception("could not push the dashboard's state")
+
+    async def flush(self) -> None:
+        """Until the push owed for the last hint is done."""
+        if self.task is not None:
+            await self.task
 
     def close(self) -> None:
         if self.task is not None:

@@ -1,0 +1,60 @@
+"""The worker's outbox: every request hint goes out, in order; dashboard hints are folded
+so that a busy worker sends a few a second, and the last one is never lost."""
+
+import asyncio
+
+import pytest
+
+from scheduler import announce
+from scheduler.announce import DASHBOARD_CHANGED, DASHBOARD_EVERY_S, DASHBOARD_GROUP, Outbox
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[tuple[str, float]]:
+    """What the outbox sends, by group, with the loop's time of sending."""
+    record: list[tuple[str, float]] = []
+
+    async def send(group: str, message: dict) -> None:
+        record.append((group, asyncio.get_running_loop().time()))
+
+    monkeypatch.setattr(announce, "send", send)
+    return record
+
+
+def moves(outbox: Outbox, first: int, count: int) -> None:
+    """What the database thread puts after committing `count` moves."""
+    for i in range(first, first + count):
+        outbox.put(f"request-{i}", {"type": "request.moved"})
+        outbox.put(DASHBOARD_GROUP, DASHBOARD_CHANGED)
+
+
+async def handed_over() -> None:
+    """Until the loop has run what `put` handed it so far (its callbacks run in order)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.call_soon_threadsafe(done.set_result, None)
+    await done
+
+
+async def test_a_burst_of_moves_sends_each_request_hint_and_one_dashboard_hint(sent):
+    outbox = Outbox(asyncio.get_running_loop())
+    moves(outbox, 0, 50)
+    await handed_over()
+    await outbox.close()
+    groups = [group for group, _ in sent]
+    assert groups == [f"request-{i}" for i in range(50)] + [DASHBOARD_GROUP]
+
+
+async def test_dashboard_hints_keep_their_interval_and_the_last_is_sent_on_close(sent):
+    outbox = Outbox(asyncio.get_running_loop())
+    moves(outbox, 0, 1)
+    await handed_over()
+    await outbox.queue.join()
+    await outbox.dashboard.flush()  # the first goes out at once
+    moves(outbox, 1, 20)  # within the interval: folded into one, sent after it
+    await handed_over()
+    await outbox.close()
+    dashboard = [at for group, at in sent if group == DASHBOARD_GROUP]
+    assert len(dashboard) == 2
+    assert dashboard[1] - dashboard[0] >= DASHBOARD_EVERY_S
+    assert len([group for group, _ in sent if group != DASHBOARD_GROUP]) == 21
