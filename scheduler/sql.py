@@ -6,6 +6,10 @@ Values still go through their model fields (`get_db_prep_save`), so a UUID, a ti
 JSON value is written exactly as the ORM writes it.
 """
 
+import functools
+import hashlib
+import itertools
+import re
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -26,8 +30,64 @@ class Increment(NamedTuple):
     by: int = 1
 
 
+class Prepared(str):
+    """A statement PostgreSQL parses and plans once per connection (`PREPARE`), then runs by
+    name with each call's values (`EXECUTE`, still one simple-protocol query that joins
+    others). Planning was most of the hot statements' server time: the snapshot's three
+    reads cost the server 0.40 ms of CPU as text, 0.08 ms prepared. Make one with
+    `prepared(text)`. Whatever decides the plan (a partial index's states, a LIMIT) belongs
+    in the text as a constant: after five calls PostgreSQL keeps one plan for every value
+    unless the values' own plans come out cheaper. Elsewhere (SQLite) the text runs as is."""
+
+    name: str
+    numbered: str  # the text with $1, $2, … for its values, as PREPARE takes it
+
+    def execute_text(self, values: int) -> str:
+        return f"EXECUTE {self.name}({marks(values)})" if values else f"EXECUTE {self.name}"
+
+
+@functools.lru_cache(maxsize=1024)
+def prepared(text: str) -> Prepared:
+    """`text` as a Prepared statement (made once per text: some are built per call)."""
+    statement = Prepared(text)
+    statement.name = "sy_" + hashlib.blake2s(text.encode(), digest_size=8).hexdigest()
+    numbers = itertools.count(1)
+    statement.numbered = re.sub(
+        r"%[s%]", lambda m: f"${next(numbers)}" if m[0] == "%s" else "%", text
+    )
+    return statement
+
+
+MAX_PREPARED = 500  # a connection's; beyond, a statement of a rarer shape runs as text
+
+
+def _by_name(statements: Sequence[Statement]) -> Sequence[Statement]:
+    """On PostgreSQL, each Prepared statement as an EXECUTE of its name, first preparing on
+    this connection those it has not seen (one round trip, once per connection: prepared
+    statements outlive a rollback, and psycopg's pool keeps them with the connection)."""
+    if not settings.IS_POSTGRES or not any(isinstance(s, Prepared) for s, _ in statements):
+        return statements
+    connection.ensure_connection()
+    raw = connection.connection
+    known: set[str] | None = getattr(raw, "switchyard_prepared", None)
+    if known is None:
+        known = raw.switchyard_prepared = set()
+    new = {s.name: s for s, _ in statements if isinstance(s, Prepared) and s.name not in known}
+    if new and len(known) + len(new) <= MAX_PREPARED:
+        # Set-up of the connection, like Django's own (its time zone): on the driver's
+        # connection, in or out of a transaction, and in no count of the queries made.
+        with connection.wrap_database_errors:
+            raw.execute("; ".join(f"PREPARE {n} AS {s.numbered}" for n, s in new.items()))
+        known.update(new)
+    return [
+        (s.execute_text(len(p)) if isinstance(s, Prepared) and s.name in known else s, p)
+        for s, p in statements
+    ]
+
+
 def execute(statement: str, params: Sequence[Any] = ()) -> int:
     """Run one statement; the number of rows it changed."""
+    [(statement, params)] = _by_name([(statement, params)])
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.rowcount
@@ -41,6 +101,7 @@ def fetch_all(statements: Sequence[Statement]) -> list[list[tuple]]:
     if not settings.IS_POSTGRES or len(statements) == 1:
         return [fetch(statement, params) for statement, params in statements]
     rows = []
+    statements = _by_name(statements)
     with connection.cursor() as cursor:
         cursor.execute(*_joined(statements))
         rows.append(cursor.fetchall())
@@ -76,7 +137,7 @@ def writes_at_end(commit: bool = False) -> Iterator[None]:
     if writes and settings.IS_POSTGRES:
         if commit and _outermost_block():
             writes.append(("COMMIT", []))
-        execute(*_joined(writes))
+        execute(*_joined(_by_name(writes)))
     else:
         for statement, params in writes:
             execute(statement, params)
@@ -121,6 +182,7 @@ def without_waiting_for_disk() -> None:
 
 
 def fetch(statement: str, params: Sequence[Any] = ()) -> list[tuple]:
+    [(statement, params)] = _by_name([(statement, params)])
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.fetchall()
@@ -138,6 +200,12 @@ def marks(n: int) -> str:
     return ", ".join(["%s"] * n)
 
 
+def constants(values: Iterable[str]) -> str:
+    """`'a', 'b'`: the code's own constants (states) written into a statement's text, where
+    they decide its plan (a partial index applies only to a query that names its states)."""
+    return ", ".join("'" + value.replace("'", "''") + "'" for value in values)
+
+
 def for_update(of: str = "") -> str:
     """Lock the rows read (PostgreSQL); SQLite writes one transaction at a time anyway."""
     if not connection.features.has_select_for_update:
@@ -152,8 +220,10 @@ def insert(instance: models.Model) -> None:
     fields = meta.concrete_fields
     params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     write_later(
-        f"INSERT INTO {meta.db_table} ({', '.join(f.column for f in fields)})"
-        f" VALUES ({marks(len(fields))})",
+        prepared(
+            f"INSERT INTO {meta.db_table} ({', '.join(f.column for f in fields)})"
+            f" VALUES ({marks(len(fields))})"
+        ),
         params,
     )
     instance._state.adding = False

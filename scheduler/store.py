@@ -63,12 +63,12 @@ def policy_config() -> PolicyConfig:
 # -- snapshot ----------------------------------------------------------------------------
 
 
-SERVER_VIEW_SQL = (
+SERVER_VIEW_SQL = sql.prepared(
     "SELECT id, name, slots, max_llm, max_embedding, max_reranking, memory_mb, enabled,"
     f" health, cooldown_until FROM {SERVERS} ORDER BY name"
 )
 # Every DeploymentView field is the deployment's column of that name, but for its model's.
-DEPLOYMENT_VIEW_SQL = (
+DEPLOYMENT_VIEW_SQL = sql.prepared(
     "SELECT d.model_id, "
     + ", ".join(
         {"model": "m.name", "model_type": "m.type"}.get(f.name, f"d.{f.name}")
@@ -84,7 +84,7 @@ REQUEST_VIEW_SQL = (
     " CAST(r.expires_at AS TEXT), r.deployment_id, CAST(r.not_before AS TEXT)"
     f" FROM {REQUESTS} r LEFT JOIN {MODELS} m ON m.id = r.model_id"
 )
-WAITING_SQL = f"r.state IN ({sql.marks(len(WAITING_STATES))})"
+WAITING_SQL = f"r.state IN ({sql.constants(WAITING_STATES)})"
 RANK_SQL = "r.priority, r.created_at, r.id"  # best first, as the policy ranks before aging
 AGE_SQL = "r.created_at, r.id"  # oldest first
 
@@ -98,8 +98,11 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
             (SERVER_VIEW_SQL, []),
             (DEPLOYMENT_VIEW_SQL, []),
             (
-                f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY {RANK_SQL} LIMIT %s",
-                [*WAITING_STATES, SNAPSHOT_HEAD],
+                sql.prepared(
+                    f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY {RANK_SQL}"
+                    f" LIMIT {SNAPSHOT_HEAD}"
+                ),
+                [],
             ),
         ]
     )
@@ -177,23 +180,20 @@ def _other_heads(deployment_rows: list[tuple]) -> list:
     oldest routed ones, and of each deployed model's `MODEL_HEAD` best: a model that can be
     served now is seen now, and does not hide behind a deep line for other models (a long
     load, a server down)."""
-    routed = "r.state IN (%s, %s)"
-    heads = [
-        (WAITING_SQL, AGE_SQL, [*WAITING_STATES], SNAPSHOT_HEAD),
-        (routed, AGE_SQL, [State.READY, State.NEEDS_LOADING], SNAPSHOT_HEAD),
-    ]
+    routed = f"r.state IN ({sql.constants([State.READY, State.NEEDS_LOADING])})"
+    heads = [(WAITING_SQL, AGE_SQL, [], SNAPSHOT_HEAD), (routed, AGE_SQL, [], SNAPSHOT_HEAD)]
     heads += [
-        (f"{WAITING_SQL} AND r.model_id = %s", RANK_SQL, [*WAITING_STATES, m], MODEL_HEAD)
+        (f"{WAITING_SQL} AND r.model_id = %s", RANK_SQL, [m], MODEL_HEAD)
         for m in sorted({row[0] for row in deployment_rows})
     ]
     # Each head a subquery: SQLite takes no ORDER BY or LIMIT in a UNION's parts themselves.
     statement = " UNION ALL ".join(
-        f"SELECT id FROM (SELECT r.id FROM {REQUESTS} r WHERE {where} ORDER BY {order} LIMIT %s)"
-        f" AS head{i}"
-        for i, (where, order, _, _) in enumerate(heads)
+        f"SELECT id FROM (SELECT r.id FROM {REQUESTS} r WHERE {where} ORDER BY {order}"
+        f" LIMIT {limit}) AS head{i}"
+        for i, (where, order, _, limit) in enumerate(heads)
     )
-    params = [p for _, _, values, limit in heads for p in (*values, limit)]
-    return [key for (key,) in sql.fetch(statement, params)]
+    params = [p for _, _, values, _ in heads for p in values]
+    return [key for (key,) in sql.fetch(sql.prepared(statement), params)]
 
 
 # -- workers -----------------------------------------------------------------------------
@@ -446,8 +446,10 @@ def _lock_servers(deployment_ids: list[int]) -> sql.Statement:
     """Lock the servers of these deployments (in id order, so that workers never deadlock);
     their slots."""
     return (
-        f"SELECT id, slots FROM {SERVERS} WHERE id IN ({_servers_of(deployment_ids)})"
-        f" ORDER BY id{sql.for_update()}",
+        sql.prepared(
+            f"SELECT id, slots FROM {SERVERS} WHERE id IN ({_servers_of(deployment_ids)})"
+            f" ORDER BY id{sql.for_update()}"
+        ),
         deployment_ids,
     )
 
@@ -457,11 +459,13 @@ def _servers_deployments(deployment_ids: list[int]) -> sql.Statement:
     until commit), with its requests in flight. Run after the servers' lock is held (the
     next statement of the same query), so that a dispatch that held it is counted."""
     return (
-        f"SELECT d.id, d.server_id, s.name, d.server_model_id, m.load_options,"
-        f" d.load_options, d.state, d.in_flight"
-        f" FROM {DEPLOYMENTS} d JOIN {SERVERS} s ON s.id = d.server_id"
-        f" JOIN {MODELS} m ON m.id = d.model_id"
-        f" WHERE d.server_id IN ({_servers_of(deployment_ids)}) ORDER BY d.id{sql.for_update('d')}",
+        sql.prepared(
+            f"SELECT d.id, d.server_id, s.name, d.server_model_id, m.load_options,"
+            f" d.load_options, d.state, d.in_flight"
+            f" FROM {DEPLOYMENTS} d JOIN {SERVERS} s ON s.id = d.server_id"
+            f" JOIN {MODELS} m ON m.id = d.model_id WHERE d.server_id IN"
+            f" ({_servers_of(deployment_ids)}) ORDER BY d.id{sql.for_update('d')}"
+        ),
         deployment_ids,
     )
 
@@ -502,8 +506,10 @@ def dispatch_all(
                 _lock_servers(deployment_ids),
                 _servers_deployments(deployment_ids),
                 (
-                    f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
-                    f" WHERE id IN ({sql.marks(len(keys))})",
+                    sql.prepared(
+                        f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
+                        f" WHERE id IN ({sql.marks(len(keys))})"
+                    ),
                     keys,
                 ),
             ]
@@ -572,7 +578,9 @@ def _deployment_used(deployment_id: int, now: datetime, priorities: list[int]) -
     if Priority.INTERACTIVE in priorities:
         used["last_interactive_at"] = now
     changes, params = sql.assignments(Deployment, used)
-    sql.write_later(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s", [*params, deployment_id])
+    sql.write_later(
+        sql.prepared(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s"), [*params, deployment_id]
+    )
 
 
 def move_and_dispatch(
@@ -626,7 +634,9 @@ def _release(deployment_id: int, finished: int, seconds: list[float] | None = No
             alone = 0.8 * alone + 0.2 * s
         changes += ", avg_inference_s = COALESCE(%s * avg_inference_s + %s, %s)"
         params += [kept, added, alone]
-    sql.write_later(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s", [*params, deployment_id])
+    sql.write_later(
+        sql.prepared(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s"), [*params, deployment_id]
+    )
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,9 @@ def _compare_and_set(t: Transition, fields: dict[str, Any]) -> str | None:
     if t.held_by is not None:
         condition += " AND worker_id = %s"
         params.append(t.held_by)
-    changed = sql.execute(f"UPDATE {REQUESTS} SET {changes} WHERE {condition}", params)
+    changed = sql.execute(
+        sql.prepared(f"UPDATE {REQUESTS} SET {changes} WHERE {condition}"), params
+    )
     return t.from_states[0] if changed else None
 
 
@@ -180,8 +182,10 @@ def _lock(transitions: list[Transition]) -> list[str | None]:
     ids = sql.keys(Request, [t.request_id for t in transitions])
     # In key order: two workers locking overlapping batches never wait on each other crosswise.
     rows = sql.fetch(
-        f"SELECT id, state, worker_id FROM {REQUESTS} WHERE id IN ({sql.marks(len(ids))})"
-        f" ORDER BY id{sql.for_update()}",
+        sql.prepared(
+            f"SELECT id, state, worker_id FROM {REQUESTS} WHERE id IN ({sql.marks(len(ids))})"
+            f" ORDER BY id{sql.for_update()}"
+        ),
         ids,
     )
     found = {key: (state, worker) for key, state, worker in rows}
@@ -206,7 +210,8 @@ def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]]) -> None:
         changes, params = sql.assignments(Request, {"state": to_state, **fields})
         ids = sql.keys(Request, request_ids)
         sql.execute(
-            f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})", params + ids
+            sql.prepared(f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})"),
+            params + ids,
         )
 
 
@@ -224,7 +229,9 @@ def _trace(moved: list[tuple[Transition, str]], at) -> None:
                 rows += 1
         values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * rows)
         sql.write_later(
-            f"INSERT INTO {TRACES} (request_id, at, from_state, to_state, server, reason)"
-            f" VALUES {values}",
+            sql.prepared(
+                f"INSERT INTO {TRACES} (request_id, at, from_state, to_state, server, reason)"
+                f" VALUES {values}"
+            ),
             params,
         )

@@ -22,11 +22,12 @@ REQUIRED_INPUT = {
     RequestKind.COMPLETION: "prompt",
     RequestKind.EMBEDDING: "input",
 }
+BY_NAME_SQL = sql.prepared(f"SELECT id FROM {Model._meta.db_table} WHERE name = %s")
 
 
 def resolve_model(name: str) -> int:
     """The id of the model called `name`, by name or else by alias."""
-    found = sql.fetch(f"SELECT id FROM {Model._meta.db_table} WHERE name = %s", [name])
+    found = sql.fetch(BY_NAME_SQL, [name])
     if found:
         return found[0][0]
     model = next((m for m in Model.objects.all() if name in (m.aliases or [])), None)
