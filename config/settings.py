@@ -100,6 +100,8 @@ else:
     }
     DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_switchyard_{os.getpid()}"
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "config.postgresql"
+# Session state: wrong behind a pooler that hands one server session to many clients.
+PREPARED_STATEMENTS = IS_POSTGRES and env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
 
 REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
