@@ -33,12 +33,14 @@ class Increment(NamedTuple):
 class Prepared(str):
     """A statement PostgreSQL parses and plans once per connection (`PREPARE`), then runs by
     name with each call's values (`EXECUTE`, still one simple-protocol query that joins
-    others). Planning was most of the hot statements' server time: the snapshot's three
-    reads cost the server 0.40 ms of CPU as text, 0.08 ms prepared. Make one with
-    `prepared(text)`. Whatever decides the plan (a partial index's states, a LIMIT) belongs
-    in the text as a constant: after five calls PostgreSQL keeps one plan for every value
-    unless the values' own plans come out cheaper. Elsewhere (SQLite, or with
-    `DATABASE_PREPARED_STATEMENTS` off) the text runs as is."""
+    others). Planning was most of the hot statements' server time: the snapshot's reads of
+    servers and deployments cost the server 0.20 ms of CPU as text, 0.06 ms prepared. Make one with
+    `prepared(text)`, for a statement whose best plan stays the same as its tables grow: an
+    INSERT, or a read or write of the small tables (servers, deployments, models). After
+    five calls PostgreSQL keeps one plan for every call, made with the table sizes of then:
+    a statement on the requests table, prepared while it was nearly empty, would scan it
+    whole forever after. Elsewhere (SQLite, or with `DATABASE_PREPARED_STATEMENTS` off) the
+    text runs as is."""
 
     name: str
     numbered: str  # the text with $1, $2, … for its values, as PREPARE takes it
@@ -199,12 +201,6 @@ def batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 def marks(n: int) -> str:
     """`%s, %s, …`: the placeholders of an IN list of `n` values."""
     return ", ".join(["%s"] * n)
-
-
-def constants(values: Iterable[str]) -> str:
-    """`'a', 'b'`: the code's own constants (states) written into a statement's text, where
-    they decide its plan (a partial index applies only to a query that names its states)."""
-    return ", ".join("'" + value.replace("'", "''") + "'" for value in values)
 
 
 def for_update(of: str = "") -> str:

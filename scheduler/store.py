@@ -84,7 +84,7 @@ REQUEST_VIEW_SQL = (
     " CAST(r.expires_at AS TEXT), r.deployment_id, CAST(r.not_before AS TEXT)"
     f" FROM {REQUESTS} r LEFT JOIN {MODELS} m ON m.id = r.model_id"
 )
-WAITING_SQL = f"r.state IN ({sql.constants(WAITING_STATES)})"
+WAITING_SQL = f"r.state IN ({sql.marks(len(WAITING_STATES))})"
 RANK_SQL = "r.priority, r.created_at, r.id"  # best first, as the policy ranks before aging
 AGE_SQL = "r.created_at, r.id"  # oldest first
 
@@ -98,11 +98,8 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
             (SERVER_VIEW_SQL, []),
             (DEPLOYMENT_VIEW_SQL, []),
             (
-                sql.prepared(
-                    f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY {RANK_SQL}"
-                    f" LIMIT {SNAPSHOT_HEAD}"
-                ),
-                [],
+                f"{REQUEST_VIEW_SQL} WHERE {WAITING_SQL} ORDER BY {RANK_SQL} LIMIT %s",
+                [*WAITING_STATES, SNAPSHOT_HEAD],
             ),
         ]
     )
@@ -180,20 +177,23 @@ def _other_heads(deployment_rows: list[tuple]) -> list:
     oldest routed ones, and of each deployed model's `MODEL_HEAD` best: a model that can be
     served now is seen now, and does not hide behind a deep line for other models (a long
     load, a server down)."""
-    routed = f"r.state IN ({sql.constants([State.READY, State.NEEDS_LOADING])})"
-    heads = [(WAITING_SQL, AGE_SQL, [], SNAPSHOT_HEAD), (routed, AGE_SQL, [], SNAPSHOT_HEAD)]
+    routed = "r.state IN (%s, %s)"
+    heads = [
+        (WAITING_SQL, AGE_SQL, [*WAITING_STATES], SNAPSHOT_HEAD),
+        (routed, AGE_SQL, [State.READY, State.NEEDS_LOADING], SNAPSHOT_HEAD),
+    ]
     heads += [
-        (f"{WAITING_SQL} AND r.model_id = %s", RANK_SQL, [m], MODEL_HEAD)
+        (f"{WAITING_SQL} AND r.model_id = %s", RANK_SQL, [*WAITING_STATES, m], MODEL_HEAD)
         for m in sorted({row[0] for row in deployment_rows})
     ]
     # Each head a subquery: SQLite takes no ORDER BY or LIMIT in a UNION's parts themselves.
     statement = " UNION ALL ".join(
-        f"SELECT id FROM (SELECT r.id FROM {REQUESTS} r WHERE {where} ORDER BY {order}"
-        f" LIMIT {limit}) AS head{i}"
-        for i, (where, order, _, limit) in enumerate(heads)
+        f"SELECT id FROM (SELECT r.id FROM {REQUESTS} r WHERE {where} ORDER BY {order} LIMIT %s)"
+        f" AS head{i}"
+        for i, (where, order, _, _) in enumerate(heads)
     )
-    params = [p for _, _, values, _ in heads for p in values]
-    return [key for (key,) in sql.fetch(sql.prepared(statement), params)]
+    params = [p for _, _, values, limit in heads for p in (*values, limit)]
+    return [key for (key,) in sql.fetch(statement, params)]
 
 
 # -- workers -----------------------------------------------------------------------------
@@ -506,10 +506,8 @@ def dispatch_all(
                 _lock_servers(deployment_ids),
                 _servers_deployments(deployment_ids),
                 (
-                    sql.prepared(
-                        f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
-                        f" WHERE id IN ({sql.marks(len(keys))})"
-                    ),
+                    f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
+                    f" WHERE id IN ({sql.marks(len(keys))})",
                     keys,
                 ),
             ]

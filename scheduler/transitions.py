@@ -170,9 +170,7 @@ def _compare_and_set(t: Transition, fields: dict[str, Any]) -> str | None:
     if t.held_by is not None:
         condition += " AND worker_id = %s"
         params.append(t.held_by)
-    changed = sql.execute(
-        sql.prepared(f"UPDATE {REQUESTS} SET {changes} WHERE {condition}"), params
-    )
+    changed = sql.execute(f"UPDATE {REQUESTS} SET {changes} WHERE {condition}", params)
     return t.from_states[0] if changed else None
 
 
@@ -182,10 +180,8 @@ def _lock(transitions: list[Transition]) -> list[str | None]:
     ids = sql.keys(Request, [t.request_id for t in transitions])
     # In key order: two workers locking overlapping batches never wait on each other crosswise.
     rows = sql.fetch(
-        sql.prepared(
-            f"SELECT id, state, worker_id FROM {REQUESTS} WHERE id IN ({sql.marks(len(ids))})"
-            f" ORDER BY id{sql.for_update()}"
-        ),
+        f"SELECT id, state, worker_id FROM {REQUESTS} WHERE id IN ({sql.marks(len(ids))})"
+        f" ORDER BY id{sql.for_update()}",
         ids,
     )
     found = {key: (state, worker) for key, state, worker in rows}
@@ -210,8 +206,7 @@ def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]]) -> None:
         changes, params = sql.assignments(Request, {"state": to_state, **fields})
         ids = sql.keys(Request, request_ids)
         sql.execute(
-            sql.prepared(f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})"),
-            params + ids,
+            f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})", params + ids
         )
 
 
