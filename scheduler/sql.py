@@ -97,6 +97,23 @@ def execute(statement: str, params: Sequence[Any] = ()) -> int:
         return cursor.rowcount
 
 
+class Written:
+    """A `write_later` statement's outcome: the rows it returned (`RETURNING`), once sent."""
+
+    rows: list[tuple] | None = None
+
+
+def _run_each(statements: Sequence[Statement], written: Sequence[Written]) -> None:
+    """Run the statements in one query (several only on PostgreSQL), each one's returned
+    rows to its Written."""
+    with connection.cursor() as cursor:
+        cursor.execute(*_joined(_by_name(statements)))
+        for i, outcome in enumerate(written):
+            if i:
+                cursor.nextset()
+            outcome.rows = cursor.fetchall() if cursor.description else []
+
+
 def fetch_all(statements: Sequence[Statement]) -> list[list[tuple]]:
     """The rows of each query, in order. On PostgreSQL in one round trip: one query of
     several statements, its values bound on the client as Django binds them all (psycopg's
@@ -140,11 +157,11 @@ def writes_at_end(commit: bool = False) -> Iterator[None]:
         _held.writes = None
     if writes and settings.IS_POSTGRES:
         if commit and _outermost_block():
-            writes.append(("COMMIT", []))
-        execute(*_joined(_by_name(writes)))
+            writes.append(("COMMIT", [], Written()))
+        _run_each([(s, p) for s, p, _ in writes], [w for _, _, w in writes])
     else:
-        for statement, params in writes:
-            execute(statement, params)
+        for statement, params, written in writes:
+            _run_each([(statement, params)], [written])
 
 
 def _outermost_block() -> bool:
@@ -161,15 +178,17 @@ def atomic(savepoint: bool = True) -> Iterator[None]:
         yield
 
 
-def write_later(statement: str, params: Sequence[Any] = ()) -> None:
-    """A write whose result nobody reads and that nothing in its transaction reads back
-    (a trace row, a counter, a setting, a NOTIFY): sent with the others when the open
-    `writes_at_end` ends; at once outside one."""
+def write_later(statement: str, params: Sequence[Any] = ()) -> Written:
+    """A write that nothing in its transaction reads back (a trace row, a counter, a
+    setting, a NOTIFY, an insert): sent with the others when the open `writes_at_end` ends;
+    at once outside one. What it returns (`RETURNING`) is in the Written by then."""
+    written = Written()
     writes = getattr(_held, "writes", None)
     if writes is None:
-        execute(statement, params)
+        _run_each([(statement, params)], [written])
     else:
-        writes.append((statement, params))
+        writes.append((statement, params, written))
+    return written
 
 
 def without_waiting_for_disk() -> None:
@@ -211,21 +230,33 @@ def for_update(of: str = "") -> str:
     return f" FOR UPDATE OF {of}" if of else " FOR UPDATE"
 
 
-def insert(instance: models.Model) -> None:
+def insert(instance: models.Model, found_by: tuple[str, str, Any] | None = None) -> Written:
     """INSERT the unsaved `instance` (its key set in Python), every concrete field as the
-    ORM would write it; with `write_later`, so nothing in its transaction may read it."""
+    ORM would write it; with `write_later`, so nothing in its transaction may read it.
+
+    `found_by` = (foreign key, column, value): the key is looked up in the same statement,
+    as the id of the row of its model whose `column` is `value`. Then the Written's rows
+    are that id, or none (and nothing inserted) if no row has that value."""
     meta = instance._meta
     fields = meta.concrete_fields
+    key = meta.get_field(found_by[0]) if found_by else None
+    values = [f"k.{f.target_field.column}" if f is key else "%s" for f in fields]
     params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    write_later(
-        prepared(
-            f"INSERT INTO {meta.db_table} ({', '.join(f.column for f in fields)})"
-            f" VALUES ({marks(len(fields))})"
-        ),
-        params,
-    )
+    columns = f"INSERT INTO {meta.db_table} ({', '.join(f.column for f in fields)})"
+    if key is None or found_by is None:
+        statement = f"{columns} VALUES ({', '.join(values)})"
+    else:
+        related = key.related_model._meta
+        params = [p for f, p in zip(fields, params, strict=True) if f is not key]
+        params.append(found_by[2])
+        statement = (
+            f"{columns} SELECT {', '.join(values)} FROM {related.db_table} k"
+            f" WHERE k.{related.get_field(found_by[1]).column} = %s RETURNING {key.column}"
+        )
+    written = write_later(prepared(statement), params)
     instance._state.adding = False
     instance._state.db = connection.alias
+    return written
 
 
 def db_value(model: type[models.Model], name: str, value: Any) -> Any:

@@ -22,23 +22,19 @@ REQUIRED_INPUT = {
     RequestKind.COMPLETION: "prompt",
     RequestKind.EMBEDDING: "input",
 }
-BY_NAME_SQL = sql.prepared(f"SELECT id FROM {Model._meta.db_table} WHERE name = %s")
 
 
-def resolve_model(name: str) -> int:
-    """The id of the model called `name`, by name or else by alias."""
-    found = sql.fetch(BY_NAME_SQL, [name])
-    if found:
-        return found[0][0]
+def resolve_alias(name: str) -> int:
+    """The id of the model that has `name` among its aliases."""
     model = next((m for m in Model.objects.all() if name in (m.aliases or [])), None)
-    if model is not None:
-        return model.pk
-    raise ApiError(
-        404,
-        f"The model `{name}` does not exist.",
-        param="model",
-        code="model_not_found",
-    )
+    if model is None:
+        raise ApiError(
+            404,
+            f"The model `{name}` does not exist.",
+            param="model",
+            code="model_not_found",
+        )
+    return model.pk
 
 
 def parse_priority(value: Any) -> int:
@@ -87,14 +83,12 @@ def accept(
     body = dict(validate_body(kind, body))
     body_priority = body.pop("priority", None)
     level = parse_priority(priority if priority not in (None, "") else body_priority)
-    model_id = resolve_model(body["model"])
     stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
     now = timezone.now()
     fields = {"id": request_id} if request_id else {}
     request = Request(
         kind=kind,
         model_name=body["model"],
-        model_id=model_id,
         payload=body,
         stream=stream,
         priority=level,
@@ -102,14 +96,32 @@ def accept(
         expires_at=now + timedelta(seconds=max_wait_s(level)),
         **fields,
     )
+    # The model's id is looked up by the insert itself: a round trip less. A name that no
+    # model has stores nothing, and is then looked up among the aliases.
+    if not store(request, caller_waits, model_named=body["model"]):
+        queue_bound.withdraw(level)
+        request.model_id = resolve_alias(body["model"])
+        store(request, caller_waits)
+    return request
+
+
+def store(request: Request, caller_waits: bool, model_named: str | None = None) -> bool:
+    """Insert the request and wake the workers on commit. With `model_named`, its model is
+    the one of that name, found by the insert itself: False, and nothing stored, if none
+    is (the commit then wakes the workers for nothing)."""
+    found_by = ("model", "name", model_named) if model_named else None
     with sql.atomic():
         if caller_waits:
             sql.without_waiting_for_disk()
-        queue_bound.admit(level)
-        sql.insert(request)
+        queue_bound.admit(request.priority)
+        inserted = sql.insert(request, found_by)
         wakeup.notify_in_transaction()
         transaction.on_commit(wakeup.wake_local)
-    return request
+    if found_by is not None:
+        if not inserted.rows:
+            return False
+        request.model_id = inserted.rows[0][0]
+    return True
 
 
 def position_in_line(request: Request) -> int | None:

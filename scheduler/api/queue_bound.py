@@ -52,6 +52,11 @@ class QueueBound:
                     raise queue_full(bound, which)
             self.waiting[priority] += 1
 
+    def withdraw(self, priority: int) -> None:
+        """Count one admitted request of `priority` as not waiting after all."""
+        with self.lock:
+            self.waiting[priority] = max(self.waiting[priority] - 1, 0)
+
     def held(self, classes: set[int]) -> int:
         return sum(self.waiting[c] for c in classes)
 

@@ -47,7 +47,6 @@ INCLUSIVE = (
     "group_add",
     "group_discard",
     "QueueBound.admit",
-    "resolve_model",
     "request_moved",
 )
 
