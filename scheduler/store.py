@@ -506,8 +506,10 @@ def dispatch_all(
                 _lock_servers(deployment_ids),
                 _servers_deployments(deployment_ids),
                 (
-                    f"SELECT id, priority, payload, kind, stream FROM {REQUESTS}"
-                    f" WHERE id IN ({sql.marks(len(keys))})",
+                    # Locked too: the moves below are then known, and go with the commit.
+                    f"SELECT id, priority, payload, kind, stream, state, worker_id"
+                    f" FROM {REQUESTS} WHERE id IN ({sql.marks(len(keys))})"
+                    f" ORDER BY id{sql.for_update()}",
                     keys,
                 ),
             ]
@@ -516,8 +518,9 @@ def dispatch_all(
         busy, deployments = _loaded(slots, deployment_rows)
         requests = {
             sql.uuid_of(key): (priority, json.loads(payload), kind, bool(stream))
-            for key, priority, payload, kind, stream in request_rows
+            for key, priority, payload, kind, stream, _, _ in request_rows
         }
+        locked = {row[0]: (row[5], row[6]) for row in request_rows}
         accepted: dict[Any, LoadedDeployment] = {}
         for request_id, deployment_id in sends:
             d = deployments.get(deployment_id)
@@ -540,7 +543,7 @@ def dispatch_all(
             )
             for request_id, d in accepted.items()
         ]
-        moved = move_all([_via(routes.get(t.request_id), t) for t in sending])
+        moved = move_all([_via(routes.get(t.request_id), t) for t in sending], locked)
         sent = {
             request_id: d for (request_id, d), ok in zip(accepted.items(), moved, strict=True) if ok
         }

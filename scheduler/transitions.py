@@ -89,19 +89,28 @@ def move(
     return move_all([transition])[0]
 
 
-def move_all(transitions: list[Transition]) -> list[bool]:
+Locked = dict[Any, tuple[str, int | None]]  # a row's key → its state and worker
+
+
+def move_all(transitions: list[Transition], locked: Locked | None = None) -> list[bool]:
     """Each transition as `move` makes it, all in one transaction; the result of each, in
     order. The rows are claimed in one statement, rows that move alike are updated in one,
     and the trace rows are inserted in one: a pass that sends thirty requests does not
-    write ninety statements."""
+    write ninety statements.
+
+    `locked`: the rows as the caller read them under lock in this transaction (each request
+    named once). Then each move is known at once, and its UPDATE goes with the
+    transaction's last writes, as its trace rows do."""
     for step in (step for t in transitions for step in t.steps()):
         check(step.from_states, step.to_state)
+    if locked is not None and len({t.request_id for t in transitions}) < len(transitions):
+        raise ValueError("with `locked`, each request moves once")
     results: list[bool] = []
     # No savepoint when nested: a refused compare-and-set writes nothing to undo. The trace
     # rows go with the transaction's last writes: nothing reads them before its commit.
     with sql.atomic(savepoint=False):
         for chunk in _distinct_requests(transitions):
-            results += _move_chunk(chunk)
+            results += _move_chunk(chunk, locked)
     return results
 
 
@@ -120,17 +129,20 @@ def _distinct_requests(transitions: list[Transition]) -> Iterator[list[Transitio
         yield chunk
 
 
-def _move_chunk(transitions: list[Transition]) -> list[bool]:
+def _move_chunk(transitions: list[Transition], locked: Locked | None) -> list[bool]:
     now = timezone.now()
     writes = [_fields_written(t, now) for t in transitions]
-    if len(transitions) == 1 and len(transitions[0].from_states) == 1:
+    if locked is None and len(transitions) == 1 and len(transitions[0].from_states) == 1:
         sources = [_compare_and_set(transitions[0], writes[0])]
     else:
-        sources = _lock(transitions)
+        sources = _sources(transitions, _lock(transitions) if locked is None else locked)
         _update_alike(
-            (t.to_state, fields, t.request_id)
-            for t, fields, source in zip(transitions, writes, sources, strict=True)
-            if source
+            (
+                (t.to_state, fields, t.request_id)
+                for t, fields, source in zip(transitions, writes, sources, strict=True)
+                if source
+            ),
+            later=locked is not None,
         )
     moved = [
         (t, fields, source)
@@ -174,9 +186,8 @@ def _compare_and_set(t: Transition, fields: dict[str, Any]) -> str | None:
     return t.from_states[0] if changed else None
 
 
-def _lock(transitions: list[Transition]) -> list[str | None]:
-    """Lock the rows in one statement; the state each request moves from, or None where it
-    moved meanwhile (or its worker no longer holds it)."""
+def _lock(transitions: list[Transition]) -> Locked:
+    """Lock the rows in one statement."""
     ids = sql.keys(Request, [t.request_id for t in transitions])
     # In key order: two workers locking overlapping batches never wait on each other crosswise.
     rows = sql.fetch(
@@ -184,17 +195,24 @@ def _lock(transitions: list[Transition]) -> list[str | None]:
         f" ORDER BY id{sql.for_update()}",
         ids,
     )
-    found = {key: (state, worker) for key, state, worker in rows}
+    return {key: (state, worker) for key, state, worker in rows}
+
+
+def _sources(transitions: list[Transition], found: Locked) -> list[str | None]:
+    """The state each request moves from, or None where it moved meanwhile (or its worker
+    no longer holds it)."""
     sources = []
-    for t, key in zip(transitions, ids, strict=True):
+    keys = sql.keys(Request, [t.request_id for t in transitions])
+    for t, key in zip(transitions, keys, strict=True):
         state, worker = found.get(key, (None, None))
         held = t.held_by is None or worker == t.held_by
         sources.append(state if state in t.from_states and held else None)
     return sources
 
 
-def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]]) -> None:
-    """One UPDATE per set of locked rows that take the same values."""
+def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]], later: bool) -> None:
+    """One UPDATE per set of locked rows that take the same values (`later`: with the
+    transaction's last writes)."""
     groups: list[tuple[str, dict[str, Any], list[Any]]] = []
     for to_state, fields, request_id in moves:
         alike = next((g for g in groups if g[0] == to_state and g[1] == fields), None)
@@ -202,12 +220,11 @@ def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]]) -> None:
             groups.append((to_state, fields, [request_id]))
         else:
             alike[2].append(request_id)
+    write = sql.write_later if later else sql.execute
     for to_state, fields, request_ids in groups:
         changes, params = sql.assignments(Request, {"state": to_state, **fields})
         ids = sql.keys(Request, request_ids)
-        sql.execute(
-            f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})", params + ids
-        )
+        write(f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})", params + ids)
 
 
 def _trace(moved: list[tuple[Transition, str]], at) -> None:

@@ -1,8 +1,10 @@
 """`move`: the allowed-transition table, compare-and-set, and its Trace row."""
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
+from scheduler import sql
 from scheduler.models import Request, State, Trace, Worker
 from scheduler.transitions import ALLOWED, ImpossibleTransition, Transition, move, move_all
 from tests import factories
@@ -160,3 +162,31 @@ def test_a_move_made_via_another_checks_each_step():
         move_all([through])
     request.refresh_from_db()
     assert request.state == S.PENDING and not Trace.objects.exists()
+
+
+@pytest.mark.django_db
+def test_moves_of_rows_the_caller_locked_follow_what_it_read_and_go_at_the_end():
+    """`locked`: the caller read the rows under lock; a move from another state than the one
+    read is refused, and the UPDATEs wait for the transaction's end with its trace rows."""
+    mine = Worker.objects.create(host="a", pid=1)
+    ready, moved = factories.request("m1", state=S.READY), factories.request("m1", state=S.READY)
+    locked = {
+        key: (state, None)
+        for key, state in zip(
+            sql.keys(Request, [ready.pk, moved.pk]), [S.READY, S.PENDING], strict=True
+        )
+    }
+    batch = [
+        Transition(r.pk, (S.READY,), S.PROCESSING, "sent", {"worker_id": mine.pk})
+        for r in (ready, moved)
+    ]
+
+    with transaction.atomic(), sql.writes_at_end():
+        assert move_all(batch, locked) == [True, False]
+        assert Request.objects.get(pk=ready.pk).state == S.READY  # not yet written
+
+    assert Request.objects.get(pk=ready.pk).state == S.PROCESSING
+    assert Request.objects.get(pk=moved.pk).state == S.READY  # what was read is what counts
+    assert list(Trace.objects.values_list("request_id", "to_state")) == [(ready.pk, S.PROCESSING)]
+    with pytest.raises(ValueError):
+        move_all(batch + batch[:1], locked)
