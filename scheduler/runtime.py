@@ -36,6 +36,7 @@ from .decisions import (
 )
 from .models import WAITING_STATES, State
 from .policy import plan
+from .snapshot import Snapshot
 from .transitions import Transition
 
 log = logging.getLogger(__name__)
@@ -211,9 +212,7 @@ class Runtime:
 
     async def step(self) -> list[Decision]:
         """One snapshot, plan and execute pass. Returns what it did (Defer excluded)."""
-        snapshot = await db(store.read_snapshot)(self.config)
-        self.server_of = {d.id: d.server_id for d in snapshot.deployments}
-        decisions = plan(snapshot, self.clock())
+        snapshot, decisions, first = await db(self.plan_and_write)()
         self.next_wake = None
         done: list[Decision] = []
         self.dropped = 0
@@ -224,45 +223,41 @@ class Runtime:
             elif not isinstance(decision, Defer | Probe):  # a probe still out is no news
                 self.dropped += 1
 
-        # Consecutive request transitions, then the dispatches that follow them, go to the
-        # database together, in one transaction: a pass that routes and sends thirty
-        # requests commits once. Order is kept: a batch is written before any other
-        # decision runs.
-        transitions: list[tuple[Decision, Transition]] = []
-        sends: list[Dispatch] = []
-
-        async def flush() -> None:
-            if not transitions and not sends:
-                return
-            pairs = [(d.request_id, d.deployment_id) for d in sends]
-            results, jobs = await db(store.move_and_dispatch)(
-                [t for _, t in transitions], pairs, self.worker_id
-            )
-            for (decision, _), ok in zip(transitions, results, strict=True):
+        def finish(written: Batch) -> None:
+            for decision, ok in written.results:
                 record(decision, ok)
-            for decision, job in zip(sends, jobs, strict=True):
-                if job is not None:
-                    self.spawn(f"serve {job.request_id}", self.serve(job))
-                record(decision, job is not None)
-            transitions.clear()
-            sends.clear()
+            for job in written.jobs:
+                self.spawn(f"serve {job.request_id}", self.serve(job))
 
-        for decision in decisions:
-            transition = self.transition_for(decision)
-            if transition is not None:
-                if sends:
-                    await flush()
-                transitions.append((decision, transition))
-            elif isinstance(decision, Dispatch):
-                sends.append(decision)
-            else:
-                await flush()
+        finish(first)
+        batch = Batch(self)
+        for decision in decisions[first.size :]:
+            if batch.add(decision):
+                continue
+            if batch.size:
+                finish(await db(batch.write)())
+                batch = Batch(self)
+            if not batch.add(decision):
                 record(decision, await self.execute(decision))
-        await flush()
+        if batch.size:
+            finish(await db(batch.write)())
         # Those it sent or ended wait no more: their completion alone calls for no pass.
         left = sum(isinstance(d, Dispatch | Expire | Fail) for d in done)
         self.waiting = len(snapshot.requests) - left
         return done
+
+    def plan_and_write(self) -> tuple[Snapshot, list[Decision], "Batch"]:
+        """In the database thread: read the snapshot, plan, and write the plan's leading
+        request moves and sends (most passes are only those): one trip to the thread, not
+        two."""
+        snapshot = store.read_snapshot(self.config)
+        self.server_of = {d.id: d.server_id for d in snapshot.deployments}
+        decisions = plan(snapshot, self.clock())
+        batch = Batch(self)
+        for decision in decisions:
+            if not batch.add(decision):
+                break
+        return snapshot, decisions, batch.write() if batch.size else batch
 
     def transition_for(self, decision: Decision) -> Transition | None:
         """The request transition that carries out `decision`, if that is all it takes."""
@@ -522,6 +517,46 @@ class Runtime:
                 await db(store.mark_down)(server_id, error.message)
             return
         await db(store.apply_server_models)(server_id, listed, asked_at)
+
+
+class Batch:
+    """Consecutive request transitions, then the dispatches that follow them: written in one
+    transaction (a pass that routes and sends thirty requests commits once), in the order
+    planned. After `write`, each decision's result, and the jobs to serve."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.transitions: list[tuple[Decision, Transition]] = []
+        self.sends: list[Dispatch] = []
+        self.results: list[tuple[Decision, bool]] = []
+        self.jobs: list[store.ServeJob] = []
+
+    @property
+    def size(self) -> int:
+        return len(self.transitions) + len(self.sends)
+
+    def add(self, decision: Decision) -> bool:
+        """Take `decision` if it belongs in this batch (False: write this one first, or
+        the decision is more than a request's move)."""
+        transition = self.runtime.transition_for(decision)
+        if transition is not None and not self.sends:
+            self.transitions.append((decision, transition))
+            return True
+        if isinstance(decision, Dispatch):
+            self.sends.append(decision)
+            return True
+        return False
+
+    def write(self) -> "Batch":
+        """In the database thread."""
+        pairs = [(d.request_id, d.deployment_id) for d in self.sends]
+        moved, jobs = store.move_and_dispatch(
+            [t for _, t in self.transitions], pairs, self.runtime.worker_id
+        )
+        self.results = [(d, ok) for (d, _), ok in zip(self.transitions, moved, strict=True)]
+        self.results += [(d, job is not None) for d, job in zip(self.sends, jobs, strict=True)]
+        self.jobs = [job for job in jobs if job is not None]
+        return self
 
 
 def _server_of(deployment_id: int) -> int:

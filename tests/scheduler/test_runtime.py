@@ -237,6 +237,42 @@ async def test_requests_a_pass_sent_count_as_waiting_no_more():
         await rt.stop()
 
 
+async def test_a_pass_that_only_routes_and_sends_goes_to_the_database_thread_once(
+    monkeypatch,
+):
+    """Its snapshot, plan and writes in one trip; a pass that also starts a load, more."""
+
+    def setup():
+        factories.deployment(factories.server("s1", slots=4), "m1")
+        factories.deployment(factories.server("s2"), "m2")
+        loaded_on("s1", "m1")
+        return [factories.request("m1") for _ in range(2)]
+
+    sent = await db(setup)()
+    trips: list[str] = []
+
+    def counted(fn):
+        trips.append(getattr(fn, "__name__", repr(fn)))
+        return sync_to_async(fn)
+
+    monkeypatch.setattr("scheduler.runtime.db", counted)
+    rt = Runtime()
+    await rt.start()
+    try:
+        trips.clear()
+        routed_and_sent = await rt.step()
+        assert trips == ["plan_and_write"]
+        assert len(routed_and_sent) == 4  # each request: its Route and its Dispatch
+        assert {d.request_id for d in routed_and_sent} == {r.pk for r in sent}
+
+        await db(factories.request)("m2")  # its model must be loaded first
+        trips.clear()
+        await rt.step()
+        assert trips[0] == "plan_and_write" and "start_load" in trips
+    finally:
+        await rt.stop()
+
+
 @pytest.mark.parametrize(
     "waiting, outcome, wakes",
     [
