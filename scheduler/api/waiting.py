@@ -39,9 +39,12 @@ class Subscription:
         assert self.queue is not None, "open() first"
         while True:
             try:
-                yield await asyncio.wait_for(self.queue.get(), every_s)
+                async with asyncio.timeout(every_s):  # no task per wait, as wait_for makes
+                    message = await self.queue.get()
             except TimeoutError:
                 yield None
+            else:
+                yield message
 
 
 P = ParamSpec("P")
