@@ -65,6 +65,10 @@ class _Pass:
         self.config = snapshot.config
         self.servers = {s.id: s for s in snapshot.servers}
         self.deployments = {d.id: d for d in snapshot.deployments}
+        # `candidates`, kept until a deployment changes: a deep line asks the same for each
+        # of hundreds of requests of one model.
+        self.found: dict[tuple[str, str | None], list[DeploymentView]] = {}
+        self.deployed = {d.model for d in snapshot.deployments}
         self.requests: dict[UUID, RequestView] = {}
         # Counts of routed requests, kept in step by `track`: a pass with thousands waiting
         # must not rescan them for every routing choice.
@@ -129,8 +133,12 @@ class _Pass:
     def waiting_on(self, deployment_id: int) -> list[RequestView]:
         return [self.requests[rid] for rid in self.waiters[deployment_id]]
 
+    def set_deployment(self, deployment: DeploymentView, **changes) -> None:
+        self.deployments[deployment.id] = replace(deployment, **changes)
+        self.found.clear()
+
     def set_state(self, deployment: DeploymentView, state: str) -> None:
-        self.deployments[deployment.id] = replace(deployment, state=state)
+        self.set_deployment(deployment, state=state)
 
     def set_request(self, request: RequestView, **changes) -> RequestView:
         updated = replace(request, **changes)
@@ -200,7 +208,7 @@ class _Pass:
     def route_pending(self) -> None:
         later = []
         for r in self.ranked("pending"):
-            if not any(d.model == r.model for d in self.deployments.values()):
+            if r.model not in self.deployed:
                 self.fail(r, "model_not_deployed", f"no server has a deployment of {r.model}")
             elif not self.route_quietly(r):
                 later.append(r.id)
@@ -208,11 +216,15 @@ class _Pass:
             self.place(self.requests[rid])
 
     def candidates(self, model: str, state: str | None = None) -> list[DeploymentView]:
-        return [
-            d
-            for d in self.deployments.values()
-            if d.model == model and self.usable(d.server_id) and state in (None, d.state)
-        ]
+        """The usable deployments of `model` (in `state`), as the pass has them now."""
+        key = (model, state)
+        if key not in self.found:
+            self.found[key] = [
+                d
+                for d in self.deployments.values()
+                if d.model == model and self.usable(d.server_id) and state in (None, d.state)
+            ]
+        return self.found[key]
 
     def route_quietly(self, r: RequestView) -> bool:
         """Routes that disturb nothing: loaded with room or a short queue; a load under way."""
@@ -414,7 +426,7 @@ class _Pass:
                 continue
             self.decisions.append(Dispatch(r.id, d.id))
             self.in_flight[d.server_id] += 1
-            self.deployments[d.id] = replace(d, in_flight=d.in_flight + 1)
+            self.set_deployment(d, in_flight=d.in_flight + 1)
             self.drop(r)
 
     def any_free_slot(self) -> bool:

@@ -4,6 +4,7 @@ All functions are synchronous; the runtime calls them through `sync_to_async`.
 """
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -158,7 +159,10 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
     )
 
 
+@functools.lru_cache(maxsize=4 * SNAPSHOT_HEAD)
 def _request_view(row: tuple) -> RequestView:
+    """The view of a row as read (kept: a deep line's head is mostly the same rows, unchanged,
+    pass after pass, and building a view costs more than finding it)."""
     rid, model, priority, state, created_at, expires_at, deployment_id, not_before = row
     return RequestView(
         id=sql.uuid_of(rid),
