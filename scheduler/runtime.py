@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from datetime import datetime
+from typing import NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -42,7 +43,13 @@ from .transitions import Transition
 log = logging.getLogger(__name__)
 db = sync_to_async  # one DB thread: Django's connections are not shared across threads
 MAX_REPLANS = 3  # passes in a row planned again at once because the database refused some
-NO_NEWS = object()  # what a task returns when its end changes nothing the plan needs
+
+
+class FreedSlot(NamedTuple):
+    """What a request's completion returns: the plan changes only if a request waits that
+    this server's freed slot could serve."""
+
+    server_id: int
 
 
 class Runtime:
@@ -61,6 +68,7 @@ class Runtime:
         self.config = store.policy_config()
         self.last_sync = -float("inf")
         self.waiting = 0  # requests still waiting after the last pass (of those it saw)
+        self.waiting_for: set[int] = set()  # the servers that have their models deployed
         self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
         self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
         self.dropped = 0  # decisions of the last pass that the database refused
@@ -242,8 +250,10 @@ class Runtime:
         if batch.size:
             finish(await db(batch.write)())
         # Those it sent or ended wait no more: their completion alone calls for no pass.
-        left = sum(isinstance(d, Dispatch | Expire | Fail) for d in done)
-        self.waiting = len(snapshot.requests) - left
+        ended = {d.request_id for d in done if isinstance(d, Dispatch | Expire | Fail)}
+        models = {r.model for r in snapshot.requests if r.id not in ended}
+        self.waiting = len(snapshot.requests) - len(ended)
+        self.waiting_for = {d.server_id for d in snapshot.deployments if d.model in models}
         return done
 
     def plan_and_write(self) -> tuple[Snapshot, list[Decision], "Batch"]:
@@ -314,11 +324,13 @@ class Runtime:
                 return True
         raise TypeError(f"unknown decision {decision!r}")
 
-    def plan_after_news(self) -> bool:
-        """Whether a request that completed calls for a pass: only if requests were waiting
-        at the last one (its slot may serve them), or to notice idleness. A new arrival
-        wakes the loop by itself."""
-        return bool(self.waiting) or self.until_idle
+    def plan_after_news(self, freed: FreedSlot) -> bool:
+        """Whether a request that completed calls for a pass: only if a request was waiting
+        at the last one for a model deployed on its server (only those can take the freed
+        slot, or have that server load their model once it is idle; a deep line for models
+        elsewhere is not replanned on every completion), or to notice idleness. A new
+        arrival wakes the loop by itself."""
+        return freed.server_id in self.waiting_for or self.until_idle
 
     def spawn(self, name: str, coro) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -328,7 +340,11 @@ class Runtime:
             self.tasks.pop(name, None)
             if not t.cancelled() and t.exception():
                 log.error("task %s crashed", name, exc_info=t.exception())
-            elif not t.cancelled() and t.result() is NO_NEWS and not self.plan_after_news():
+            elif (
+                not t.cancelled()
+                and isinstance(freed := t.result(), FreedSlot)
+                and not self.plan_after_news(freed)
+            ):
                 self.chore(self.count_quiet_end())
                 return
             self.wake.set()
@@ -417,7 +433,7 @@ class Runtime:
         log.info("unloaded %s (%s)", model_id, why)
         await db(store.evicted)(deployment_id)
 
-    async def serve(self, job: store.ServeJob) -> object:
+    async def serve(self, job: store.ServeJob) -> FreedSlot | None:
         adapter = await self.adapter(job.server_id)
         started = time.monotonic()
         relay = streams.Relay(job.request_id)
@@ -438,7 +454,7 @@ class Runtime:
         if not await self.completions.submit(answer):
             log.warning("request %s finished after it was taken over; result dropped", job)
         self.server_answered(job.server_id)
-        return NO_NEWS
+        return FreedSlot(job.server_id)
 
     def server_answered(self, server_id: int) -> None:
         """Mark the server healthy and seen, at most once a second while it keeps answering:

@@ -18,7 +18,7 @@ from backends.models import Deployment, DeploymentState
 from scheduler import store
 from scheduler.api import intake
 from scheduler.models import Request, State, Worker
-from scheduler.runtime import NO_NEWS, Runtime
+from scheduler.runtime import FreedSlot, Runtime
 from tests import factories
 from tests.support.openai_upstream import Upstream
 from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
@@ -237,6 +237,27 @@ async def test_requests_a_pass_sent_count_as_waiting_no_more():
         await rt.stop()
 
 
+async def test_after_a_pass_only_servers_with_a_waiting_model_call_for_a_pass_when_freed():
+    def setup():
+        s1, s2 = factories.server("s1", slots=1), factories.server("parked", enabled=False)
+        factories.deployment(s1, "m1")
+        factories.deployment(s2, "m2")
+        loaded_on("s1", "m1")
+        factories.request("m1")
+        factories.request("m2")  # waits for a server that is off
+        return s1.pk, s2.pk
+
+    s1, parked = await db(setup)()
+    rt = Runtime()
+    await rt.start()
+    try:
+        await rt.step()  # m1's request sent; m2's waits
+        assert (rt.waiting, rt.waiting_for) == (1, {parked})
+        assert not rt.plan_after_news(FreedSlot(s1))
+    finally:
+        await rt.stop()
+
+
 async def test_a_pass_that_only_routes_and_sends_goes_to_the_database_thread_once(
     monkeypatch,
 ):
@@ -274,21 +295,22 @@ async def test_a_pass_that_only_routes_and_sends_goes_to_the_database_thread_onc
 
 
 @pytest.mark.parametrize(
-    "waiting, outcome, wakes",
+    "waiting_for, outcome, wakes",
     [
-        (0, "completed", False),  # nothing to give the freed slot: no pass
-        (2, "completed", True),  # requests wait: the freed slot may serve one
-        (0, "failed", True),  # a retry or a re-route needs planning
+        (set(), "completed", False),  # nothing to give the freed slot: no pass
+        ({1}, "completed", True),  # requests wait for its server: the slot may serve one
+        ({2}, "completed", False),  # requests wait only for other servers' models
+        (set(), "failed", True),  # a retry or a re-route needs planning
     ],
 )
 async def test_a_finished_request_wakes_the_loop_only_when_the_plan_may_change(
-    waiting, outcome, wakes
+    waiting_for, outcome, wakes
 ):
     rt = Runtime()
-    rt.waiting = waiting
+    rt.waiting_for = waiting_for
 
     async def serve():
-        return NO_NEWS if outcome == "completed" else None
+        return FreedSlot(1) if outcome == "completed" else None
 
     ended = asyncio.Event()
     rt.spawn("serve 1", serve())
