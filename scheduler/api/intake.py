@@ -84,17 +84,9 @@ def accept(
     body_priority = body.pop("priority", None)
     level = parse_priority(priority if priority not in (None, "") else body_priority)
     stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
-    now = timezone.now()
     fields = {"id": request_id} if request_id else {}
     request = Request(
-        kind=kind,
-        model_name=body["model"],
-        payload=body,
-        stream=stream,
-        priority=level,
-        created_at=now,
-        expires_at=now + timedelta(seconds=max_wait_s(level)),
-        **fields,
+        kind=kind, model_name=body["model"], payload=body, stream=stream, priority=level, **fields
     )
     # The model's id is looked up by the insert itself: a round trip less. A name that no
     # model has stores nothing, and is then looked up among the aliases.
@@ -114,6 +106,9 @@ def store(request: Request, caller_waits: bool, model_named: str | None = None) 
         if caller_waits:
             sql.without_waiting_for_disk()
         queue_bound.admit(request.priority)
+        # Stamped with the connection in hand, as near the commit as the row can tell.
+        request.created_at = timezone.now()
+        request.expires_at = request.created_at + timedelta(seconds=max_wait_s(request.priority))
         inserted = sql.insert(request, found_by)
         wakeup.notify_in_transaction()
         transaction.on_commit(wakeup.wake_local)
