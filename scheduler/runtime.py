@@ -68,7 +68,7 @@ class Runtime:
         self.config = store.policy_config()
         self.last_sync = -float("inf")
         self.waiting = 0  # requests still waiting after the last pass (of those it saw)
-        self.waiting_for: set[int] = set()  # the servers that have their models deployed
+        self.waiting_for: set[int] = set()  # servers with a deployment of a waiting model
         self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
         self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
         self.dropped = 0  # decisions of the last pass that the database refused
