@@ -2,6 +2,7 @@
 the OpenAI-compatible inference every server kind also speaks."""
 
 import asyncio
+import contextlib
 import functools
 import json
 import re
@@ -52,6 +53,21 @@ OPENAI_PATHS = {
 def ssl_context() -> ssl.SSLContext:
     """Built once: loading the CA bundle for every server's client is slow."""
     return ssl.create_default_context(cafile=certifi.where())
+
+
+AFTER_END_S = 1.0  # how long the rest of a stream is read after its end marker
+
+
+async def read_to_end(rest: AsyncIterator[Any]) -> None:
+    """Read what follows a stream's end marker (the end of its chunked body, normally already
+    received), so that httpx keeps the connection for the next call instead of closing it:
+    a new connection for every streamed call cost the worker up to a millisecond of CPU and
+    put a connect on the path to the first token. A server that sends on for too long is
+    cut off."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(AFTER_END_S):
+            async for _ in rest:
+                pass
 
 
 def error_from_response(
@@ -237,8 +253,10 @@ class HttpAdapter(Adapter):
     async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         """The JSON payloads of an OpenAI SSE stream, up to `[DONE]`. An error event raises;
         a stream cut before `[DONE]` is a lost connection."""
-        async for _, data in self.sse_messages(response):
+        messages = self.sse_messages(response)
+        async for _, data in messages:
             if data.strip() == "[DONE]":
+                await read_to_end(messages)
                 return
             try:
                 event = json.loads(data)

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
-from .http import HttpAdapter, error_from_event, wants_usage
+from .http import HttpAdapter, error_from_event, read_to_end, wants_usage
 
 # OpenAI sampling fields → Ollama runner options.
 SAMPLING = {
@@ -308,7 +308,8 @@ class OllamaAdapter(HttpAdapter):
         }
         first, saw_tool_calls = True, False
         async with self.open_stream("POST", path, json=body) as response:
-            async for line in response.aiter_lines():
+            lines = response.aiter_lines()
+            async for line in lines:
                 if not line.strip():
                     continue
                 part = json.loads(line)
@@ -339,5 +340,6 @@ class OllamaAdapter(HttpAdapter):
                 yield {**head, "choices": [{"index": 0, **end, "finish_reason": reason}]}
                 if wants_usage(call):
                     yield {**head, "choices": [], "usage": usage_of(part)}
+                await read_to_end(lines)
                 return
         raise AdapterError(ErrorCode.CONNECTION, "the stream ended before its last line")

@@ -55,6 +55,20 @@ async def test_run_and_stream(upstream, adapter):
     assert upstream.received[0]["headers"]["Authorization"] == "Bearer sk-test"
 
 
+async def test_a_finished_stream_leaves_its_connection_for_the_next_call(upstream, adapter):
+    """A server that keeps the connection open after a stream (a chunked body, as
+    llama-server and vLLM send) gets the next call on the same connection."""
+    upstream.chunked_streams = True
+    call = InferenceCall("chat", "qwen3-8b", {**CHAT, "stream": True}, stream=True)
+    for _ in range(2):
+        chunks = [c async for c in adapter.stream(call)]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
+
+    first, *others = [r["peer"] for r in upstream.received]
+    assert others == [first, first]
+
+
 async def test_errors_keep_the_servers_message(upstream, adapter):
     upstream.fail_next = [(503, "engine is currently overloaded"), (400, "bad temperature")]
     with pytest.raises(AdapterError) as raised:

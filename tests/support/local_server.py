@@ -36,20 +36,32 @@ class Handler(BaseHTTPRequestHandler):
     def send_json(self, status: int, body: Any) -> None:
         self.send_body(status, json.dumps(body).encode(), "application/json")
 
-    def send_sse(self, events: list[Any], done: bool = True) -> None:
+    def send_sse(self, events: list[Any], done: bool = True, keep_alive: bool = False) -> None:
         """`data:` messages and, with `done`, `data: [DONE]`; then the connection closes
-        (without `done` that is a stream cut short)."""
+        (without `done` that is a stream cut short). With `keep_alive`, the body is chunked
+        and its end keeps the connection open, as llama-server and vLLM send theirs."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Connection", "close")
+        if keep_alive:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
         self.end_headers()
-        for event in events:
-            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-            self.wfile.flush()
+        messages = [f"data: {json.dumps(event)}\n\n".encode() for event in events]
         if done:
-            self.wfile.write(b"data: [DONE]\n\n")
+            messages.append(b"data: [DONE]\n\n")
+        for message in messages:
+            self.wfile.write(chunk(message) if keep_alive else message)
             self.wfile.flush()
-        self.close_connection = True
+        if keep_alive:
+            self.wfile.write(chunk(b""))  # the end of the body
+        else:
+            self.close_connection = True
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one chunk of a chunked body (empty: the body's end)."""
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
 class LocalServer:

@@ -14,6 +14,7 @@ class Upstream(LocalServer):
         self.fail_next: list[tuple[int, str]] = []  # (status, message) served in order
         self.gate: threading.Event | None = None  # when set: inference waits for it
         self.arrived = threading.Event()
+        self.chunked_streams = False  # streams end without closing the connection
         super().__init__()
 
     def handler(self) -> type[Handler]:
@@ -29,7 +30,12 @@ class Upstream(LocalServer):
             def do_POST(self) -> None:
                 body = self.read_json()
                 upstream.received.append(
-                    {"path": self.path, "body": body, "headers": dict(self.headers)}
+                    {
+                        "path": self.path,
+                        "body": body,
+                        "headers": dict(self.headers),
+                        "peer": self.client_address,
+                    }
                 )
                 upstream.arrived.set()
                 if upstream.gate is not None:
@@ -54,7 +60,7 @@ class Upstream(LocalServer):
                         },
                     )
                 elif body.get("stream"):
-                    self.send_sse(stream_chunks(body["model"]))
+                    self.send_sse(stream_chunks(body["model"]), keep_alive=upstream.chunked_streams)
                 else:
                     self.send_json(200, reply(self.path, body))
 
