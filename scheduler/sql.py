@@ -121,14 +121,9 @@ def fetch_all(statements: Sequence[Statement]) -> list[list[tuple]]:
     order). On SQLite, in turn: there is no round trip to save."""
     if not settings.IS_POSTGRES or len(statements) == 1:
         return [fetch(statement, params) for statement, params in statements]
-    rows = []
-    statements = _by_name(statements)
-    with connection.cursor() as cursor:
-        cursor.execute(*_joined(statements))
-        rows.append(cursor.fetchall())
-        while cursor.nextset():
-            rows.append(cursor.fetchall())
-    return rows
+    read = [Written() for _ in statements]
+    _run_each(statements, read)
+    return [outcome.rows or [] for outcome in read]
 
 
 def _joined(statements: Sequence[Statement]) -> tuple[str, list[Any]]:
@@ -239,19 +234,19 @@ def insert(instance: models.Model, found_by: tuple[str, str, Any] | None = None)
     are that id, or none (and nothing inserted) if no row has that value."""
     meta = instance._meta
     fields = meta.concrete_fields
-    key = meta.get_field(found_by[0]) if found_by else None
-    values = [f"k.{f.target_field.column}" if f is key else "%s" for f in fields]
     params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     columns = f"INSERT INTO {meta.db_table} ({', '.join(f.column for f in fields)})"
-    if key is None or found_by is None:
-        statement = f"{columns} VALUES ({', '.join(values)})"
+    if found_by is None:
+        statement = f"{columns} VALUES ({marks(len(fields))})"
     else:
+        name, column, value = found_by
+        key = meta.get_field(name)
         related = key.related_model._meta
-        params = [p for f, p in zip(fields, params, strict=True) if f is not key]
-        params.append(found_by[2])
+        values = [f"k.{f.target_field.column}" if f is key else "%s" for f in fields]
+        params = [p for f, p in zip(fields, params, strict=True) if f is not key] + [value]
         statement = (
             f"{columns} SELECT {', '.join(values)} FROM {related.db_table} k"
-            f" WHERE k.{related.get_field(found_by[1]).column} = %s RETURNING {key.column}"
+            f" WHERE k.{related.get_field(column).column} = %s RETURNING {key.column}"
         )
     written = write_later(prepared(statement), params)
     instance._state.adding = False
