@@ -34,7 +34,7 @@ from . import announce, sql
 from .models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State, Worker
 from .retry import backoff_s
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
-from .transitions import Transition, move, move_all
+from .transitions import Locked, Transition, move, move_all
 
 log = logging.getLogger(__name__)
 DS = DeploymentState
@@ -520,11 +520,11 @@ def dispatch_all(
         )
         slots = dict(server_rows)
         busy, deployments = _loaded(slots, deployment_rows)
-        requests = {
-            sql.uuid_of(key): (priority, json.loads(payload), kind, bool(stream))
-            for key, priority, payload, kind, stream, _, _ in request_rows
-        }
-        locked = {row[0]: (row[5], row[6]) for row in request_rows}
+        requests: dict[Any, tuple[int, dict, str, bool]] = {}
+        locked: Locked = {}
+        for key, priority, payload, kind, stream, state, worker in request_rows:
+            requests[sql.uuid_of(key)] = (priority, json.loads(payload), kind, bool(stream))
+            locked[key] = (state, worker)
         accepted: dict[Any, LoadedDeployment] = {}
         for request_id, deployment_id in sends:
             d = deployments.get(deployment_id)

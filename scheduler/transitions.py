@@ -135,7 +135,8 @@ def _move_chunk(transitions: list[Transition], locked: Locked | None) -> list[bo
     if locked is None and len(transitions) == 1 and len(transitions[0].from_states) == 1:
         sources = [_compare_and_set(transitions[0], writes[0])]
     else:
-        sources = _sources(transitions, _lock(transitions) if locked is None else locked)
+        keys = sql.keys(Request, [t.request_id for t in transitions])
+        sources = _sources(transitions, keys, _lock(keys) if locked is None else locked)
         _update_alike(
             (
                 (t.to_state, fields, t.request_id)
@@ -186,23 +187,21 @@ def _compare_and_set(t: Transition, fields: dict[str, Any]) -> str | None:
     return t.from_states[0] if changed else None
 
 
-def _lock(transitions: list[Transition]) -> Locked:
-    """Lock the rows in one statement."""
-    ids = sql.keys(Request, [t.request_id for t in transitions])
+def _lock(keys: list[Any]) -> Locked:
+    """Lock the rows of these keys in one statement."""
     # In key order: two workers locking overlapping batches never wait on each other crosswise.
     rows = sql.fetch(
-        f"SELECT id, state, worker_id FROM {REQUESTS} WHERE id IN ({sql.marks(len(ids))})"
+        f"SELECT id, state, worker_id FROM {REQUESTS} WHERE id IN ({sql.marks(len(keys))})"
         f" ORDER BY id{sql.for_update()}",
-        ids,
+        keys,
     )
     return {key: (state, worker) for key, state, worker in rows}
 
 
-def _sources(transitions: list[Transition], found: Locked) -> list[str | None]:
-    """The state each request moves from, or None where it moved meanwhile (or its worker
-    no longer holds it)."""
+def _sources(transitions: list[Transition], keys: list[Any], found: Locked) -> list[str | None]:
+    """The state each request (of these keys) moves from, or None where it moved meanwhile
+    (or its worker no longer holds it)."""
     sources = []
-    keys = sql.keys(Request, [t.request_id for t in transitions])
     for t, key in zip(transitions, keys, strict=True):
         state, worker = found.get(key, (None, None))
         held = t.held_by is None or worker == t.held_by
