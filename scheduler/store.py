@@ -34,7 +34,7 @@ from . import announce, sql
 from .models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State, Worker
 from .retry import backoff_s
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
-from .transitions import Locked, Transition, move, move_all
+from .transitions import Locked, Transition, end_later, move, move_all
 
 log = logging.getLogger(__name__)
 DS = DeploymentState
@@ -618,30 +618,24 @@ def move_and_dispatch(
     return [done[id(t)] for t in transitions], jobs
 
 
-def _release(deployment_id: int, finished: int, seconds: list[float] | None = None) -> None:
-    """Free the slots of `finished` requests on the deployment; `seconds`, the inference
-    times of those that completed, go into its moving average."""
-    changes = (
-        "in_flight = CASE WHEN in_flight > %s THEN in_flight - %s ELSE 0 END, last_used_at = %s"
-    )
-    params: list[Any] = [
-        finished,
-        finished,
-        sql.db_value(Deployment, "last_used_at", timezone.now()),
-    ]
-    if seconds:
-        # The moving average after each measurement in turn, as one expression; with no
-        # average yet (NULL propagates), COALESCE takes the average of these alone.
-        kept = 0.8 ** len(seconds)
-        added = sum(0.2 * s * 0.8 ** (len(seconds) - 1 - i) for i, s in enumerate(seconds))
-        alone = seconds[0]
-        for s in seconds[1:]:
-            alone = 0.8 * alone + 0.2 * s
-        changes += ", avg_inference_s = COALESCE(%s * avg_inference_s + %s, %s)"
-        params += [kept, added, alone]
-    sql.write_later(
-        sql.prepared(f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s"), [*params, deployment_id]
-    )
+def _release(
+    deployment_id: int, seconds: float | None = None, only_if: sql.Statement | None = None
+) -> None:
+    """Free the slot of a request that finished on the deployment; `seconds`, its inference
+    time if it completed, goes into the moving average. `only_if`: an SQL condition the
+    write waits on (a request's end sent in the same round trip)."""
+    changes = "in_flight = CASE WHEN in_flight > 0 THEN in_flight - 1 ELSE 0 END, last_used_at = %s"
+    params: list[Any] = [sql.db_value(Deployment, "last_used_at", timezone.now())]
+    if seconds is not None:
+        # With no average yet (NULL propagates), COALESCE takes this measurement alone.
+        changes += ", avg_inference_s = COALESCE(0.8 * avg_inference_s + %s, %s)"
+        params += [0.2 * seconds, seconds]
+    statement = f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s"
+    params.append(deployment_id)
+    if only_if is None:
+        sql.write_later(sql.prepared(statement), params)
+    else:
+        sql.write_later(f"{statement} AND {only_if[0]}", [*params, *only_if[1]])
 
 
 @dataclass(frozen=True)
@@ -652,11 +646,12 @@ class Answer:
 
 
 def requests_completed(answers: list[Answer]) -> list[bool]:
-    """Store the results, in one transaction. False for a request taken from this worker
-    meanwhile."""
+    """Store the results, in one transaction (on PostgreSQL, one round trip). False for a
+    request taken from this worker meanwhile."""
     with sql.atomic():
-        stored = move_all(
-            [
+        ends = []
+        for a in answers:
+            end = end_later(
                 Transition(
                     a.job.request_id,
                     (State.PROCESSING,),
@@ -666,14 +661,10 @@ def requests_completed(answers: list[Answer]) -> list[bool]:
                     at_server=a.job.server_name,
                     held_by=a.job.worker_id,
                 )
-                for a in answers
-            ]
-        )
-        done = [a for a, ok in zip(answers, stored, strict=True) if ok]
-        for deployment_id in {a.job.deployment_id for a in done}:
-            seconds = [a.seconds for a in done if a.job.deployment_id == deployment_id]
-            _release(deployment_id, len(seconds), seconds)
-    return stored
+            )
+            _release(a.job.deployment_id, a.seconds, only_if=end.condition)
+            ends.append(end)
+    return [end.made for end in ends]
 
 
 def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -> str:
@@ -716,7 +707,7 @@ def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -
             **fields,
         )
         if moved:
-            _release(job.deployment_id, 1)
+            _release(job.deployment_id)
     if error.server_fault:
         server_failed(job.server_id, error.message)
     return state if moved else "taken over"

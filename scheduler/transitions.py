@@ -226,23 +226,77 @@ def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]], later: bool)
         write(f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})", params + ids)
 
 
+TRACE_INSERT = f"INSERT INTO {TRACES} (request_id, at, from_state, to_state, server, reason)"
+
+
+def _trace_rows(t: Transition, key: Any, stamp: Any, source: str) -> list[list[Any]]:
+    """The values of a move's trace rows: one per step."""
+    rows = []
+    for step in t.steps():
+        rows.append([key, stamp, source, step.to_state, step.at_server, step.reason])
+        source = step.to_state
+    return rows
+
+
 def _trace(moved: list[tuple[Transition, str]], at) -> None:
     """The trace rows of the moves made, in as few INSERTs as the database takes."""
     stamp = sql.db_value(Trace, "at", at)
     for chunk in sql.batches(moved, MOVES_PER_TRACE_INSERT):
         keys = sql.keys(Request, [t.request_id for t, _ in chunk])
-        params: list[Any] = []
-        rows = 0
-        for (t, source), key in zip(chunk, keys, strict=True):
-            for step in t.steps():
-                params += [key, stamp, source, step.to_state, step.at_server, step.reason]
-                source = step.to_state
-                rows += 1
-        values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * rows)
+        rows = [
+            row
+            for (t, source), key in zip(chunk, keys, strict=True)
+            for row in _trace_rows(t, key, stamp, source)
+        ]
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
         sql.write_later(
-            sql.prepared(
-                f"INSERT INTO {TRACES} (request_id, at, from_state, to_state, server, reason)"
-                f" VALUES {values}"
-            ),
-            params,
+            sql.prepared(f"{TRACE_INSERT} VALUES {values}"), [p for row in rows for p in row]
         )
+
+
+@dataclass(frozen=True)
+class LaterEnd:
+    """A held request's end, written with its transaction's last writes (`end_later`)."""
+
+    condition: sql.Statement  # true in SQL once the end is made: for writes that go with it
+    traced: sql.Written
+
+    @property
+    def made(self) -> bool:
+        """Whether the request ended; known once the transaction's writes are sent."""
+        return bool(self.traced.rows)
+
+
+def end_later(t: Transition) -> LaterEnd:
+    """End a request that its worker holds (`held_by`) with no round trip of its own: its
+    compare-and-set, its trace row and the caller's writes made on its `condition` go with
+    the transaction's last writes (on PostgreSQL, with its COMMIT). The condition is the row
+    in its end state, held by that worker, with this end's own `finished_at` stamp: no
+    other move writes that."""
+    if t.held_by is None or t.to_state not in TERMINAL_STATES or len(t.from_states) != 1:
+        raise ValueError("end_later ends a held request from one state")
+    check(t.from_states, t.to_state)
+    now = timezone.now()
+    fields = _fields_written(t, now)
+    changes, params = sql.assignments(Request, {"state": t.to_state, **fields})
+    [key] = sql.keys(Request, [t.request_id])
+    sql.write_later(
+        f"UPDATE {REQUESTS} SET {changes} WHERE id = %s AND state = %s AND worker_id = %s",
+        [*params, key, t.from_states[0], t.held_by],
+    )
+    condition = (
+        f"EXISTS (SELECT 1 FROM {REQUESTS} WHERE id = %s AND state = %s AND worker_id = %s"
+        " AND finished_at = %s)",
+        [key, t.to_state, t.held_by, sql.db_value(Request, "finished_at", fields["finished_at"])],
+    )
+    [row] = _trace_rows(t, key, sql.db_value(Trace, "at", now), t.from_states[0])
+    traced = sql.write_later(
+        f"{TRACE_INSERT} SELECT %s, %s, %s, %s, %s, %s WHERE {condition[0]} RETURNING request_id",
+        [*row, *condition[1]],
+    )
+    end = LaterEnd(condition, traced)
+    outcome = outcome_of(t.to_state, fields)
+    transaction.on_commit(
+        lambda: end.made and announce.request_moved(t.request_id, t.to_state, outcome)
+    )
+    return end

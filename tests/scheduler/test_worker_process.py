@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState
-from scheduler import store
+from scheduler import announce, store
 from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import Runtime
 from scheduler.transitions import Transition
@@ -310,6 +310,35 @@ def test_the_first_measurements_start_the_moving_average():
 
     d.refresh_from_db()
     assert d.in_flight == 0 and d.avg_inference_s == pytest.approx(0.8 * 2 + 0.2 * 4)
+
+
+def test_a_completion_after_a_take_over_writes_and_announces_nothing(monkeypatch):
+    """A completion is written in one round trip, its trace row and the deployment's books
+    each on the condition that its end was made: a request that another worker now holds
+    keeps its state, and the books count only the end that was made."""
+    mine, theirs = (Worker.objects.create(host=h, pid=1) for h in ("a", "b"))
+    d = factories.deployment(
+        factories.server("s1", slots=2), "m1", state=DS.LOADED, avg_inference_s=1.0
+    )
+    kept, taken = (factories.request("m1", state=State.READY, deployment=d) for _ in range(2))
+    jobs = store.dispatch_all([(kept.pk, d.pk), (taken.pk, d.pk)], mine.pk)
+    Request.objects.filter(pk=taken.pk).update(worker=theirs)  # taken over, sent again
+    announced: list = []
+    monkeypatch.setattr(
+        announce, "request_moved", lambda rid, state, outcome: announced.append((rid, state))
+    )
+
+    seconds = zip(jobs, (2, 4), strict=True)
+    answers = [store.Answer(job, {"ok": i}, s) for i, (job, s) in enumerate(seconds)]
+    assert store.requests_completed(answers) == [True, False]
+
+    taken.refresh_from_db()
+    assert (taken.state, taken.result, taken.finished_at) == (State.PROCESSING, None, None)
+    assert not taken.traces.filter(to_state=State.COMPLETED).exists()
+    assert kept.traces.filter(to_state=State.COMPLETED).count() == 1
+    d.refresh_from_db()
+    assert d.in_flight == 1 and d.avg_inference_s == pytest.approx(0.8 * 1.0 + 0.2 * 2)
+    assert announced == [(kept.pk, State.COMPLETED)]
 
 
 def test_a_request_named_twice_in_a_batch_is_sent_once():
