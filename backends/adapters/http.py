@@ -182,8 +182,10 @@ class HttpAdapter(Adapter):
         read_timeout_s: float = 600.0,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self.urls: dict[str, httpx.URL] = {}
         self.client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=self.base_url,
             headers=headers,
             verify=ssl_context(),
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
@@ -200,9 +202,17 @@ class HttpAdapter(Adapter):
     async def close(self) -> None:
         await self.client.aclose()
 
+    def url(self, path: str) -> httpx.URL:
+        """`path` on the server (after the base URL's own path), parsed once: httpx parses
+        a path against the base URL on every call, a tenth of a call's CPU."""
+        found = self.urls.get(path)
+        if found is None:
+            found = self.urls[path] = httpx.URL(self.base_url + path)
+        return found
+
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = await self.client.request(method, path, **kwargs)
+            response = await self.client.request(method, self.url(path), **kwargs)
         except httpx.TransportError as exc:
             raise AdapterError(ErrorCode.CONNECTION, f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
@@ -221,7 +231,7 @@ class HttpAdapter(Adapter):
     @asynccontextmanager
     async def open_stream(self, method: str, path: str, **kwargs: Any):
         try:
-            async with self.client.stream(method, path, **kwargs) as response:
+            async with self.client.stream(method, self.url(path), **kwargs) as response:
                 if response.status_code >= 400:
                     body = (await response.aread()).decode(errors="replace")
                     raise error_from_response(response.status_code, body, response.headers)

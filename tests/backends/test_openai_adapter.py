@@ -112,3 +112,14 @@ async def test_retry_after_ms_is_read(server, adapter_on):
     with pytest.raises(AdapterError) as raised:
         await adapter_on(server.url).run(InferenceCall("embedding", "m", {"input": "x"}))
     assert (raised.value.code, raised.value.retry_after_s) == (ErrorCode.BUSY, 0.25)
+
+
+async def test_a_base_url_with_a_path_keeps_it(server, adapter_on):
+    """A server behind a reverse proxy (`http://gpu-box/llama/`): every call goes under its
+    base URL's path, as the operator wrote it."""
+    server.on("POST", "/llama/v1/chat/completions", Reply(200, {"choices": []}))
+    server.on("GET", "/llama/v1/models", Reply(200, {"data": [{"id": "m"}]}))
+    adapter = adapter_on(server.url + "/llama/")
+    assert await adapter.run(InferenceCall("chat", "m", CHAT)) == {"choices": []}
+    assert [m.id for m in await adapter.list_models()] == ["m"]
+    assert server.calls() == [("POST", "/llama/v1/chat/completions"), ("GET", "/llama/v1/models")]
