@@ -632,10 +632,10 @@ def _release(
         params += [0.2 * seconds, seconds]
     statement = f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s"
     params.append(deployment_id)
-    if only_if is None:
-        sql.write_later(sql.prepared(statement), params)
-    else:
-        sql.write_later(f"{statement} AND {only_if[0]}", [*params, *only_if[1]])
+    if only_if is not None:
+        statement += f" AND {only_if[0]}"
+        params += only_if[1]
+    sql.write_later(sql.prepared(statement), params)
 
 
 @dataclass(frozen=True)

@@ -280,18 +280,27 @@ def end_later(t: Transition) -> LaterEnd:
     fields = _fields_written(t, now)
     changes, params = sql.assignments(Request, {"state": t.to_state, **fields})
     [key] = sql.keys(Request, [t.request_id])
+    # Each statement finds the row by its key alone (`IS NOT DISTINCT FROM` uses no index):
+    # prepared, a plan made while the table was small must not pick the index of workers
+    # and read every row this worker ever held.
     sql.write_later(
-        f"UPDATE {REQUESTS} SET {changes} WHERE id = %s AND state = %s AND worker_id = %s",
+        sql.prepared(
+            f"UPDATE {REQUESTS} SET {changes}"
+            " WHERE id = %s AND (state, worker_id) IS NOT DISTINCT FROM (%s, %s)"
+        ),
         [*params, key, t.from_states[0], t.held_by],
     )
     condition = (
-        f"EXISTS (SELECT 1 FROM {REQUESTS} WHERE id = %s AND state = %s AND worker_id = %s"
-        " AND finished_at = %s)",
+        f"EXISTS (SELECT 1 FROM {REQUESTS} WHERE id = %s"
+        " AND (state, worker_id, finished_at) IS NOT DISTINCT FROM (%s, %s, %s))",
         [key, t.to_state, t.held_by, sql.db_value(Request, "finished_at", fields["finished_at"])],
     )
     [row] = _trace_rows(t, key, sql.db_value(Trace, "at", now), t.from_states[0])
     traced = sql.write_later(
-        f"{TRACE_INSERT} SELECT %s, %s, %s, %s, %s, %s WHERE {condition[0]} RETURNING request_id",
+        sql.prepared(
+            f"{TRACE_INSERT} SELECT %s, %s, %s, %s, %s, %s WHERE {condition[0]}"
+            " RETURNING request_id"
+        ),
         [*row, *condition[1]],
     )
     end = LaterEnd(condition, traced)
