@@ -43,8 +43,8 @@ class Prepared(str):
     made with the table sizes of then: a statement on the requests table, prepared while it
     was nearly empty, would scan it whole forever after, or read it through another index
     (`id = $1 AND worker_id = $2` went through the index of workers: every row the worker
-    ever held). Elsewhere (SQLite, or with
-    `DATABASE_PREPARED_STATEMENTS` off) the text runs as is."""
+    ever held). Elsewhere (SQLite, or with `DATABASE_PREPARED_STATEMENTS` off) the text runs
+    as is."""
 
     name: str
     numbered: str  # the text with $1, $2, … for its values, as PREPARE takes it
