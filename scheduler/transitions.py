@@ -177,14 +177,26 @@ MOVES_PER_TRACE_INSERT = 250  # up to two rows a move, six values a row: within 
 
 def _compare_and_set(t: Transition, fields: dict[str, Any]) -> str | None:
     """One request from one known state: the conditional UPDATE is the compare-and-set."""
-    changes, params = sql.assignments(Request, {"state": t.to_state, **fields})
-    condition = "id = %s AND state = %s"
-    params += [*sql.keys(Request, [t.request_id]), t.from_states[0]]
-    if t.held_by is not None:
-        condition += " AND worker_id = %s"
-        params.append(t.held_by)
-    changed = sql.execute(f"UPDATE {REQUESTS} SET {changes} WHERE {condition}", params)
+    changed = sql.execute(*_set_if_unmoved(t, fields))
     return t.from_states[0] if changed else None
+
+
+def _set_if_unmoved(t: Transition, fields: dict[str, Any]) -> sql.Statement:
+    """The UPDATE that moves one request if it is still in its one known state (and, with
+    `held_by`, still held by that worker). It finds the row by its key alone (`IS NOT
+    DISTINCT FROM` uses no index): prepared, a plan made while the table was small must not
+    read the requests through another index (the index of workers: every row a worker ever
+    held)."""
+    changes, params = sql.assignments(Request, {"state": t.to_state, **fields})
+    columns, values = ["state"], [t.from_states[0]]
+    if t.held_by is not None:
+        columns.append("worker_id")
+        values.append(t.held_by)
+    statement = (
+        f"UPDATE {REQUESTS} SET {changes} WHERE id = %s"
+        f" AND ({', '.join(columns)}) IS NOT DISTINCT FROM ({sql.marks(len(values))})"
+    )
+    return sql.prepared(statement), [*params, *sql.keys(Request, [t.request_id]), *values]
 
 
 def _lock(keys: list[Any]) -> Locked:
@@ -278,18 +290,9 @@ def end_later(t: Transition) -> LaterEnd:
     check(t.from_states, t.to_state)
     now = timezone.now()
     fields = _fields_written(t, now)
-    changes, params = sql.assignments(Request, {"state": t.to_state, **fields})
+    sql.write_later(*_set_if_unmoved(t, fields))
+    # Found by its key alone too, as in `_set_if_unmoved`.
     [key] = sql.keys(Request, [t.request_id])
-    # Each statement finds the row by its key alone (`IS NOT DISTINCT FROM` uses no index):
-    # prepared, a plan made while the table was small must not pick the index of workers
-    # and read every row this worker ever held.
-    sql.write_later(
-        sql.prepared(
-            f"UPDATE {REQUESTS} SET {changes}"
-            " WHERE id = %s AND (state, worker_id) IS NOT DISTINCT FROM (%s, %s)"
-        ),
-        [*params, key, t.from_states[0], t.held_by],
-    )
     condition = (
         f"EXISTS (SELECT 1 FROM {REQUESTS} WHERE id = %s"
         " AND (state, worker_id, finished_at) IS NOT DISTINCT FROM (%s, %s, %s))",
