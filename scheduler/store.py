@@ -34,7 +34,7 @@ from . import announce, sql
 from .models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State, Worker
 from .retry import backoff_s
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
-from .transitions import Locked, Transition, end_later, move, move_all
+from .transitions import Locked, Transition, end_later, locking, move, move_all
 
 log = logging.getLogger(__name__)
 DS = DeploymentState
@@ -509,13 +509,8 @@ def dispatch_all(
             [
                 _lock_servers(deployment_ids),
                 _servers_deployments(deployment_ids),
-                (
-                    # Locked too: the moves below are then known, and go with the commit.
-                    f"SELECT id, priority, payload, kind, stream, state, worker_id"
-                    f" FROM {REQUESTS} WHERE id IN ({sql.marks(len(keys))})"
-                    f" ORDER BY id{sql.for_update()}",
-                    keys,
-                ),
+                # Locked too: the moves below are then known, and go with the commit.
+                locking("id, priority, payload, kind, stream, state, worker_id", keys),
             ]
         )
         slots = dict(server_rows)

@@ -199,14 +199,19 @@ def _set_if_unmoved(t: Transition, fields: dict[str, Any]) -> sql.Statement:
     return sql.prepared(statement), [*params, *sql.keys(Request, [t.request_id]), *values]
 
 
-def _lock(keys: list[Any]) -> Locked:
-    """Lock the rows of these keys in one statement."""
+def locking(columns: str, keys: list[Any]) -> sql.Statement:
+    """The read of `columns` of the requests of these keys that locks their rows."""
     # In key order: two workers locking overlapping batches never wait on each other crosswise.
-    rows = sql.fetch(
-        f"SELECT id, state, worker_id FROM {REQUESTS} WHERE id IN ({sql.marks(len(keys))})"
+    return (
+        f"SELECT {columns} FROM {REQUESTS} WHERE id IN ({sql.marks(len(keys))})"
         f" ORDER BY id{sql.for_update()}",
         keys,
     )
+
+
+def _lock(keys: list[Any]) -> Locked:
+    """Lock the rows of these keys in one statement."""
+    rows = sql.fetch(*locking("id, state, worker_id", keys))
     return {key: (state, worker) for key, state, worker in rows}
 
 
