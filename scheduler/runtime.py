@@ -66,6 +66,7 @@ class Runtime:
         self.next_wake: datetime | None = None
         self.knobs = settings.SWITCHYARD
         self.config = store.policy_config()
+        self.snapshots = store.SnapshotReader()
         self.last_sync = -float("inf")
         self.waiting = 0  # requests still waiting after the last pass (of those it saw)
         self.waiting_for: set[int] = set()  # servers with a deployment of a waiting model
@@ -260,7 +261,7 @@ class Runtime:
         """In the database thread: read the snapshot, plan, and write the plan's leading
         request moves and sends (most passes are only those): one trip to the thread, not
         two."""
-        snapshot = store.read_snapshot(self.config)
+        snapshot = self.snapshots.read(self.config)
         self.server_of = {d.id: d.server_id for d in snapshot.deployments}
         decisions = plan(snapshot, self.clock())
         batch = Batch(self)

@@ -90,12 +90,18 @@ RANK_SQL = "r.priority, r.created_at, r.id"  # best first, as the policy ranks b
 AGE_SQL = "r.created_at, r.id"  # oldest first
 
 
-def read_snapshot(config: PolicyConfig) -> Snapshot:
-    """What the policy plans on: every server and deployment, and the head of the line.
-    Read as SQL written once, as the ORM would return it (this runs on every pass), the
-    three reads in one round trip."""
-    server_rows, deployment_rows, head = sql.fetch_all(
-        [
+class SnapshotReader:
+    """Reads what the policy plans on, pass after pass: every server and deployment, and
+    the head of the line. Read as SQL written once, as the ORM would return it (this runs
+    on every pass), in one round trip: the servers, the deployments, the best-ranked
+    waiting requests and, when the last pass found the line deep, its other heads too."""
+
+    def __init__(self) -> None:
+        # The deployed models whose heads the last pass read: the line was deep then.
+        self.deep_models: tuple[int, ...] | None = None
+
+    def read(self, config: PolicyConfig) -> Snapshot:
+        statements = [
             (SERVER_VIEW_SQL, []),
             (DEPLOYMENT_VIEW_SQL, []),
             (
@@ -103,8 +109,50 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
                 [*WAITING_STATES, SNAPSHOT_HEAD],
             ),
         ]
-    )
-    servers = tuple(
+        if self.deep_models is not None:
+            statements.append(_other_heads(self.deep_models))
+        server_rows, deployment_rows, head, *other_heads = sql.fetch_all(statements)
+        # The best-ranked and the oldest waiting requests: enough to plan every free slot
+        # and load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
+        requests = {view.id: view for view in map(_request_view, head)}
+        if len(requests) < SNAPSHOT_HEAD:  # that was every waiting request
+            self.deep_models = None
+        else:
+            models = tuple(sorted({row[0] for row in deployment_rows}))
+            if models != self.deep_models:  # a line just grown deep, or a model deployed
+                other_heads = [sql.fetch(*_other_heads(models))]
+            self.deep_models = models
+            # The other views of the line come as ids, and only the rows not read yet are
+            # read in full: most are the same rows.
+            ids = list({sql.uuid_of(key) for (key,) in other_heads[0]} - requests.keys())
+            for batch in sql.batches(ids, ROWS_PER_READ):
+                keys = sql.keys(Request, batch)
+                requests.update(
+                    (view.id, view)
+                    for view in map(
+                        _request_view,
+                        sql.fetch(
+                            f"{REQUEST_VIEW_SQL} WHERE r.id IN ({sql.marks(len(keys))})", keys
+                        ),
+                    )
+                )
+        return Snapshot(
+            servers=_server_views(server_rows),
+            deployments=tuple(
+                DeploymentView(*(sql.aware(value) for value in row[1:])) for row in deployment_rows
+            ),
+            requests=tuple(requests.values()),
+            config=config,
+        )
+
+
+def read_snapshot(config: PolicyConfig) -> Snapshot:
+    """One snapshot, read afresh (a worker keeps a SnapshotReader from pass to pass)."""
+    return SnapshotReader().read(config)
+
+
+def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:
+    return tuple(
         ServerView(
             id=sid,
             name=name,
@@ -130,32 +178,7 @@ def read_snapshot(config: PolicyConfig) -> Snapshot:
             enabled,
             health,
             cooldown_until,
-        ) in server_rows
-    )
-    deployments = tuple(
-        DeploymentView(*(sql.aware(value) for value in row[1:])) for row in deployment_rows
-    )
-    # The best-ranked and the oldest waiting requests: enough to plan every free slot and
-    # load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
-    requests = {view.id: view for view in map(_request_view, head)}
-    if len(requests) == SNAPSHOT_HEAD:  # else that was every waiting request
-        # The other views of the line are read as ids, and only the rows not read yet in
-        # full: most are the same rows.
-        ids = list({sql.uuid_of(key) for key in _other_heads(deployment_rows)} - requests.keys())
-        for batch in sql.batches(ids, ROWS_PER_READ):
-            keys = sql.keys(Request, batch)
-            requests.update(
-                (view.id, view)
-                for view in map(
-                    _request_view,
-                    sql.fetch(f"{REQUEST_VIEW_SQL} WHERE r.id IN ({sql.marks(len(keys))})", keys),
-                )
-            )
-    return Snapshot(
-        servers=servers,
-        deployments=deployments,
-        requests=tuple(requests.values()),
-        config=config,
+        ) in rows
     )
 
 
@@ -176,7 +199,7 @@ def _request_view(row: tuple) -> RequestView:
     )
 
 
-def _other_heads(deployment_rows: list[tuple]) -> list:
+def _other_heads(models: tuple[int, ...]) -> sql.Statement:
     """With a deep line, in one statement, the ids of the oldest waiting requests, of the
     oldest routed ones, and of each deployed model's `MODEL_HEAD` best: a model that can be
     served now is seen now, and does not hide behind a deep line for other models (a long
@@ -188,7 +211,7 @@ def _other_heads(deployment_rows: list[tuple]) -> list:
     ]
     heads += [
         (f"{WAITING_SQL} AND r.model_id = %s", RANK_SQL, [*WAITING_STATES, m], MODEL_HEAD)
-        for m in sorted({row[0] for row in deployment_rows})
+        for m in models
     ]
     # Each head a subquery: SQLite takes no ORDER BY or LIMIT in a UNION's parts themselves.
     statement = " UNION ALL ".join(
@@ -196,8 +219,7 @@ def _other_heads(deployment_rows: list[tuple]) -> list:
         f" AS head{i}"
         for i, (where, order, _, _) in enumerate(heads)
     )
-    params = [p for _, _, values, limit in heads for p in (*values, limit)]
-    return [key for (key,) in sql.fetch(statement, params)]
+    return statement, [p for _, _, values, limit in heads for p in (*values, limit)]
 
 
 # -- workers -----------------------------------------------------------------------------

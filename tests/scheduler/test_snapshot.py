@@ -4,11 +4,13 @@ deep line, the best-ranked, the oldest (where aging and expiry happen) and the r
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from scheduler import store
 from scheduler.models import Priority, State
 from tests import factories
+from tests.support.wire import queries_sent
 
 pytestmark = pytest.mark.django_db
 
@@ -72,6 +74,41 @@ def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
 
     # The best two overall and the oldest are all `busy`; `other` still has its best.
     assert waiting_ids(snapshot) == {r.id for r in [*ahead[:2], behind[0]]}
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="round trips are PostgreSQL's")
+def test_a_deep_line_is_read_in_one_round_trip_once_seen_deep(monkeypatch) -> None:
+    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
+    monkeypatch.setattr(store, "MODEL_HEAD", 1)
+    server = factories.server("s1")
+    factories.deployment(server, "busy")
+    long_ago = timezone.now() - timedelta(hours=1)
+    ahead = [
+        factories.request("busy", created_at=long_ago + timedelta(seconds=s)) for s in range(4)
+    ]
+    behind = factories.request("other")
+    reader = store.SnapshotReader()
+    read: list = []
+
+    def trips() -> int:
+        return len(queries_sent(lambda: read.append(reader.read(store.policy_config()))))
+
+    # Found deep: its other heads are read after the best; the next pass reads them along.
+    first, again = trips(), trips()
+    assert (first, again) == (2, 1)
+    assert waiting_ids(read[0]) == waiting_ids(read[1]) == {r.id for r in ahead[:2]}
+    # A model deployed meanwhile has a head the last read did not ask for: read afresh.
+    factories.deployment(server, "other")
+    assert trips() == 3  # and its best request is a row not read yet: a trip more
+    assert waiting_ids(read[2]) == {r.id for r in [*ahead[:2], behind]}
+    assert trips() == 2  # the heads' ids go along; that row, outside the best, comes after
+    assert waiting_ids(read[3]) == waiting_ids(read[2])
+    # A line grown short again is read whole, as one.
+    for request in [*ahead, behind]:
+        request.state = State.CANCELLED
+        request.save()
+    assert trips() == 1
+    assert reader.deep_models is None
 
 
 def test_views_hold_what_the_rows_hold_as_the_policy_compares_it() -> None:
