@@ -68,6 +68,10 @@ class _Pass:
         # `candidates`, kept until a deployment changes: a deep line asks the same for each
         # of hundreds of requests of one model.
         self.found: dict[tuple[str, str | None], list[DeploymentView]] = {}
+        # Models whose best waiting request found no load to start, as of which deployment
+        # change, and the Fail it got if any (see `place`).
+        self.deployment_changes = 0
+        self.held_back: dict[str, tuple[int, Fail | None]] = {}
         self.deployed = {d.model for d in snapshot.deployments}
         self.requests: dict[UUID, RequestView] = {}
         # Counts of routed requests, kept in step by `track`: a pass with thousands waiting
@@ -89,7 +93,7 @@ class _Pass:
     # -- helpers -------------------------------------------------------------------------
 
     def rank(self, r: RequestView) -> tuple:
-        return (self.effective(r), r.created_at, str(r.id))
+        return (self.effective(r), r.created_at, r.id)  # ids as the database orders them
 
     def effective(self, r: RequestView) -> int:
         return effective_priority(r, self.now, self.config.aging_step_s)
@@ -136,6 +140,7 @@ class _Pass:
     def set_deployment(self, deployment: DeploymentView, **changes) -> None:
         self.deployments[deployment.id] = replace(deployment, **changes)
         self.found.clear()
+        self.deployment_changes += 1
 
     def set_state(self, deployment: DeploymentView, state: str) -> None:
         self.set_deployment(deployment, state=state)
@@ -240,6 +245,14 @@ class _Pass:
 
     def place(self, r: RequestView) -> None:
         """Routes that cost something, best request first."""
+        seen = self.held_back.get(r.model)
+        if seen is not None and seen[0] == self.deployment_changes:
+            # As the request before it of that model fared: a later one ranks no higher, so
+            # no rule lets it through, and what fails them is the deployments'. A deep line
+            # for a model that no server can take now is hundreds of them, pass after pass.
+            if seen[1] is not None:
+                self.fail(r, seen[1].code, seen[1].message)
+            return
         loaded = self.least_busy(self.candidates(r.model, "loaded"))
         loading = self.least_busy(self.candidates(r.model, "loading"))
         if loaded is not None:
@@ -248,8 +261,10 @@ class _Pass:
                 self.route_to(r, loaded, ready=True, reason="model loaded there, queued")
         elif loading is not None:
             self.route_to(r, loading, ready=False, reason="joins the load under way")
-        else:
-            self.start_new_load(r)
+        elif not self.start_new_load(r):
+            failed = self.decisions[-1] if r.id not in self.requests else None
+            assert failed is None or isinstance(failed, Fail)
+            self.held_back[r.model] = (self.deployment_changes, failed)
 
     def least_busy(self, deployments: list[DeploymentView]) -> DeploymentView | None:
         return min(deployments, key=lambda d: (self.busyness(d.server_id), d.id), default=None)

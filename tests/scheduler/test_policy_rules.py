@@ -491,6 +491,29 @@ def test_failure_spent_attempts_fail_new_requests_at_once():
     assert fail.code == "load_failed" and fail.message == "out of memory"
 
 
+def test_failure_fails_every_waiting_request_for_the_model_alike():
+    """A deep line for a model no server can ever load: each request gets its Fail, with
+    the same code. Breaks if the pass stopped failing them after the first (it asks the
+    deployments once per model, not once per request)."""
+    d = dep(1, 1, "a", "failed", last_error_code="load_failed", last_error="out of memory")
+    requests = [req("a", age_s=30 - i) for i in range(3)]
+    fails = of(plan(snap([server(1)], [d], [*requests, req("b")]), at(0)), Fail)
+    by_request = {f.request_id: (f.code, f.message) for f in fails}
+    assert [by_request.get(r.id) for r in requests] == [("load_failed", "out of memory")] * 3
+
+
+def test_failure_requests_held_back_alike_wait_for_the_earliest_moment():
+    """Several requests for a model whose load backs off: none loads or fails, and the
+    loop is woken when the backoff ends; a request for another model still loads."""
+    d = dep(1, 1, "a", load_failures=1, last_error_code="load_failed", last_error="boom")
+    d = replace(d, next_load_at=at(7))
+    requests = [req("a", age_s=30 - i) for i in range(3)]
+    other = req("b", age_s=1)
+    decisions = plan(snap([server(1), server(2)], [d, dep(2, 2, "b")], [*requests, other]), at(0))
+    assert loads(decisions) == [(2, ())] and routed(decisions) == {other.id: 2}
+    assert of(decisions, Fail) == [] and defer(decisions).until == at(7)
+
+
 def test_failure_on_one_server_goes_to_another():
     d1 = dep(1, 1, "a", "failed", last_error_code="not_found", last_error="missing")
     decisions = plan(snap([server(1), server(2)], [d1, dep(2, 2, "a")], [req("a")]), at(0))
