@@ -111,6 +111,23 @@ def timestamps(ids: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def handoffs() -> list[float]:
+    """Seconds from each request's end to the next request's send, in the order they were
+    sent: with one slot, how long it stood idle between two requests."""
+    sent = (
+        Request.objects.using(BENCH)
+        .filter(started_at__isnull=False)
+        .order_by("started_at")
+        .values_list("started_at", "finished_at")
+    )
+    gaps, ended = [], None
+    for started_at, finished_at in sent:
+        if ended is not None:
+            gaps.append((started_at - ended).total_seconds())
+        ended = finished_at
+    return gaps
+
+
 def count_in(states: tuple[str, ...], **filters: Any) -> int:
     return Request.objects.using(BENCH).filter(state__in=states, **filters).count()
 
