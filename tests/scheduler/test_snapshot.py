@@ -91,7 +91,9 @@ def test_a_deep_line_is_read_in_one_round_trip_once_seen_deep(monkeypatch) -> No
     read: list = []
 
     def trips() -> int:
-        return len(queries_sent(lambda: read.append(reader.read(store.policy_config()))))
+        sent = queries_sent(lambda: read.append(reader.read(store.policy_config())))
+        # Not counted: a connection's first use of the hot statements prepares them, once.
+        return len([q for q in sent if not q.startswith("PREPARE")])
 
     # Found deep: its other heads are read after the best; the next pass reads them along.
     first, again = trips(), trips()
