@@ -72,6 +72,7 @@ class Runtime:
         self.waiting_for: set[int] = set()  # servers with a deployment of a waiting model
         self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
         self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
+        self.to_mark_up: set[int] = set()  # servers whose answer's mark waits for the pass
         self.dropped = 0  # decisions of the last pass that the database refused
         self.crashed: BaseException | None = None
         self.until_idle = False
@@ -108,6 +109,7 @@ class Runtime:
         await self.drain()
         for task in self.tasks.values():
             task.cancel()
+        self.write_marks()  # of the answers while draining
         await asyncio.gather(*self.tasks.values(), *self.chores, return_exceptions=True)
         if self.worker_id is not None:
             _, recheck = await db(store.release_worker)(self.worker_id)
@@ -154,6 +156,7 @@ class Runtime:
                 self.wake.clear()
                 await self.sync_status_if_due()
                 did = await self.step()
+                self.write_marks()
                 await self.count_pass()
                 if self.crashed:
                     raise RuntimeError("a side task of the worker crashed") from self.crashed
@@ -346,6 +349,7 @@ class Runtime:
                 and isinstance(freed := t.result(), FreedSlot)
                 and not self.plan_after_news(freed)
             ):
+                self.write_marks()  # no pass comes to write them after
                 self.chore(self.count_quiet_end())
                 return
             self.wake.set()
@@ -417,7 +421,7 @@ class Runtime:
             log.info("could not unload %s after its load timed out: %s", server_model_id, error)
 
     async def load_failed(self, job: store.LoadJob, error: AdapterError) -> None:
-        self.marked_up.pop(job.server_id, None)
+        self.forget_answers(job.server_id)
         await db(store.load_failed)(job, error)
         if error.server_fault:
             await db(store.server_failed)(job.server_id, error.message)
@@ -461,11 +465,24 @@ class Runtime:
         """Mark the server healthy and seen, at most once a second while it keeps answering:
         a busy server's row is not rewritten (and locked) on every completion. After a
         failure the next answer marks it at once. (Written after the completion's commit:
-        dispatch locks a server before its deployments, and so must everyone.)"""
+        dispatch locks a server before its deployments, and so must everyone. And after the
+        pass that the answer calls for: the next request's dispatch does not wait behind it
+        in the database thread.)"""
         if time.monotonic() - self.marked_up.get(server_id, -float("inf")) < 1.0:
             return
         self.marked_up[server_id] = time.monotonic()
-        self.chore(db(store.server_succeeded)(server_id))
+        self.to_mark_up.add(server_id)
+
+    def write_marks(self) -> None:
+        for server_id in self.to_mark_up:
+            self.chore(db(store.server_succeeded)(server_id))
+        self.to_mark_up.clear()
+
+    def forget_answers(self, server_id: int) -> None:
+        """After a failure: the next answer marks the server up at once, and one not yet
+        written must not undo the failure."""
+        self.marked_up.pop(server_id, None)
+        self.to_mark_up.discard(server_id)
 
     def chore(self, write: Coroutine) -> None:
         """A database write no task waits for (it is awaited when the worker stops)."""
@@ -474,7 +491,7 @@ class Runtime:
         future.add_done_callback(self.chores.discard)
 
     async def serve_failed(self, job: store.ServeJob, error: AdapterError, may_retry: bool) -> None:
-        self.marked_up.pop(job.server_id, None)
+        self.forget_answers(job.server_id)
         state = await db(store.request_failed)(job, error, may_retry)
         log.warning(
             "request %s on %s: %s (%s) → %s",
@@ -530,7 +547,7 @@ class Runtime:
             listed = await adapter.list_models()
         except AdapterError as error:
             if error.server_fault:
-                self.marked_up.pop(server_id, None)
+                self.forget_answers(server_id)
                 await db(store.mark_down)(server_id, error.message)
             return
         await db(store.apply_server_models)(server_id, listed, asked_at)

@@ -9,7 +9,8 @@ from scheduler.models import Priority, Request
 
 
 def server(name: str = "gpu-1", kind: str = "simulated", **fields) -> Server:
-    return Server.objects.create(name=name, kind=kind, health="up", **fields)
+    fields.setdefault("health", "up")
+    return Server.objects.create(name=name, kind=kind, **fields)
 
 
 def model(name: str, **fields) -> Model:

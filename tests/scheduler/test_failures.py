@@ -182,6 +182,23 @@ async def test_breaker_opens_after_three_failures_and_one_probe_closes_it(
     await db(check)()
 
 
+async def test_an_answers_mark_waits_for_the_pass_and_never_undoes_a_later_failure(upstream):
+    """A server's answer marks it up after the pass that the answer calls for (the next
+    request's dispatch goes to the database first); a failure on that server meanwhile drops
+    the mark, which would otherwise write the server back up over the failure."""
+    srv = await db(setup_server)(upstream, health=Health.COOLDOWN, consecutive_failures=2)
+    runtime = Runtime()
+    runtime.server_answered(srv.pk)
+    runtime.forget_answers(srv.pk)  # a failure on that server before the pass
+    runtime.write_marks()
+    assert not runtime.chores and await db(server_health)() == Health.COOLDOWN
+    runtime.server_answered(srv.pk)
+    assert not runtime.chores  # not before the pass
+    runtime.write_marks()  # after it
+    await asyncio.gather(*runtime.chores)
+    assert await db(server_health)() == Health.UP
+
+
 async def test_a_failed_probe_keeps_the_server_in_cooldown(upstream, knobs):
     knobs(BREAKER_COOLDOWN_S=3600)
     upstream.close()  # nothing answers on its port
