@@ -92,7 +92,7 @@ class Request(models.Model):
                 name="waiting_requests",
                 condition=models.Q(state__in=["pending", "needs_loading", "ready"]),
             ),
-            # The oldest waiting first: where aging and expiry happen (see read_snapshot).
+            # The oldest waiting first: where aging and expiry happen (see store.SnapshotReader).
             models.Index(
                 fields=["created_at", "id"],
                 name="waiting_by_age",

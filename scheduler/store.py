@@ -38,7 +38,7 @@ from .transitions import Locked, Transition, end_later, locking, move, move_all
 
 log = logging.getLogger(__name__)
 DS = DeploymentState
-SNAPSHOT_HEAD = 250  # waiting requests read per ordering; see read_snapshot
+SNAPSHOT_HEAD = 250  # waiting requests read per ordering; see SnapshotReader
 MODEL_HEAD = 50  # and the best of each deployed model's own line
 ROWS_PER_READ = 500  # ids in one IN list, within SQLite's limit on parameters
 SERVERS = Server._meta.db_table
@@ -144,11 +144,6 @@ class SnapshotReader:
             requests=tuple(requests.values()),
             config=config,
         )
-
-
-def read_snapshot(config: PolicyConfig) -> Snapshot:
-    """One snapshot, read afresh (a worker keeps a SnapshotReader from pass to pass)."""
-    return SnapshotReader().read(config)
 
 
 def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:

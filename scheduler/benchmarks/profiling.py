@@ -11,7 +11,7 @@ from typing import Any
 # Frames that mark a layer of the request's path, first match wins (most specific first).
 LAYERS = (
     ("policy.plan", "scheduler/policy.py"),
-    ("snapshot read", "read_snapshot"),
+    ("snapshot read", "SnapshotReader.read"),
     ("transitions (move)", "scheduler/transitions.py"),
     ("store (dispatch/complete)", "scheduler/store.py"),
     ("intake (accept)", "scheduler/api/intake.py"),
@@ -31,7 +31,7 @@ LAYERS = (
 
 # Functions whose inclusive share tells where a request's time goes.
 INCLUSIVE = (
-    "read_snapshot",
+    "SnapshotReader.read",
     "plan (",
     "move (",
     "dispatch (",

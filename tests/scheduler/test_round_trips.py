@@ -104,7 +104,7 @@ def test_one_request_costs_five_round_trips_on_postgresql(monkeypatch):
         intake.accept("chat", BODY, caller_waits=True)
 
     def a_pass() -> None:
-        snapshot = store.read_snapshot(store.policy_config())
+        snapshot = store.SnapshotReader().read(store.policy_config())
         runtime.server_of = {v.id: v.server_id for v in snapshot.deployments}
         found["plan"] = plan(snapshot, runtime.clock())
 

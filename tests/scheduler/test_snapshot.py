@@ -23,7 +23,7 @@ def test_a_short_line_is_read_whole() -> None:
     requests = [factories.request("m", priority=p) for p in Priority]
     factories.request("m", state=State.COMPLETED)
 
-    snapshot = store.read_snapshot(store.policy_config())
+    snapshot = store.SnapshotReader().read(store.policy_config())
 
     assert waiting_ids(snapshot) == {r.id for r in requests}
 
@@ -44,7 +44,7 @@ def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> No
     ]
     best = [factories.request("m", priority=Priority.INTERACTIVE) for _ in range(2)]
 
-    snapshot = store.read_snapshot(store.policy_config())
+    snapshot = store.SnapshotReader().read(store.policy_config())
 
     # Two best, the two oldest, the two oldest routed (the one routed fills that query).
     assert waiting_ids(snapshot) == {r.id for r in [*best, oldest, middle[0], routed]}
@@ -70,7 +70,7 @@ def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
     behind = [factories.request("other") for _ in range(2)]
     factories.request("undeployed")
 
-    snapshot = store.read_snapshot(store.policy_config())
+    snapshot = store.SnapshotReader().read(store.policy_config())
 
     # The best two overall and the oldest are all `busy`; `other` still has its best.
     assert waiting_ids(snapshot) == {r.id for r in [*ahead[:2], behind[0]]}
@@ -123,7 +123,7 @@ def test_views_hold_what_the_rows_hold_as_the_policy_compares_it() -> None:
     )
     request = factories.request("m1", priority=Priority.INTERACTIVE, deployment=deployment)
 
-    snapshot = store.read_snapshot(store.policy_config())
+    snapshot = store.SnapshotReader().read(store.policy_config())
 
     [s] = snapshot.servers
     assert (s.id, s.name, s.slots, s.enabled, s.health) == (server.pk, "s1", 3, True, "up")
