@@ -88,6 +88,13 @@ REQUEST_VIEW_SQL = (
 WAITING_SQL = f"r.state IN ({sql.marks(len(WAITING_STATES))})"
 RANK_SQL = "r.priority, r.created_at, r.id"  # best first, as the policy ranks before aging
 AGE_SQL = "r.created_at, r.id"  # oldest first
+# The heads are read by walking a partial index of waiting requests in order, stopping at
+# the limit. A bitmap or sequential scan would visit every entry the index still holds, and
+# the entries of requests that moved on stay until a vacuum removes them: with autovacuum
+# off or behind (or no statistics yet, which is when PostgreSQL picks a bitmap scan here),
+# every pass read every request that ever waited: 8,500 entries, 2.9 ms, after 8,500.
+# An index scan also marks the dead entries it passes, so the next pass skips them.
+IN_INDEX_ORDER = [("SET LOCAL enable_bitmapscan = off", []), ("SET LOCAL enable_seqscan = off", [])]
 
 
 class SnapshotReader:
@@ -111,7 +118,7 @@ class SnapshotReader:
         ]
         if self.deep_models is not None:
             statements.append(_other_heads(self.deep_models))
-        server_rows, deployment_rows, head, *other_heads = sql.fetch_all(statements)
+        server_rows, deployment_rows, head, *other_heads = _read_heads(statements)
         # The best-ranked and the oldest waiting requests: enough to plan every free slot
         # and load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
         requests = {view.id: view for view in map(_request_view, head)}
@@ -120,7 +127,7 @@ class SnapshotReader:
         else:
             models = tuple(sorted({row[0] for row in deployment_rows}))
             if models != self.deep_models:  # a line just grown deep, or a model deployed
-                other_heads = [sql.fetch(*_other_heads(models))]
+                other_heads = _read_heads([_other_heads(models)])
             self.deep_models = models
             # The other views of the line come as ids, and only the rows not read yet are
             # read in full: most are the same rows.
@@ -144,6 +151,14 @@ class SnapshotReader:
             requests=tuple(requests.values()),
             config=config,
         )
+
+
+def _read_heads(statements: list[sql.Statement]) -> list[list[tuple]]:
+    """The rows of each statement, read in index order (IN_INDEX_ORDER) on PostgreSQL: its
+    settings hold for the one transaction the statements run in, implicit outside one."""
+    if not settings.IS_POSTGRES:
+        return sql.fetch_all(statements)
+    return sql.fetch_all([*IN_INDEX_ORDER, *statements])[len(IN_INDEX_ORDER) :]
 
 
 def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:
