@@ -135,6 +135,20 @@ def cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def service_cpu_s(command: str) -> float:
+    """CPU seconds used so far by every process named `command`, with the children they
+    reaped: a PostgreSQL backend that exited counts in its postmaster's."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, rest = stat.read_text().split(" (", 1)[1].rsplit(") ", 1)
+        except (OSError, ValueError):
+            continue
+        if name == command:
+            total += sum(int(f) for f in rest.split()[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Stack:
     """Upstream, web and worker processes for one scenario; logs under bench-results/logs."""
@@ -228,8 +242,13 @@ class Stack:
         return peaks
 
     def cpu(self) -> dict[str, float | None]:
-        """CPU seconds used so far by the web and worker processes."""
-        return {name: cpu_s(pid) for name, pid in self.switchyard_pids().items()}
+        """CPU seconds used so far by the web and worker processes, and by PostgreSQL and
+        Redis when they serve (every process of theirs on this host: nothing else here
+        uses them during a run)."""
+        used = {name: cpu_s(pid) for name, pid in self.switchyard_pids().items()}
+        if self.db.mode == "postgres+redis":
+            used |= {"postgres": service_cpu_s("postgres"), "redis": service_cpu_s("redis-server")}
+        return used
 
     def stop(self) -> None:
         for proc in self.procs.values():
