@@ -4,14 +4,16 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Server
 from dashboard import state
-from scheduler.models import Priority, State, Trace
+from scheduler.models import Priority, Request, State, Trace
 from tests import factories
+from tests.support.table_reads import entries_read
 
 pytestmark = pytest.mark.django_db
 
@@ -204,6 +206,29 @@ def test_request_detail_has_place_eta_load_and_trace():
         ("needs_loading", "routed; loading m")
     ]
     assert state.request_detail(ahead.pk, NOW)["position"] == 2
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="PostgreSQL's scans and statistics")
+@pytest.mark.django_db(transaction=True)
+def test_the_recently_finished_are_read_without_reading_every_finished_request():
+    first = factories.request("m", state=State.COMPLETED, finished_at=NOW)
+    table = Request._meta.db_table
+    columns = [f.column for f in Request._meta.concrete_fields if f.column != "id"]
+    earlier = {"created_at": "created_at - g * interval '1 s'", "finished_at": "%s"}
+    with connection.cursor() as cursor:  # 50,000 requests finished before it
+        cursor.execute(
+            f"INSERT INTO {table} (id, {', '.join(columns)}) SELECT gen_random_uuid(), "
+            + ", ".join(earlier.get(c, c) for c in columns)
+            + f" FROM {table} r, generate_series(1, 50000) g WHERE r.id = %s",
+            [ago(60), first.pk],
+        )
+
+    before = entries_read()
+    view = state.overview(NOW)
+
+    assert view["recent"][0]["id"] == str(first.pk)
+    assert len(view["recent"]) == state.RECENT_SHOWN
+    assert entries_read() - before < 1000  # not the 50,000
 
 
 def test_a_finished_request_shows_its_answer_and_no_place():

@@ -5,12 +5,12 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from scheduler import store
 from scheduler.models import Priority, Request, State
 from tests import factories
+from tests.support.table_reads import entries_read, unvacuumed  # noqa: F401 (fixture)
 from tests.support.wire import queries_sent
 
 pytestmark = pytest.mark.django_db
@@ -112,30 +112,6 @@ def test_a_deep_line_is_read_in_one_round_trip_once_seen_deep(monkeypatch) -> No
         request.save()
     assert trips() == 1
     assert reader.deep_models is None
-
-
-@pytest.fixture
-def unvacuumed():
-    """The requests table as autovacuum may leave it for a while (or for good, if off):
-    the index entries of rows that changed stay until a vacuum."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {store.REQUESTS} SET (autovacuum_enabled = off)")
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {store.REQUESTS} RESET (autovacuum_enabled)")
-
-
-def entries_read() -> int:
-    """Index entries and table rows read from the requests table so far (every session's)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")  # done before the next query
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(
-            "SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = %s)"
-            " + (SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = %s)",
-            [store.REQUESTS, store.REQUESTS],
-        )
-        return int(cursor.fetchone()[0])
 
 
 @pytest.mark.skipif(not settings.IS_POSTGRES, reason="PostgreSQL's scans and statistics")
