@@ -56,6 +56,10 @@ class RequestAdmin(ReadOnlyAdmin):
     list_filter = ["state", "priority", "kind", "server", "stream"]
     search_fields = ["id", "model_name", "error"]
     date_hierarchy = "created_at"
+    # Newest first, by the index of arrival: the model's own order (class, then arrival)
+    # has no index over finished requests, and sorted the whole table on every page.
+    ordering = ["-created_at"]
+    show_full_result_count = False  # a filtered page counts its rows, not the table's too
     list_select_related = ["server"]
     inlines = [TraceInline]
     actions = ["cancel"]
@@ -90,6 +94,8 @@ class TraceAdmin(ReadOnlyAdmin):
     search_fields = ["reason", "request__id", "request__model_name"]
     list_select_related = ["request"]
     date_hierarchy = "at"
+    ordering = ["-id"]  # newest first, by the key: rows are written as things happen
+    show_full_result_count = False
 
     @admin.display(description="request", ordering="request__created_at")
     def request_link(self, trace: Trace) -> str:

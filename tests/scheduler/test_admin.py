@@ -77,6 +77,20 @@ def test_worker_alive_filter(admin_client, queue):
     assert alive[0].n_processing == 1
 
 
+def test_request_and_trace_lists_show_the_newest_first(admin_client):
+    long_ago = timezone.now() - timedelta(hours=1)
+    old = factories.request("m", priority=0, state=State.COMPLETED, created_at=long_ago)
+    new = factories.request("m", priority=3)
+    for r in (old, new):
+        Trace.objects.create(request=r, to_state=r.state, reason=f"about {r.pk}")
+
+    requests = admin_client.get(changelist("request")).content.decode()
+    traces = admin_client.get(changelist("trace")).content.decode()
+
+    assert requests.index(str(new.pk)) < requests.index(str(old.pk))
+    assert traces.index(f"about {new.pk}") < traces.index(f"about {old.pk}")
+
+
 def test_simulated_server_is_marked_in_the_request_list(admin_client, queue):
     page = admin_client.get(changelist("request")).content.decode()
     assert "sim-1 (simulated)" in page
