@@ -1,6 +1,7 @@
 """Streamed output travels from the worker to the waiting API view over the channel layer
 (a group per request); the assembled result is stored on the row."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -8,30 +9,53 @@ from .announce import request_group, send
 
 
 class Relay:
-    """Sends each chunk to the request's group and assembles the response. `sent` tells,
-    after a failure, whether the caller already saw part of the answer."""
+    """Sends the chunks to the request's group as they come, and assembles the response.
+
+    One message at a time: the chunks that arrive while one is being published go together
+    in the next, so a burst (a fast server, a busy moment here) costs one publish instead
+    of one each, and no chunk waits for a later one. `sent` tells, after a failure, whether
+    the caller may already have seen part of the answer."""
 
     def __init__(self, request_id) -> None:
         self.group = request_group(request_id)
         self.id = str(request_id)
         self.sent = False
+        self.queued: list[dict[str, Any]] = []
+        self.sender: asyncio.Task | None = None
 
     async def run(self, chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
         text: list[str] = []
         last: dict[str, Any] = {}
         usage = None
         finish = "stop"
-        async for chunk in chunks:
-            await send(self.group, {"type": "stream.chunk", "id": self.id, "chunk": chunk})
-            self.sent = True
-            last = chunk
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                text.append(delta.get("content") or choice.get("text") or "")
-                # The usage chunk that may end a stream has no choices: keep the last reason.
-                finish = choice.get("finish_reason") or finish
+        try:
+            async for chunk in chunks:
+                self.queue(chunk)
+                last = chunk
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    text.append(delta.get("content") or choice.get("text") or "")
+                    # The usage chunk that may end a stream has no choices: keep the last reason.
+                    finish = choice.get("finish_reason") or finish
+        finally:  # what came before an error reaches the caller before the error does
+            if self.sender is not None:
+                await self.sender
         return assemble(last, "".join(text), usage, finish)
+
+    def queue(self, chunk: dict[str, Any]) -> None:
+        self.queued.append(chunk)
+        self.sent = True
+        if self.sender is None:
+            self.sender = asyncio.create_task(self.publish())
+
+    async def publish(self) -> None:
+        try:
+            while self.queued:
+                chunks, self.queued = self.queued, []
+                await send(self.group, {"type": "stream.chunk", "id": self.id, "chunks": chunks})
+        finally:
+            self.sender = None
 
 
 def assemble(last: dict[str, Any], text: str, usage: dict | None, finish: str) -> dict[str, Any]:

@@ -127,7 +127,7 @@ async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
         try:
             async for message in sub.messages(every_s):
                 if message and message["type"] == "stream.chunk":
-                    yield f"data: {json.dumps(message['chunk'])}\n\n"
+                    yield "".join(f"data: {json.dumps(c)}\n\n" for c in message["chunks"])
                     continue
                 if message is None:
                     request = await current(request_id)

@@ -1,11 +1,13 @@
 """A relayed stream reaches the request's listeners chunk by chunk and is stored as the
 non-streamed answer it adds up to."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from channels.layers import get_channel_layer
 
+from scheduler import streams
 from scheduler.announce import request_group
 from scheduler.streams import Relay
 
@@ -37,7 +39,9 @@ async def test_stream_ending_in_a_usage_chunk_keeps_its_finish_reason() -> None:
 
     result = await relay.run(replay([chunk("Hel"), chunk("lo", "length"), usage_chunk]))
 
-    received = [(await layer.receive(listener))["chunk"] for _ in range(3)]
+    received: list[dict[str, Any]] = []
+    while len(received) < 3:
+        received += (await layer.receive(listener))["chunks"]
     assert received == [chunk("Hel"), chunk("lo", "length"), usage_chunk]
     assert relay.sent
     assert result["object"] == "chat.completion"
@@ -63,3 +67,44 @@ async def test_completion_stream_assembles_text() -> None:
 
     assert result["object"] == "text_completion"
     assert result["choices"] == [{"index": 0, "text": "ab", "finish_reason": "stop"}]
+
+
+async def test_chunks_that_come_while_one_is_published_go_together_and_none_waits(
+    monkeypatch,
+) -> None:
+    published: list[list[str]] = []
+    went_out = [asyncio.Event() for _ in range(3)]
+    first_published = asyncio.Event()
+
+    async def send(group: str, message: dict[str, Any]) -> None:
+        published.append([c["choices"][0]["delta"]["content"] for c in message["chunks"]])
+        went_out[len(published) - 1].set()
+        if len(published) == 1:
+            await first_published.wait()  # a slow publish
+
+    monkeypatch.setattr(streams, "send", send)
+    source: asyncio.Queue[dict | None] = asyncio.Queue()
+
+    async def upstream() -> AsyncIterator[dict[str, Any]]:
+        while (c := await source.get()) is not None:
+            yield c
+            source.task_done()  # taken in: the relay asks for the next
+
+    relay = Relay("r3")
+    running = asyncio.create_task(relay.run(upstream()))
+    source.put_nowait(chunk("a"))
+    await went_out[0].wait()
+    for text in ("b", "c"):
+        source.put_nowait(chunk(text))
+    await source.join()  # both taken in while the first is still being published
+
+    first_published.set()
+    async with asyncio.timeout(5):  # a guard: they go out with no chunk after them
+        await went_out[1].wait()
+
+    assert published == [["a"], ["b", "c"]]
+    source.put_nowait(chunk("d", "stop"))
+    source.put_nowait(None)
+    result = await running
+    assert published == [["a"], ["b", "c"], ["d"]]
+    assert result["choices"][0]["message"]["content"] == "abcd"
