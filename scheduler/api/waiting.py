@@ -21,8 +21,8 @@ class Subscription:
     hint can be missed."""
 
     def __init__(self, request_id: uuid.UUID | None = None) -> None:
-        self.request_id = request_id or uuid.uuid4()
         self.inbox = inbox()
+        self.request_id = request_id or self.inbox.new_request_id()
         self.queue: asyncio.Queue[Message] | None = None
 
     async def open(self) -> "Subscription":

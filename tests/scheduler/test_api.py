@@ -5,6 +5,7 @@ import json
 import httpx
 import openai
 import pytest
+import redis
 from django.conf import settings
 
 from scheduler.models import Request, State
@@ -20,11 +21,15 @@ def upstream():
 
 
 @pytest.fixture
-def live(served, upstream):
+def deployed(transactional_db, upstream):
     srv = factories.server("up", kind="openai", base_url=upstream.url, slots=4)
     factories.model("qwen", aliases=["q"])
     # Loaded as the worker's first status sync would find it, so that no test races it.
     factories.deployment(srv, "qwen", server_model_id="qwen-upstream", state="loaded")
+
+
+@pytest.fixture
+def live(served, deployed):
     return served()
 
 
@@ -50,6 +55,29 @@ def test_streamed_chat_with_openai_client(live):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Hello from upstream"
     assert Request.objects.get().result["choices"][0]["message"]["content"] == text
+
+
+def redis_calls(*commands: str) -> int:
+    stats = redis.Redis.from_url(settings.REDIS_URL).info("commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in commands)
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="Redis pub/sub")
+@pytest.mark.usefixtures("deployed")
+def test_callers_hear_their_answers_with_no_subscription_per_request(served):
+    # No re-read of the row to fall back on within the test: every answer comes by its hint.
+    live = served(SWITCHYARD_WAITING_COMMENT_S="60")
+    c = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=10)
+    hi = [{"role": "user", "content": "hi"}]
+    c.chat.completions.create(model="qwen", messages=hi)  # the process starts listening
+    before = redis_calls("subscribe", "unsubscribe", "psubscribe")
+
+    for _ in range(3):
+        assert c.chat.completions.create(model="qwen", messages=hi).choices
+        chunks = c.chat.completions.create(model="qwen", messages=hi, stream=True)
+        assert "".join(x.choices[0].delta.content or "" for x in chunks if x.choices)
+
+    assert redis_calls("subscribe", "unsubscribe", "psubscribe") == before
 
 
 def test_embeddings_and_completions(live):
