@@ -14,6 +14,7 @@ from .stack import BenchDatabase, Stack
 class Context:
     db: BenchDatabase
     results: Path
+    logs: Path  # this run's own: a later run does not overwrite what explains an outlier
     quick: bool
     workers: int = 1
     profile: bool = False
@@ -29,7 +30,7 @@ class Context:
         """Empty the bench database, let `setup` add rows (and start an upstream), start
         Switchyard, and record the peak RSS of its processes when the scenario is done."""
         self.db.empty()
-        stack = Stack(self.db, scenario, self.results, env=env or {}, workers=self.workers)
+        stack = Stack(self.db, scenario, self.logs, env=env or {}, workers=self.workers)
         began = time.monotonic()
         try:
             setup(stack)

@@ -151,11 +151,11 @@ def service_cpu_s(command: str) -> float:
 
 @dataclass
 class Stack:
-    """Upstream, web and worker processes for one scenario; logs under bench-results/logs."""
+    """Upstream, web and worker processes for one scenario; their logs in `logs`."""
 
     db: BenchDatabase
     scenario: str
-    results: Path
+    logs: Path
     env: dict[str, str] = field(default_factory=dict)
     workers: int = 1
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -175,7 +175,7 @@ class Stack:
         }
 
     def log_path(self, name: str) -> Path:
-        path = self.results / "logs" / f"{self.scenario}-{name}.log"
+        path = self.logs / f"{self.scenario}-{name}.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 

@@ -39,9 +39,11 @@ class Command(BaseCommand):
         results_dir.mkdir(parents=True, exist_ok=True)
         db = BenchDatabase(results_dir, db_name)
         db.create()
-        ctx = Context(db, results_dir, quick, workers, profile)
+        logs = results_dir / "logs" / time.strftime("%Y%m%d-%H%M%S")
+        ctx = Context(db, results_dir, logs, quick, workers, profile)
         scale = "quick" if quick else "full"
         self.stdout.write(f"bench database: {db.url} ({db.mode}); results in {results_dir}/")
+        self.stdout.write(f"process logs in {logs}/")
         try:
             for name in scenarios or list(SCENARIOS):
                 began, load_before = time.monotonic(), os.getloadavg()[0]
