@@ -126,27 +126,33 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def _stat(path: Path) -> tuple[str, list[str]] | None:
+    """A process's name and the fields after it in its /proc stat (None once it is gone)."""
+    try:
+        name, rest = path.read_text().split(" (", 1)[1].rsplit(") ", 1)
+    except (OSError, ValueError):
+        return None
+    return name, rest.split()
+
+
 def cpu_s(pid: int) -> float | None:
     """User plus system CPU time the process has used so far, in seconds."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    stat = _stat(Path(f"/proc/{pid}/stat"))
+    if stat is None:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in stat[1][11:13]) / os.sysconf("SC_CLK_TCK")  # utime stime
 
 
 def service_cpu_s(command: str) -> float:
     """CPU seconds used so far by every process named `command`, with the children they
     reaped: a PostgreSQL backend that exited counts in its postmaster's."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            name, rest = stat.read_text().split(" (", 1)[1].rsplit(") ", 1)
-        except (OSError, ValueError):
-            continue
-        if name == command:
-            total += sum(int(f) for f in rest.split()[11:15])  # utime stime cutime cstime
-    return total / os.sysconf("SC_CLK_TCK")
+    stats = filter(None, map(_stat, Path("/proc").glob("[0-9]*/stat")))
+    ticks = sum(
+        sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        for name, fields in stats
+        if name == command
+    )
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
