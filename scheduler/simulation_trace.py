@@ -32,7 +32,7 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -132,6 +132,33 @@ def check(trace: Trace) -> None:
             raise TraceError(f"request {i} has priority {r.priority}, not one of 0-3")
         if r.at < 0 or r.duration_s < 0:
             raise TraceError(f"request {i} has a negative time")
+
+
+# -- variations ---------------------------------------------------------------------------
+
+
+def window(trace: Trace, start_s: float, end_s: float) -> Trace:
+    """The requests that arrive in [start_s, end_s), their times counted from start_s."""
+    picked = (replace(r, at=r.at - start_s) for r in trace.requests if start_s <= r.at < end_s)
+    return replace(trace, requests=tuple(picked))
+
+
+def jittered(
+    trace: Trace, seed: int, arrival_s: float = 15.0, duration_share: float = 0.1
+) -> Trace:
+    """The same requests, each arriving up to `arrival_s` earlier or later and taking up to
+    `duration_share` more or less time: how much of an outcome is the trace's exact timing.
+    The same for the same seed."""
+    rng = random.Random(seed)
+    moved = [
+        replace(
+            r,
+            at=max(r.at + rng.uniform(-arrival_s, arrival_s), 0.0),
+            duration_s=r.duration_s * rng.uniform(1 - duration_share, 1 + duration_share),
+        )
+        for r in trace.requests
+    ]
+    return replace(trace, requests=tuple(sorted(moved, key=lambda r: r.at)))
 
 
 # -- the default day ---------------------------------------------------------------------

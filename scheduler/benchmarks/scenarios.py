@@ -5,7 +5,6 @@ the same run (direct vs through Switchyard, baseline vs under load, shallow vs d
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 
 from scheduler.models import Priority, State
 
@@ -543,15 +542,14 @@ def thrash(ctx: Context) -> Outcome:
     runtime with simulated servers, time scaled down (policy windows scaled alike)."""
     from django.conf import settings
 
-    from scheduler.simulation import simulate_fifo
-    from scheduler.simulation_trace import CLASS_NAMES, Trace, generate_day
+    from scheduler.simulation import simulate_fifo, simulate_policy
+    from scheduler.simulation_trace import CLASS_NAMES, generate_day, jittered, window
 
     # quick: a quarter hour of office traffic; full: the afternoon peak with the bulk job
-    window = ctx.pick((10 * 3600, 10 * 3600 + 900), (13 * 3600, 15 * 3600))
+    start_s, end_s = ctx.pick((10 * 3600, 10 * 3600 + 900), (13 * 3600, 15 * 3600))
     speed = ctx.pick(90.0, 30.0)
     tps = 4.0
-    trace = generate_day(seed=7, hours=window[1] / 3600)
-    picked = [r for r in trace.requests if window[0] <= r.at < window[1]]
+    trace = window(generate_day(seed=7, hours=end_s / 3600), start_s, end_s)
     types = {m.name: m.type for m in trace.models}
 
     def setup(stack: Stack) -> None:
@@ -580,22 +578,28 @@ def thrash(ctx: Context) -> Outcome:
     env |= {f"SWITCHYARD_{k}": str(settings.SWITCHYARD[k] / speed) for k in SCALED_KNOBS}
     arrivals = [
         {
-            "at": (r.at - window[0]) / speed,
+            "at": r.at / speed,
             "model": r.model,
             "kind": "embedding" if types[r.model] == "embedding" else "chat",
             "priority": PRIORITY_NAMES[r.priority],
             "max_tokens": max(1, round(r.duration_s * tps)),
         }
-        for r in picked
+        for r in trace.requests
     ]
     with ctx.stack("thrash", setup, env) as stack:
         (out,) = run_loadgen(
             {"base_url": stack.base_url, "groups": [{"name": "trace", "arrivals": arrivals}]}
         )
         log = "".join(stack.log_text(n) for n in stack.switchyard_pids())
-    # The serial FIFO of the original design note on the same requests, on a virtual clock.
-    shifted = tuple(replace(r, at=r.at - window[0]) for r in picked)
-    fifo = simulate_fifo(Trace(servers=trace.servers, models=trace.models, requests=shifted))
+    # The serial FIFO of the original design note on the same requests, on a virtual clock;
+    # the policy there too, on the window and on copies of it with its timing shaken: a
+    # second of the host is half a minute of the trace, so the runtime never replays it
+    # exactly, and how far the loads move with the timing alone is part of the result.
+    fifo = simulate_fifo(trace)
+    simulated = simulate_policy(trace).loads
+    copies = [jittered(trace, seed) for seed in range(1, 40)]
+    shaken = [(simulate_policy(c).loads, simulate_fifo(c).loads) for c in copies]
+    policy_loads, fifo_loads = sorted(p for p, _ in shaken), sorted(f for _, f in shaken)
     ids = [r["id"] for r in out["results"] if r.get("id")]
     stamps = fleet.timestamps(ids)
     loads = Counter(m.group(1) for m in LOAD_LINE.finditer(log))
@@ -650,18 +654,26 @@ def thrash(ctx: Context) -> Outcome:
         ],
         data={
             "speed": speed,
-            "window_s": window,
+            "window_s": (start_s, end_s),
             "loads": dict(loads),
             "fifo_loads": fifo.loads,
-            "requests": len(picked),
+            "simulated_loads": simulated,
+            "jittered_loads": [{"policy": p, "fifo": f} for p, f in shaken],
+            "requests": len(trace.requests),
         },
         notes=[
             f"trace: scheduler.simulation_trace.generate_day(seed=7), "
-            f"{window[0] / 3600:g}h–{window[1] / 3600:g}h, {len(picked)} requests, "
+            f"{start_s / 3600:g}h–{end_s / 3600:g}h, {len(trace.requests)} requests, "
             f"time ×{speed:g}; policy windows and max waits scaled alike",
-            f"{n_loads} loads ({len(picked) / max(n_loads, 1):.1f} requests per load) against "
-            f"{fifo.loads} for a serial FIFO on the same requests (virtual clock); "
+            f"{n_loads} loads ({len(trace.requests) / max(n_loads, 1):.1f} requests per load) "
+            f"against {fifo.loads} for a serial FIFO on the same requests (virtual clock); "
             f"'p95 day-s' converts the wait back to trace seconds",
+            f"on a virtual clock the policy loads {simulated} times on this window; on "
+            f"{len(copies)} copies with arrivals moved up to ±15 s and durations ±10%, "
+            f"{policy_loads[0]}–{policy_loads[-1]} times (median "
+            f"{policy_loads[len(copies) // 2]}) against FIFO's {fifo_loads[0]}–{fifo_loads[-1]},"
+            f" more than FIFO on {sum(p > f for p, f in shaken)} copies, as many on "
+            f"{sum(p == f for p, f in shaken)}",
             f"HTTP statuses: {dict(Counter(r.get('status') for r in out['results']))}",
         ],
     )

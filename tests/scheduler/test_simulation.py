@@ -17,7 +17,9 @@ from scheduler.simulation_trace import (
     TraceError,
     TraceRequest,
     generate_day,
+    jittered,
     read_trace,
+    window,
     write_trace,
 )
 
@@ -108,6 +110,29 @@ def test_same_seed_same_day_same_result():
     a, b = simulate_policy(first), simulate_policy(again)
     assert (a.outcomes, a.loads, a.passes) == (b.outcomes, b.loads, b.passes)
     assert simulate_fifo(first).outcomes == simulate_fifo(again).outcomes
+
+
+def test_a_window_keeps_its_requests_counted_from_its_start():
+    day = generate_day(7, hours=3)
+    hour = window(day, 3600, 7200)
+    inside = [r for r in day.requests if 3600 <= r.at < 7200]
+    assert [r.at + 3600 for r in hour.requests] == [r.at for r in inside]
+    assert hour.requests and all(0 <= r.at < 3600 for r in hour.requests)
+    assert (hour.servers, hour.models, hour.start) == (day.servers, day.models, day.start)
+
+
+def test_jitter_moves_each_request_within_its_bounds_the_same_for_a_seed():
+    # Arrivals 100 s apart: moved by at most 15 s, they keep their order.
+    trace = two_servers(*(TraceRequest(100.0 * i, "small", i % 4, 1.0 + i) for i in range(40)))
+    shaken = jittered(trace, seed=1, arrival_s=15, duration_share=0.1)
+    assert shaken == jittered(trace, seed=1) and shaken != jittered(trace, seed=2)
+    pairs = list(zip(trace.requests, shaken.requests, strict=True))
+    for before, after in pairs:
+        assert (after.model, after.priority) == (before.model, before.priority)
+        assert after.at >= 0 and abs(after.at - before.at) <= 15
+        assert 0.9 * before.duration_s <= after.duration_s <= 1.1 * before.duration_s
+    assert all(after.at != before.at for before, after in pairs[1:])
+    assert shaken.requests[0].at < 15  # the first, at 0, moves only later
 
 
 def test_trace_file_round_trip(tmp_path):
