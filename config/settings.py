@@ -161,6 +161,7 @@ SWITCHYARD = {
     "WORKER_STALE_S": env.float("SWITCHYARD_WORKER_STALE_S", default=30.0),
     "STATUS_SYNC_S": env.float("SWITCHYARD_STATUS_SYNC_S", default=10.0),
     "DRAIN_S": env.float("SWITCHYARD_DRAIN_S", default=30.0),
+    "KEEP_FINISHED_DAYS": env.float("SWITCHYARD_KEEP_FINISHED_DAYS", default=30.0),
     "WAITING_COMMENT_S": env.float("SWITCHYARD_WAITING_COMMENT_S", default=5.0),
     "MAX_QUEUE": env.int("SWITCHYARD_MAX_QUEUE", default=1000),
     "MAX_QUEUE_INTERACTIVE": env.int("SWITCHYARD_MAX_QUEUE_INTERACTIVE", default=0),

@@ -20,7 +20,7 @@ from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.adapters.registry import adapter_for, settings_of
 from backends.models import Health, Server
 
-from . import announce, store, streams, wakeup
+from . import announce, retention, store, streams, wakeup
 from .batching import Batcher
 from .decisions import (
     Decision,
@@ -37,11 +37,13 @@ from .decisions import (
 )
 from .models import WAITING_STATES, State
 from .policy import plan
+from .pool_threads import released
 from .snapshot import Snapshot
 from .transitions import Transition
 
 log = logging.getLogger(__name__)
 db = sync_to_async  # one DB thread: Django's connections are not shared across threads
+PURGE_EVERY_S = 300.0  # between looks for finished requests to delete, when none were due
 MAX_REPLANS = 3  # passes in a row planned again at once because the database refused some
 
 
@@ -68,6 +70,7 @@ class Runtime:
         self.config = store.policy_config()
         self.snapshots = store.SnapshotReader()
         self.last_sync = -float("inf")
+        self.next_purge = -float("inf")
         self.waiting = 0  # requests still waiting after the last pass (of those it saw)
         self.waiting_for: set[int] = set()  # servers with a deployment of a waiting model
         self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
@@ -219,6 +222,16 @@ class Runtime:
             await asyncio.sleep(self.knobs["HEARTBEAT_S"])
             if await self.take_over():
                 self.wake.set()
+            await self.purge_if_due()
+
+    async def purge_if_due(self) -> None:
+        """Delete a batch of requests finished past their keeping time: at each heartbeat
+        while a backlog lasts, else every PURGE_EVERY_S (outside the pass's thread)."""
+        if time.monotonic() < self.next_purge:
+            return
+        purged = await released(retention.purge_due)(batches=1)
+        pause = 0.0 if purged == retention.BATCH else PURGE_EVERY_S
+        self.next_purge = time.monotonic() + pause
 
     # -- one pass ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET
 from backends.models import Model
 
 from ..models import Request, State
+from ..pool_threads import released
 from . import intake
 from .errors import ApiError
 from .waiting import (
@@ -19,7 +20,6 @@ from .waiting import (
     cancel_abandoned,
     current,
     finished_after,
-    released,
     until_finished,
 )
 

@@ -2,15 +2,13 @@
 re-read the row now and then in case a hint was missed."""
 
 import asyncio
-import functools
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
-from django.db import connection
 
 from ..models import TERMINAL_STATES, WAITING_STATES, Request, State
+from ..pool_threads import released
 from ..transitions import move
 from .errors import ApiError
 from .inbox import Message, inbox
@@ -45,27 +43,6 @@ class Subscription:
                 yield None
             else:
                 yield message
-
-
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
-def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
-    """`fn` in a thread of the shared pool, then the connection goes back (to the pool, on
-    PostgreSQL): a caller may wait minutes between reads, and waiting callers must not hold
-    one connection each. Not in the request's own thread: `fn` is a whole unit of work, and
-    a pool thread keeps its connection wrapper from one call to the next."""
-
-    @functools.wraps(fn)
-    def run(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if not connection.in_atomic_block:
-                connection.close()
-
-    return sync_to_async(run, thread_sensitive=False)
 
 
 def stored(request_id) -> Request | None:

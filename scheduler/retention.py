@@ -1,0 +1,77 @@
+"""How long finished requests are kept: their rows and traces go after
+`SWITCHYARD_KEEP_FINISHED_DAYS` (0 keeps them forever).
+
+Every read of the requests table that the hot path makes walks a partial index of waiting
+requests, so the finished ones cost it nothing; but the admin's lists, the metrics' counts
+and the disk grow with them. The worker purges a batch at a time (each its own short
+transaction, read through the index of finished requests), oldest first."""
+
+import itertools
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from . import sql
+from .models import TERMINAL_STATES, Request, Trace
+
+log = logging.getLogger(__name__)
+BATCH = 500  # ids in one IN list, within SQLite's limit on parameters
+REQUESTS = Request._meta.db_table
+TRACES = Trace._meta.db_table
+
+
+def keep_days() -> float:
+    return settings.SWITCHYARD["KEEP_FINISHED_DAYS"]
+
+
+def cutoff(now: datetime | None = None) -> datetime | None:
+    """Requests that finished before this go; None when they are kept forever."""
+    days = keep_days()
+    if days <= 0:
+        return None
+    return (now or timezone.now()) - timedelta(days=days)
+
+
+def finished_before(before: datetime) -> int:
+    return Request.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=before).count()
+
+
+def purge_finished(before: datetime, batch: int = BATCH, batches: int | None = None) -> int:
+    """Delete the requests that finished before `before`, with their traces, `batch` at a
+    time (at most `batches` of them). A waiting or running request is never touched,
+    however old. Returns how many went."""
+    purged = 0
+    for _ in itertools.repeat(None) if batches is None else range(batches):
+        with transaction.atomic():
+            ids = list(
+                Request.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=before)
+                .order_by("finished_at", "created_at")  # the index of finished, backwards
+                .values_list("id", flat=True)[:batch]
+            )
+            if ids:
+                keys = sql.keys(Request, ids)
+                where = f"IN ({sql.marks(len(keys))})"
+                sql.execute(f"DELETE FROM {TRACES} WHERE request_id {where}", keys)
+                purged += sql.execute(f"DELETE FROM {REQUESTS} WHERE id {where}", keys)
+        if len(ids) < batch:
+            break
+    return purged
+
+
+def purge_due(batches: int) -> int:
+    """The worker's share, now and then: up to `batches` batches by the setting, logged."""
+    before = cutoff()
+    if before is None:
+        return 0
+    purged = purge_finished(before, BATCH, batches)
+    if purged:
+        log.info(
+            "purged %d requests that finished more than %g days ago"
+            " (SWITCHYARD_KEEP_FINISHED_DAYS)",
+            purged,
+            keep_days(),
+        )
+    return purged
