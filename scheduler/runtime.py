@@ -5,11 +5,12 @@ that report back through the database and wake the loop; the loop never waits fo
 """
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -42,6 +43,7 @@ from .snapshot import Snapshot
 from .transitions import Transition
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 db = sync_to_async  # one DB thread: Django's connections are not shared across threads
 PURGE_EVERY_S = 300.0  # between looks for finished requests to delete, when none were due
 MAX_REPLANS = 3  # passes in a row planned again at once because the database refused some
@@ -64,6 +66,11 @@ class Runtime:
         self.tasks: dict[str, asyncio.Task] = {}
         self.chores: set[asyncio.Future] = set()  # DB writes no task waits for to the end
         self.completions = Batcher(store.requests_completed, self.chores)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_context = contextvars.copy_context()
+        # The requests a pass's write sent before its commit came back, and the event that
+        # tells their relays it did (see `serve_soon`).
+        self.uncommitted: tuple[asyncio.Event, list[asyncio.Task]] | None = None
         self.wake = asyncio.Event()
         self.next_wake: datetime | None = None
         self.knobs = settings.SWITCHYARD
@@ -89,6 +96,8 @@ class Runtime:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.loop_context = contextvars.copy_context()
         await announce.open_outbox()
         self.worker_id = await db(store.register_worker)()
         wakeup.subscribe(self.wake)
@@ -237,7 +246,7 @@ class Runtime:
 
     async def step(self) -> list[Decision]:
         """One snapshot, plan and execute pass. Returns what it did (Defer excluded)."""
-        snapshot, decisions, first = await db(self.plan_and_write)()
+        snapshot, decisions, first = await self.committed(db(self.plan_and_write)())
         self.next_wake = None
         done: list[Decision] = []
         self.dropped = 0
@@ -251,8 +260,6 @@ class Runtime:
         def finish(written: Batch) -> None:
             for decision, ok in written.results:
                 record(decision, ok)
-            for job in written.jobs:
-                self.spawn(f"serve {job.request_id}", self.serve(job))
 
         finish(first)
         batch = Batch(self)
@@ -260,12 +267,12 @@ class Runtime:
             if batch.add(decision):
                 continue
             if batch.size:
-                finish(await db(batch.write)())
+                finish(await self.committed(db(batch.write)()))
                 batch = Batch(self)
             if not batch.add(decision):
                 record(decision, await self.execute(decision))
         if batch.size:
-            finish(await db(batch.write)())
+            finish(await self.committed(db(batch.write)()))
         # Those it sent or ended wait no more: their completion alone calls for no pass.
         ended = {d.request_id for d in done if isinstance(d, Dispatch | Expire | Fail)}
         models = {r.model for r in snapshot.requests if r.id not in ended}
@@ -285,6 +292,41 @@ class Runtime:
             if not batch.add(decision):
                 break
         return snapshot, decisions, batch.write() if batch.size else batch
+
+    def serve_soon(self, jobs: list[store.ServeJob]) -> None:
+        """In the database thread, once a dispatch holds its rows' and slots' locks and
+        before its commit: start the calls to the servers now, so that the commit's round
+        trip (and the hop back to the loop) runs beside them instead of before them. What
+        the commit writes is already decided by the locks; should it fail all the same (the
+        database went away), the calls are cancelled. A streamed answer's chunks wait for
+        the commit, and the request's end is written after it (one database thread)."""
+        assert self.loop is not None
+        # In the loop's context, not this thread's: asgiref marks the database thread's
+        # context, and a task born in it could never call that thread again.
+        self.loop.call_soon_threadsafe(self.start_serving, jobs, context=self.loop_context)
+
+    def start_serving(self, jobs: list[store.ServeJob]) -> None:
+        if self.uncommitted is None:
+            self.uncommitted = (asyncio.Event(), [])
+        commit, tasks = self.uncommitted
+        for job in jobs:
+            tasks.append(self.spawn(f"serve {job.request_id}", self.serve(job, commit)))
+
+    async def committed(self, write: Coroutine[Any, Any, T]) -> T:
+        """Await a write that may send requests (`serve_soon`, which runs on the loop before
+        the write returns here): then confirm their commit, or cancel them."""
+        try:
+            result = await write
+        except BaseException:
+            if self.uncommitted is not None:
+                for task in self.uncommitted[1]:
+                    task.cancel()
+            raise
+        finally:
+            commit, self.uncommitted = self.uncommitted, None
+        if commit is not None:
+            commit[0].set()
+        return result
 
     def transition_for(self, decision: Decision) -> Transition | None:
         """The request transition that carries out `decision`, if that is all it takes."""
@@ -349,7 +391,7 @@ class Runtime:
         arrival wakes the loop by itself."""
         return freed.server_id in self.waiting_for or self.until_idle
 
-    def spawn(self, name: str, coro) -> None:
+    def spawn(self, name: str, coro) -> asyncio.Task:
         task = asyncio.create_task(coro, name=name)
         self.tasks[name] = task
 
@@ -368,6 +410,7 @@ class Runtime:
             self.wake.set()
 
         task.add_done_callback(finished)
+        return task
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -451,10 +494,10 @@ class Runtime:
         log.info("unloaded %s (%s)", model_id, why)
         await db(store.evicted)(deployment_id)
 
-    async def serve(self, job: store.ServeJob) -> FreedSlot | None:
+    async def serve(self, job: store.ServeJob, committed: asyncio.Event) -> FreedSlot | None:
         adapter = await self.adapter(job.server_id)
         started = time.monotonic()
-        relay = streams.Relay(job.request_id)
+        relay = streams.Relay(job.request_id, committed)
         try:
             if job.call.stream:
                 result = await relay.run(adapter.stream(job.call))
@@ -569,14 +612,14 @@ class Runtime:
 class Batch:
     """Consecutive request transitions, then the dispatches that follow them: written in one
     transaction (a pass that routes and sends thirty requests commits once), in the order
-    planned. After `write`, each decision's result, and the jobs to serve."""
+    planned. After `write`, each decision's result; its sends are being served already
+    (`Runtime.serve_soon`)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.transitions: list[tuple[Decision, Transition]] = []
         self.sends: list[Dispatch] = []
         self.results: list[tuple[Decision, bool]] = []
-        self.jobs: list[store.ServeJob] = []
 
     @property
     def size(self) -> int:
@@ -598,11 +641,10 @@ class Batch:
         """In the database thread."""
         pairs = [(d.request_id, d.deployment_id) for d in self.sends]
         moved, jobs = store.move_and_dispatch(
-            [t for _, t in self.transitions], pairs, self.runtime.worker_id
+            [t for _, t in self.transitions], pairs, self.runtime.worker_id, self.runtime.serve_soon
         )
         self.results = [(d, ok) for (d, _), ok in zip(self.transitions, moved, strict=True)]
         self.results += [(d, job is not None) for d, job in zip(self.sends, jobs, strict=True)]
-        self.jobs = [job for job in jobs if job is not None]
         return self
 
 

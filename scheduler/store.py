@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -520,14 +521,22 @@ def _loaded(
     return busy, loaded
 
 
+Sending = Callable[[list[ServeJob]], None]
+
+
 def dispatch_all(
-    sends: list[tuple[Any, int]], worker_id: int, routes: dict[Any, Transition] | None = None
+    sends: list[tuple[Any, int]],
+    worker_id: int,
+    routes: dict[Any, Transition] | None = None,
+    send_now: Sending | None = None,
 ) -> list[ServeJob | None]:
     """Send ready requests to their deployments, in one transaction: each (request,
     deployment) becomes a ServeJob, or None if its slot, its model or its row is gone.
 
     `routes`: the moves from pending to ready of requests routed in the same pass; one that
-    is sent moves once, pending to processing (its trace still shows both steps)."""
+    is sent moves once, pending to processing (its trace still shows both steps).
+    `send_now`: given the jobs as soon as they are known, under the rows' locks and before
+    the commit (see `Runtime.serve_soon`)."""
     routes = routes or {}
     if not sends:
         return []
@@ -589,6 +598,8 @@ def dispatch_all(
             _, payload, kind, stream = requests[request_id]
             call = InferenceCall(kind, d.server_model_id, payload, stream, d.load_options)
             jobs.append(ServeJob(request_id, d.id, d.server_id, d.server_name, worker_id, call))
+        if send_now is not None and any(jobs):
+            send_now([job for job in jobs if job is not None])
     return jobs
 
 
@@ -616,7 +627,10 @@ def _deployment_used(deployment_id: int, now: datetime, priorities: list[int]) -
 
 
 def move_and_dispatch(
-    transitions: list[Transition], sends: list[tuple[Any, int]], worker_id: int
+    transitions: list[Transition],
+    sends: list[tuple[Any, int]],
+    worker_id: int,
+    send_now: Sending | None = None,
 ) -> tuple[list[bool], list[ServeJob | None]]:
     """`move_all`, then `dispatch_all`, in one transaction: a request routed and sent in the
     same pass costs one commit, and one UPDATE of its row. Unless it ends a request (an
@@ -636,7 +650,7 @@ def move_and_dispatch(
         if not any(t.to_state in TERMINAL_STATES for t in transitions):
             sql.without_waiting_for_disk()
         done = dict(zip(map(id, others), move_all(others), strict=True))
-        jobs = dispatch_all(sends, worker_id, routes)
+        jobs = dispatch_all(sends, worker_id, routes, send_now)
         sent = {job.request_id for job in jobs if job is not None}
         done |= {id(t): True for rid, t in routes.items() if rid in sent}
         # A route whose request was not sent after all (its slot taken meanwhile) goes alone.

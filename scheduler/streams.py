@@ -14,9 +14,12 @@ class Relay:
     One message at a time: the chunks that arrive while one is being published go together
     in the next, so a burst (a fast server, a busy moment here) costs one publish instead
     of one each, and no chunk waits for a later one. `sent` tells, after a failure, whether
-    the caller may already have seen part of the answer."""
+    the caller may already have seen part of the answer. Nothing goes out before
+    `committed` is set: the call may start before its dispatch's commit returns, and the
+    caller must see no chunk of a send that the database then refused."""
 
-    def __init__(self, request_id) -> None:
+    def __init__(self, request_id, committed: asyncio.Event) -> None:
+        self.committed = committed
         self.group = request_group(request_id)
         self.id = str(request_id)
         self.sent = False
@@ -38,6 +41,10 @@ class Relay:
                     text.append(delta.get("content") or choice.get("text") or "")
                     # The usage chunk that may end a stream has no choices: keep the last reason.
                     finish = choice.get("finish_reason") or finish
+        except asyncio.CancelledError:
+            if self.sender is not None and not self.committed.is_set():
+                self.sender.cancel()  # its send was refused: none of it may reach the caller
+            raise
         finally:  # what came before an error reaches the caller before the error does
             if self.sender is not None:
                 await self.sender
@@ -51,6 +58,7 @@ class Relay:
 
     async def publish(self) -> None:
         try:
+            await self.committed.wait()
             while self.queued:
                 chunks, self.queued = self.queued, []
                 await send(self.group, {"type": "stream.chunk", "id": self.id, "chunks": chunks})

@@ -39,7 +39,7 @@ def test_requests_finished_before_the_cutoff_go_with_their_traces_and_nothing_el
     old = [finished(40, state) for state in (State.COMPLETED, State.FAILED, State.EXPIRED)]
     old.append(finished(31, State.CANCELLED))
     recent = finished(29)
-    unfinished = [waiting_since(90, state) for state in (State.PENDING, State.READY, State.PROCESSING)]
+    unfinished = [waiting_since(90, s) for s in (State.PENDING, State.READY, State.PROCESSING)]
 
     purged = retention.purge_finished(timezone.now() - timedelta(days=30), batch=3)
 

@@ -258,6 +258,75 @@ async def test_after_a_pass_only_servers_with_a_waiting_model_call_for_a_pass_wh
         await rt.stop()
 
 
+async def test_the_call_to_the_server_starts_before_the_dispatch_commits(monkeypatch):
+    """The locks decide what the commit writes: the call goes out beside its round trip."""
+    request = await db(_one_loaded_request)()
+    serving = threading.Event()
+    seen_in_transaction: list[bool] = []
+    real_dispatch, real_serve = store.dispatch_all, Runtime.serve
+
+    def dispatch_all(sends, worker_id, routes=None, send_now=None):
+        def send_and_watch(jobs):
+            send_now(jobs)
+            # The loop starts the call while this thread still holds the transaction.
+            seen_in_transaction.append(serving.wait(5) and connection.in_atomic_block)
+
+        return real_dispatch(sends, worker_id, routes, send_and_watch)
+
+    async def serve(self, job, committed):
+        serving.set()
+        return await real_serve(self, job, committed)
+
+    monkeypatch.setattr(store, "dispatch_all", dispatch_all)
+    monkeypatch.setattr(Runtime, "serve", serve)
+    await Runtime().run(asyncio.Event(), until_idle=True)
+
+    assert seen_in_transaction == [True]
+    assert await db(state_of)(request) == State.COMPLETED
+
+
+async def test_a_send_whose_commit_fails_is_called_off_and_its_request_stays_as_it_was(
+    monkeypatch,
+):
+    request = await db(_one_loaded_request)(stream=True)
+    real_dispatch = store.dispatch_all
+    published: list[dict] = []
+    serving: list = []
+
+    def dispatch_all(sends, worker_id, routes=None, send_now=None):
+        def watched(jobs):
+            send_now(jobs)
+            serving.extend(jobs)
+
+        real_dispatch(sends, worker_id, routes, watched)
+        raise psycopg.OperationalError("the database went away before the commit")
+
+    async def publish(group, message):
+        published.append(message)
+
+    monkeypatch.setattr(store, "dispatch_all", dispatch_all)
+    monkeypatch.setattr("scheduler.streams.send", publish)
+    rt = Runtime()
+    await rt.start()
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            await rt.step()
+        tasks = [t for name, t in rt.tasks.items() if name.startswith("serve ")]
+        # A guard only: a call left running would wait for its commit for ever.
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        assert serving and all(t.cancelled() for t in tasks)
+    finally:
+        await rt.stop()
+    assert published == []  # not one chunk of the refused send reached the caller
+    assert await db(state_of)(request) == State.PENDING  # where the pass found it
+
+
+def _one_loaded_request(**fields) -> Request:
+    factories.deployment(factories.server("s1"), "m1")
+    loaded_on("s1", "m1")
+    return factories.request("m1", **fields)
+
+
 async def test_a_pass_that_only_routes_and_sends_goes_to_the_database_thread_once(
     monkeypatch,
 ):
@@ -282,7 +351,8 @@ async def test_a_pass_that_only_routes_and_sends_goes_to_the_database_thread_onc
     try:
         trips.clear()
         routed_and_sent = await rt.step()
-        assert trips == ["plan_and_write"]
+        # The serve tasks, started before the pass's commit returns, build their adapter.
+        assert [t for t in trips if t != "server_by_id"] == ["plan_and_write"]
         assert len(routed_and_sent) == 4  # each request: its Route and its Dispatch
         assert {d.request_id for d in routed_and_sent} == {r.pk for r in sent}
 

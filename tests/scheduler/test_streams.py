@@ -25,6 +25,13 @@ def chunk(content: str, finish: str | None = None) -> dict[str, Any]:
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
 
 
+def committed() -> asyncio.Event:
+    """The dispatch's commit came back."""
+    done = asyncio.Event()
+    done.set()
+    return done
+
+
 async def replay(chunks: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
     for c in chunks:
         yield c
@@ -35,7 +42,7 @@ async def test_stream_ending_in_a_usage_chunk_keeps_its_finish_reason() -> None:
     listener = await layer.new_channel()
     await layer.group_add(request_group("r1"), listener)
     usage_chunk = {**chunk(""), "choices": [], "usage": USAGE}
-    relay = Relay("r1")
+    relay = Relay("r1", committed())
 
     result = await relay.run(replay([chunk("Hel"), chunk("lo", "length"), usage_chunk]))
 
@@ -63,7 +70,7 @@ async def test_completion_stream_assembles_text() -> None:
         {**text_chunk, "choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]},
     ]
 
-    result = await Relay("r2").run(replay(chunks))
+    result = await Relay("r2", committed()).run(replay(chunks))
 
     assert result["object"] == "text_completion"
     assert result["choices"] == [{"index": 0, "text": "ab", "finish_reason": "stop"}]
@@ -90,7 +97,7 @@ async def test_chunks_that_come_while_one_is_published_go_together_and_none_wait
             yield c
             source.task_done()  # taken in: the relay asks for the next
 
-    relay = Relay("r3")
+    relay = Relay("r3", committed())
     running = asyncio.create_task(relay.run(upstream()))
     source.put_nowait(chunk("a"))
     await went_out[0].wait()
@@ -108,3 +115,31 @@ async def test_chunks_that_come_while_one_is_published_go_together_and_none_wait
     result = await running
     assert published == [["a"], ["b", "c"], ["d"]]
     assert result["choices"][0]["message"]["content"] == "abcd"
+
+
+async def test_no_chunk_goes_out_before_the_dispatch_commits(monkeypatch) -> None:
+    published: list[list[str]] = []
+
+    async def send(group: str, message: dict[str, Any]) -> None:
+        published.append([c["choices"][0]["delta"]["content"] for c in message["chunks"]])
+
+    monkeypatch.setattr(streams, "send", send)
+    commit = asyncio.Event()
+    relay = Relay("r4", commit)
+    source: asyncio.Queue[dict | None] = asyncio.Queue()
+
+    async def upstream() -> AsyncIterator[dict[str, Any]]:
+        while (c := await source.get()) is not None:
+            yield c
+            source.task_done()
+
+    running = asyncio.create_task(relay.run(upstream()))
+    for text in ("a", "b"):
+        source.put_nowait(chunk(text))
+    await source.join()  # both taken in, the commit not back yet
+    assert published == []
+
+    commit.set()
+    source.put_nowait(None)
+    await running
+    assert published == [["a", "b"]]
