@@ -27,12 +27,13 @@ def keep_days() -> float:
     return settings.SWITCHYARD["KEEP_FINISHED_DAYS"]
 
 
-def cutoff(now: datetime | None = None) -> datetime | None:
-    """Requests that finished before this go; None when they are kept forever."""
-    days = keep_days()
+def cutoff(days: float | None = None) -> datetime | None:
+    """Requests that finished before this go (`days` ago, by default the setting's); None
+    when they are kept forever."""
+    days = keep_days() if days is None else days
     if days <= 0:
         return None
-    return (now or timezone.now()) - timedelta(days=days)
+    return timezone.now() - timedelta(days=days)
 
 
 def finished_before(before: datetime) -> int:

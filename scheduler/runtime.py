@@ -67,7 +67,7 @@ class Runtime:
         self.chores: set[asyncio.Future] = set()  # DB writes no task waits for to the end
         self.completions = Batcher(store.requests_completed, self.chores)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.loop_context = contextvars.copy_context()
+        self.loop_context: contextvars.Context | None = None
         # The requests a pass's write sent before its commit came back, and the event that
         # tells their relays it did (see `serve_soon`).
         self.uncommitted: tuple[asyncio.Event, list[asyncio.Task]] | None = None
@@ -300,7 +300,7 @@ class Runtime:
         the commit writes is already decided by the locks; should it fail all the same (the
         database went away), the calls are cancelled. A streamed answer's chunks wait for
         the commit, and the request's end is written after it (one database thread)."""
-        assert self.loop is not None
+        assert self.loop is not None and self.loop_context is not None
         # In the loop's context, not this thread's: asgiref marks the database thread's
         # context, and a task born in it could never call that thread again.
         self.loop.call_soon_threadsafe(self.start_serving, jobs, context=self.loop_context)

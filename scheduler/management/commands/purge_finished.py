@@ -1,11 +1,8 @@
 """Delete finished requests (and their traces) older than a number of days, now."""
 
-from datetime import timedelta
-
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
-from scheduler.retention import finished_before, keep_days, purge_finished
+from scheduler.retention import cutoff, finished_before, keep_days, purge_finished
 
 
 class Command(BaseCommand):
@@ -28,12 +25,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options) -> None:
-        days = keep_days() if options["days"] is None else options["days"]
-        if days <= 0:
+        before = cutoff(options["days"])
+        if before is None:
             raise CommandError(
                 "--days must be more than 0 (SWITCHYARD_KEEP_FINISHED_DAYS=0 keeps them forever)"
             )
-        before = timezone.now() - timedelta(days=days)
+        days = keep_days() if options["days"] is None else options["days"]
         if options["dry_run"]:
             count = finished_before(before)
             self.stdout.write(f"{count} requests finished more than {days:g} days ago")
