@@ -20,6 +20,7 @@ from django.utils import timezone
 from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.adapters.registry import adapter_for, settings_of
 from backends.models import Health, Server
+from config import event_loop
 
 from . import announce, retention, store, streams, wakeup
 from .batching import Batcher
@@ -102,7 +103,8 @@ class Runtime:
         self.worker_id = await db(store.register_worker)()
         wakeup.subscribe(self.wake)
         await self.take_over()
-        log.info("worker %s started", self.worker_id)
+        loop = event_loop.name(self.loop)
+        log.info("worker %s started on %s's event loop", self.worker_id, loop)
 
     async def take_over(self) -> bool:
         """Take back work from stale workers and re-check loads that nobody holds. True if

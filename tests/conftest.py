@@ -3,6 +3,7 @@ import socket
 import threading
 
 import pytest
+import uvloop
 from django.db import connection
 
 from tests.support.manage_process import ManageProcess
@@ -22,6 +23,12 @@ def database_url() -> str:
         return f"sqlite:///{db['NAME']}"
     auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def event_loop_policy():
+    """Async tests run on the loop Switchyard's processes run on (`config.event_loop`)."""
+    return uvloop.EventLoopPolicy()
 
 
 @pytest.fixture

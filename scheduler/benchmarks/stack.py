@@ -210,10 +210,8 @@ class Stack:
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         if self.db.mode == "postgres+redis":
-            daphne = str(Path(PYTHON).with_name("daphne"))
-            self.spawn(
-                "web", [daphne, "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
-            )
+            web = [PYTHON, "-m", "config.web", "-b", "127.0.0.1", "-p", str(port)]
+            self.spawn("web", [*web, "config.asgi:application"])
             for i in range(self.workers):
                 self.spawn(f"worker-{i + 1}", [PYTHON, "manage.py", "run_scheduler"])
             wait_until(self.web_answers, 30, "daphne")

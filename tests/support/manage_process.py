@@ -1,4 +1,5 @@
-"""A `manage.py` command in a process of its own, started once it says it is ready."""
+"""A `manage.py` command (or another of the project's programs) in a process of its own,
+started once it says it is ready."""
 
 import subprocess
 import sys
@@ -9,9 +10,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ManageProcess:
-    def __init__(self, args: list[str], env: dict[str, str], ready: Callable[[str], bool]):
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        ready: Callable[[str], bool],
+        program: tuple[str, ...] = ("manage.py",),
+        pass_fds: tuple[int, ...] = (),
+    ):
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", *args],
+            [sys.executable, *program, *args],
+            pass_fds=pass_fds,
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -23,7 +32,7 @@ class ManageProcess:
             self.log.append(line)
             if ready(line):
                 return
-        raise RuntimeError(f"manage.py {args[0]} did not start:\n" + "".join(self.log))
+        raise RuntimeError(f"{' '.join(program)} {args[0]} did not start:\n" + "".join(self.log))
 
     def wait_for_line(self, text: str) -> None:
         """Read what it prints until a line says `text`."""

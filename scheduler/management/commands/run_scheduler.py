@@ -4,6 +4,7 @@ import signal
 
 from django.core.management.base import BaseCommand
 
+from config import event_loop
 from scheduler.runtime import Runtime
 
 log = logging.getLogger("scheduler")
@@ -20,7 +21,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, until_idle: bool = False, **options) -> None:
-        asyncio.run(run_worker(until_idle))
+        with asyncio.Runner(loop_factory=event_loop.new_event_loop) as runner:
+            runner.run(run_worker(until_idle))
 
 
 async def run_worker(until_idle: bool = False) -> None:

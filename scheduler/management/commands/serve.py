@@ -7,6 +7,7 @@ from daphne.endpoints import build_endpoint_description_strings
 from daphne.server import Server
 from django.core.management.base import BaseCommand
 
+from config import event_loop
 from config.asgi import application
 from scheduler.runtime import Runtime
 
@@ -28,7 +29,8 @@ class Command(BaseCommand):
         def start_scheduler() -> None:
             if not no_scheduler:
                 tasks.append(asyncio.get_event_loop().create_task(Runtime().run(stop)))
-            self.stdout.write(f"Switchyard is serving on http://{host}:{port}/")
+            loop = event_loop.name(asyncio.get_event_loop())
+            self.stdout.write(f"Switchyard is serving on http://{host}:{port}/ ({loop})")
 
         server = Server(
             application=application,
