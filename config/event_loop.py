@@ -19,10 +19,15 @@ except ImportError:  # Windows
     uvloop = None
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
+def chosen() -> str:
+    """`uvloop` or `asyncio`: what `new_event_loop` makes in this process."""
     if uvloop is None or os.environ.get("SWITCHYARD_EVENT_LOOP", "uvloop") == "asyncio":
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
+        return "asyncio"
+    return "uvloop"
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    return uvloop.new_event_loop() if chosen() == "uvloop" else asyncio.new_event_loop()
 
 
 def install_reactor() -> asyncio.AbstractEventLoop:

@@ -28,7 +28,7 @@ def table(columns: list[str], rows: list[list[Any]]) -> str:
 
 
 def render(outcome: Outcome, meta: dict[str, Any]) -> str:
-    lines = [f"## {outcome.scenario} ({meta['scale']}, {meta['mode']})", ""]
+    lines = [f"## {outcome.scenario} ({meta['scale']}, {meta['mode']}, {meta['event_loop']})", ""]
     lines.append(table(outcome.columns, outcome.rows))
     if outcome.targets:
         lines += [
@@ -84,7 +84,7 @@ def chart(outcome: Outcome, meta: dict[str, Any], path: Path) -> bool:
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         draw(ax, panel)
-    fig.suptitle(f"{outcome.scenario} — {meta['scale']}, {meta['mode']}")
+    fig.suptitle(f"{outcome.scenario} — {meta['scale']}, {meta['mode']}, {meta['event_loop']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

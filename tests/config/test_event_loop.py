@@ -21,11 +21,12 @@ from tests.support.openai_upstream import Upstream
 def test_new_loops_are_uvloops_unless_asyncio_is_asked_for(monkeypatch):
     loop = event_loop.new_event_loop()
     assert isinstance(loop, uvloop.Loop) and event_loop.name(loop) == "uvloop"
+    assert event_loop.chosen() == "uvloop"
     loop.close()
     monkeypatch.setenv("SWITCHYARD_EVENT_LOOP", "asyncio")
     loop = event_loop.new_event_loop()
     assert isinstance(loop, asyncio.BaseEventLoop) and not isinstance(loop, uvloop.Loop)
-    assert event_loop.name(loop) == "asyncio"
+    assert event_loop.name(loop) == "asyncio" and event_loop.chosen() == "asyncio"
     loop.close()
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from config import event_loop
 from scheduler.benchmarks import report
 from scheduler.benchmarks.context import Context
 from scheduler.benchmarks.scenarios import SCENARIOS
@@ -51,6 +52,7 @@ class Command(BaseCommand):
                 meta = {
                     "scale": scale,
                     "mode": db.mode,
+                    "event_loop": event_loop.chosen(),  # the processes inherit the choice
                     "workers": workers if db.mode == "postgres+redis" else 1,
                     "cpus": os.cpu_count(),
                     "python": platform.python_version(),
