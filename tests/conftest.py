@@ -1,3 +1,4 @@
+import asyncio
 import os
 import socket
 import threading
@@ -6,6 +7,7 @@ import pytest
 import uvloop
 from django.db import connection
 
+from config import event_loop
 from tests.support.manage_process import ManageProcess
 from tests.support.openai_upstream import Upstream
 
@@ -28,7 +30,9 @@ def database_url() -> str:
 @pytest.fixture(scope="session")
 def event_loop_policy():
     """Async tests run on the loop Switchyard's processes run on (`config.event_loop`)."""
-    return uvloop.EventLoopPolicy()
+    if event_loop.chosen() == "uvloop":
+        return uvloop.EventLoopPolicy()
+    return asyncio.DefaultEventLoopPolicy()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from tests.support.openai_upstream import Upstream
 
 
 def test_new_loops_are_uvloops_unless_asyncio_is_asked_for(monkeypatch):
+    monkeypatch.delenv("SWITCHYARD_EVENT_LOOP", raising=False)
     loop = event_loop.new_event_loop()
     assert isinstance(loop, uvloop.Loop) and event_loop.name(loop) == "uvloop"
     assert event_loop.chosen() == "uvloop"
