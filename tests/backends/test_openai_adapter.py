@@ -34,6 +34,16 @@ async def test_lists_what_the_server_lists_as_loaded(adapter):
     assert [(m.id, m.state) for m in await adapter.list_models()] == [("qwen3-8b", "loaded")]
 
 
+async def test_keeps_no_cookie_a_server_sets(adapter, upstream):
+    """An adapter's client serves every caller: a cookie that one answer sets must not go
+    with the next caller's request."""
+    upstream.reply_headers = {"Set-Cookie": "session=abc; Path=/"}
+    call = InferenceCall("chat", "qwen3-8b", CHAT)
+    for _ in range(2):
+        await adapter.run(call)
+    assert "cookie" not in {name.lower() for name in upstream.received[-1]["headers"]}
+
+
 async def test_load_checks_the_listing(adapter):
     seen: list[float] = []
     await adapter.load(LoadTarget("qwen3-8b"), seen.append)

@@ -33,8 +33,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
 
-    def send_json(self, status: int, body: Any) -> None:
-        self.send_body(status, json.dumps(body).encode(), "application/json")
+    def send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        self.send_body(status, json.dumps(body).encode(), "application/json", headers)
 
     def send_sse(self, events: list[Any], done: bool = True, keep_alive: bool = False) -> None:
         """`data:` messages and, with `done`, `data: [DONE]`; then the connection closes

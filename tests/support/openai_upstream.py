@@ -15,6 +15,7 @@ class Upstream(LocalServer):
         self.gate: threading.Event | None = None  # when set: inference waits for it
         self.arrived = threading.Event()
         self.chunked_streams = False  # streams end without closing the connection
+        self.reply_headers: dict[str, str] = {}  # sent with every non-streamed answer
         super().__init__()
 
     def handler(self) -> type[Handler]:
@@ -62,7 +63,7 @@ class Upstream(LocalServer):
                 elif body.get("stream"):
                     self.send_sse(stream_chunks(body["model"]), keep_alive=upstream.chunked_streams)
                 else:
-                    self.send_json(200, reply(self.path, body))
+                    self.send_json(200, reply(self.path, body), upstream.reply_headers)
 
         return UpstreamHandler
 
