@@ -13,8 +13,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import aiohttp
 import certifi
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 from .base import Adapter, AdapterError, ErrorCode, InferenceCall, ServerModel
 
@@ -168,6 +170,37 @@ async def with_usage_chunk(
         }
 
 
+MAX_CONNECTIONS = 64  # per server: more than any server's slots
+KEEPALIVE_S = 5.0  # httpx's own default, no longer than servers keep an idle connection
+
+
+def transport() -> AiohttpTransport:
+    """httpx's calls carried by aiohttp's connections: the same client API, with about half
+    of the CPU a call took through httpcore, anyio and h11 (measured against the bench's
+    instant upstream, 1.18-1.47 -> 0.68-0.77 ms per call, streamed 1.54-1.96 -> 0.69-0.93).
+    The session is made on the first call, in the loop that makes it; like the httpx client,
+    it keeps no cookie."""
+    return AiohttpTransport(
+        client=lambda: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S, ssl=ssl_context()
+            ),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+    )
+
+
+TRANSPORT_ERRORS = (httpx.TransportError, aiohttp.ClientError)
+
+
+def connection_error(exc: Exception) -> AdapterError:
+    """A failure to reach the server or to read its answer, named by what went wrong (the
+    transport reports some of aiohttp's errors under a broader httpx name: a dropped
+    connection as `ConnectTimeout`)."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, aiohttp.ClientError) else exc
+    return AdapterError(ErrorCode.CONNECTION, f"{type(cause).__name__}: {cause}")
+
+
 class NoCookies(http.cookiejar.CookieJar):
     """An adapter's client serves every caller, so it keeps no cookie a server sets: one
     caller's would go with the next one's requests. Not reading responses for them also
@@ -199,8 +232,8 @@ class HttpAdapter(Adapter):
             headers=headers,
             verify=ssl_context(),
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
             cookies=NoCookies(),
+            transport=transport(),
         )
         self.read_timeout_s = read_timeout_s
         self.loading: set[str] = set()  # loads this adapter has under way
@@ -224,8 +257,8 @@ class HttpAdapter(Adapter):
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = await self.client.request(method, self.url(path), **kwargs)
-        except httpx.TransportError as exc:
-            raise AdapterError(ErrorCode.CONNECTION, f"{type(exc).__name__}: {exc}") from exc
+        except TRANSPORT_ERRORS as exc:
+            raise connection_error(exc) from exc
         if response.status_code >= 400:
             raise error_from_response(response.status_code, response.text, response.headers)
         return response
@@ -247,8 +280,8 @@ class HttpAdapter(Adapter):
                     body = (await response.aread()).decode(errors="replace")
                     raise error_from_response(response.status_code, body, response.headers)
                 yield response
-        except httpx.TransportError as exc:
-            raise AdapterError(ErrorCode.CONNECTION, f"{type(exc).__name__}: {exc}") from exc
+        except TRANSPORT_ERRORS as exc:
+            raise connection_error(exc) from exc
 
     async def sse_messages(self, response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
         """(event name, data) per SSE message: blank-line framed, `data:` with or without a

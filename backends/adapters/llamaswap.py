@@ -12,7 +12,7 @@ from urllib.parse import quote
 import httpx
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
-from .http import HttpAdapter, error_from_response
+from .http import TRANSPORT_ERRORS, HttpAdapter, connection_error, error_from_response
 
 RUNNING_STATES = {"ready": "loaded", "starting": "loading"}  # stopping: on its way out
 
@@ -42,8 +42,8 @@ class LlamaSwapAdapter(HttpAdapter):
             answer = await self.client.get(
                 f"/upstream/{quote(model, safe='/')}/health", timeout=target.timeout_s
             )
-        except httpx.TransportError as exc:
-            raise AdapterError(ErrorCode.CONNECTION, f"{type(exc).__name__}: {exc}") from exc
+        except TRANSPORT_ERRORS as exc:
+            raise connection_error(exc) from exc
         # Any answer from the upstream (even a 404 from a server without /health) means it
         # is up; only llama-swap's own errors (marked `"src": "llama-swap"`) concern the load.
         if answer.status_code >= 400 and own_error(answer):

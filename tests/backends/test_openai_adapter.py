@@ -1,5 +1,7 @@
 """The generic OpenAI-compatible adapter against the test upstream and a replay."""
 
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 
@@ -111,6 +113,49 @@ async def test_a_refused_connection_is_a_connection_error(upstream, adapter):
     with pytest.raises(AdapterError) as raised:
         await adapter.health()
     assert raised.value.code == ErrorCode.CONNECTION
+
+
+@pytest.fixture
+def rude_server() -> Iterator[tuple[str, list[bytes]]]:
+    """A TCP server on 127.0.0.1 that reads each request and answers with what the test
+    puts in its list (nothing: it hangs up), then closes the connection."""
+    answers: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answers[0] if answers else b"")
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}", answers
+    listener.close()
+
+
+@pytest.mark.parametrize(
+    "answer, named",
+    [
+        (b"", "ServerDisconnectedError"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "ClientResponseError"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{", "ClientPayloadError"),
+    ],
+)
+async def test_a_dropped_or_garbled_answer_is_a_connection_error_that_says_so(
+    rude_server, adapter_on, answer, named
+):
+    """Whatever the connection's failure, a call ends in one error the runtime knows, and the
+    message names what happened (not the name the transport files it under)."""
+    url, answers = rude_server
+    answers.append(answer)
+    with pytest.raises(AdapterError) as raised:
+        await adapter_on(url).run(InferenceCall("chat", "m", CHAT))
+    assert raised.value.code == ErrorCode.CONNECTION
+    assert raised.value.message.startswith(named)
 
 
 async def test_retry_after_ms_is_read(server, adapter_on):

@@ -4,6 +4,8 @@ streaming, a record of every request, and failures on demand."""
 import threading
 from typing import Any
 
+import httpx
+
 from tests.support.local_server import Handler, LocalServer
 
 
@@ -34,7 +36,7 @@ class Upstream(LocalServer):
                     {
                         "path": self.path,
                         "body": body,
-                        "headers": dict(self.headers),
+                        "headers": httpx.Headers(dict(self.headers)),  # any case, as on the wire
                         "peer": self.client_address,
                     }
                 )

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
+
 from tests.support.local_server import Handler, LocalServer
 
 
@@ -41,7 +43,7 @@ class Seen:
     path: str
     query: dict[str, list[str]]
     body: Any
-    headers: dict[str, str]
+    headers: httpx.Headers  # names match in any case, as on the wire
 
 
 def sse(*events: Any, done: bool = True, named: list[str] | None = None) -> list[str]:
@@ -80,7 +82,13 @@ class ReplayServer(LocalServer):
                 except ValueError:
                     body = raw.decode()
                 reply = replay.record(
-                    Seen(self.command, url.path, parse_qs(url.query), body, dict(self.headers))
+                    Seen(
+                        self.command,
+                        url.path,
+                        parse_qs(url.query),
+                        body,
+                        httpx.Headers(dict(self.headers)),
+                    )
                 )
                 if isinstance(reply, Stream):
                     self.write_stream(reply)
