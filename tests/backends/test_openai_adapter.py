@@ -1,5 +1,6 @@
 """The generic OpenAI-compatible adapter against the test upstream and a replay."""
 
+import asyncio
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -156,6 +157,36 @@ async def test_a_dropped_or_garbled_answer_is_a_connection_error_that_says_so(
         await adapter_on(url).run(InferenceCall("chat", "m", CHAT))
     assert raised.value.code == ErrorCode.CONNECTION
     assert raised.value.message.startswith(named)
+
+
+async def test_a_stream_given_up_closes_its_connection(adapter_on):
+    """A stream the worker stops reading (its task cancelled, the caller gone) must not go
+    back to the pool half read: closing the connection is what stops the server's work."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            data = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+            conn.sendall(b"%x\r\n%s\r\n" % (len(data), data))  # and no end: still generating
+            conn.settimeout(10)
+            if conn.recv(1) == b"":
+                closed.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    call = InferenceCall("chat", "m", {**CHAT, "stream": True}, stream=True)
+    with listener:
+        stream = adapter_on(f"http://127.0.0.1:{listener.getsockname()[1]}").stream(call)
+        first = await anext(stream)
+        await stream.aclose()
+        assert first["choices"][0]["delta"]["content"] == "a"
+        assert await asyncio.to_thread(closed.wait, 10)
 
 
 async def test_retry_after_ms_is_read(server, adapter_on):
