@@ -171,7 +171,9 @@ async def with_usage_chunk(
 
 
 MAX_CONNECTIONS = 64  # per server: more than any server's slots
-KEEPALIVE_S = 5.0  # httpx's own default, no longer than servers keep an idle connection
+# Under the 5 s that llama-server, uvicorn (vLLM) and Node (LM Studio) keep an idle
+# connection: closed here first, a call never goes out on one the server is closing.
+KEEPALIVE_S = 4.0
 
 
 def transport(max_connections: int = MAX_CONNECTIONS) -> AiohttpTransport:
