@@ -419,8 +419,11 @@ class Runtime:
     async def adapter(self, server_id: int) -> Adapter:
         if server_id not in self.adapters:
             server = await db(store.server_by_id)(server_id)
-            self.adapters[server_id] = adapter_for(server)
-            self.built_from[server_id] = settings_of(server)
+            # Tasks that start together (a status sync, a first call) all come here: one
+            # builds the adapter, the others use it (one replaced would never be closed).
+            if server_id not in self.adapters:
+                self.adapters[server_id] = adapter_for(server)
+                self.built_from[server_id] = settings_of(server)
         return self.adapters[server_id]
 
     def retire_stale_adapter(self, server: Server) -> None:

@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from backends.adapters.simulated import simulated_server
-from backends.models import Deployment, DeploymentState
+from backends.models import Deployment, DeploymentState, Server
 from scheduler import store
 from scheduler.api import intake
 from scheduler.models import Request, State, Worker
@@ -154,6 +154,8 @@ async def test_a_model_serving_a_request_is_never_evicted(knobs):
         first = await db(setup)()
         async with Running() as running:
             assert await asyncio.to_thread(upstream.arrived.wait, 10)
+            # The worker's first status sync, begun with the first pass, has its answer.
+            await running.until(lambda: Server.objects.get(name="up").last_seen)
             upstream.models.append("idle")
             second = await db(factories.request)("idle")
             await running.passes(3)
@@ -174,6 +176,16 @@ async def test_a_model_serving_a_request_is_never_evicted(knobs):
         await db(check)()
     finally:
         upstream.close()
+
+
+async def test_tasks_that_start_together_share_one_adapter():
+    """A status sync and a first call ask for a server's adapter at once: they get the
+    same one, and no adapter (with its open connections) is built only to be dropped."""
+    server = await db(factories.server)("up", kind="openai", base_url="http://127.0.0.1:9")
+    runtime = Runtime()
+    first, second = await asyncio.gather(runtime.adapter(server.pk), runtime.adapter(server.pk))
+    assert first is second
+    await first.close()
 
 
 async def test_a_new_request_wakes_an_idle_worker_long_before_its_poll(knobs):
