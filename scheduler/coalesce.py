@@ -12,9 +12,17 @@ class Coalescer:
     """Runs `push` at most once per `interval_s`, and always once more after the last hint:
     hints that arrive while a push waits or runs fold into the next push."""
 
-    def __init__(self, push: Callable[[], Awaitable[None]], interval_s: float) -> None:
+    def __init__(
+        self,
+        push: Callable[[], Awaitable[None]],
+        interval_s: float,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.push = push
         self.interval_s = interval_s
+        self.clock = clock  # the running loop's, unless a test brings a virtual one
+        self.sleep = sleep
         self.dirty = False
         self.last_push = float("-inf")
         self.task: asyncio.Task | None = None
@@ -25,13 +33,13 @@ class Coalescer:
             self.task = asyncio.create_task(self.drain())
 
     async def drain(self) -> None:
-        loop = asyncio.get_running_loop()
+        now = self.clock or asyncio.get_running_loop().time
         while self.dirty:
-            wait = self.last_push + self.interval_s - loop.time()
+            wait = self.last_push + self.interval_s - now()
             if wait > 0:
-                await asyncio.sleep(wait)  # rate limit, not a wait for an event
+                await self.sleep(wait)  # rate limit, not a wait for an event
             self.dirty = False  # hints from here on need another push
-            self.last_push = loop.time()
+            self.last_push = now()
             try:
                 await self.push()
             except Exception:  # the next hint tries again; the page keeps its last state
