@@ -12,11 +12,15 @@ config.web` install the reactor on our loop before anything else; daphne then ke
 
 import asyncio
 import os
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 try:
     import uvloop
 except ImportError:  # Windows
     uvloop = None
+
+T = TypeVar("T")
 
 
 def chosen() -> str:
@@ -28,6 +32,12 @@ def chosen() -> str:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop() if chosen() == "uvloop" else asyncio.new_event_loop()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run`, on the chosen loop."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(main)
 
 
 def install_reactor() -> asyncio.AbstractEventLoop:

@@ -118,5 +118,4 @@ async def main(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    with asyncio.Runner(loop_factory=event_loop.new_event_loop) as runner:
-        print(json.dumps(runner.run(main(json.load(sys.stdin)))))
+    print(json.dumps(event_loop.run(main(json.load(sys.stdin)))))

@@ -118,5 +118,4 @@ if __name__ == "__main__":
     args = parser.parse_args()
     # Switchyard's loop: the less of the host's CPU the upstream takes, the more is left for
     # what is measured (as with a server on a host of its own).
-    with asyncio.Runner(loop_factory=event_loop.new_event_loop) as runner:
-        runner.run(main(args.port, args.models.split(",")))
+    event_loop.run(main(args.port, args.models.split(",")))

@@ -31,6 +31,17 @@ def test_new_loops_are_uvloops_unless_asyncio_is_asked_for(monkeypatch):
     loop.close()
 
 
+async def running_loop() -> str:
+    return event_loop.name(asyncio.get_running_loop())
+
+
+def test_run_runs_a_coroutine_to_its_result_on_the_chosen_loop(monkeypatch):
+    monkeypatch.delenv("SWITCHYARD_EVENT_LOOP", raising=False)
+    assert event_loop.run(running_loop()) == "uvloop"
+    monkeypatch.setenv("SWITCHYARD_EVENT_LOOP", "asyncio")
+    assert event_loop.run(running_loop()) == "asyncio"
+
+
 @pytest.fixture
 def upstream():
     up = Upstream(["m1"])

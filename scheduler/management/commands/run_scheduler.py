@@ -21,8 +21,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, until_idle: bool = False, **options) -> None:
-        with asyncio.Runner(loop_factory=event_loop.new_event_loop) as runner:
-            runner.run(run_worker(until_idle))
+        event_loop.run(run_worker(until_idle))
 
 
 async def run_worker(until_idle: bool = False) -> None:
