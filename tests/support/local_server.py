@@ -7,12 +7,18 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
+import httpx
+
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the servers the adapters talk to
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line a request would bury the test output
+
+    def headers_seen(self) -> httpx.Headers:
+        """The request's headers, every one kept, found by name in any case (as on the wire)."""
+        return httpx.Headers(list(self.headers.items()))
 
     def read_body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)

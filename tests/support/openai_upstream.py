@@ -4,8 +4,6 @@ streaming, a record of every request, and failures on demand."""
 import threading
 from typing import Any
 
-import httpx
-
 from tests.support.local_server import Handler, LocalServer
 
 
@@ -36,7 +34,7 @@ class Upstream(LocalServer):
                     {
                         "path": self.path,
                         "body": body,
-                        "headers": httpx.Headers(dict(self.headers)),  # any case, as on the wire
+                        "headers": self.headers_seen(),
                         "peer": self.client_address,
                     }
                 )

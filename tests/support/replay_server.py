@@ -81,15 +81,8 @@ class ReplayServer(LocalServer):
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = raw.decode()
-                reply = replay.record(
-                    Seen(
-                        self.command,
-                        url.path,
-                        parse_qs(url.query),
-                        body,
-                        httpx.Headers(dict(self.headers)),
-                    )
-                )
+                seen = Seen(self.command, url.path, parse_qs(url.query), body, self.headers_seen())
+                reply = replay.record(seen)
                 if isinstance(reply, Stream):
                     self.write_stream(reply)
                 else:
