@@ -116,26 +116,35 @@ async def test_a_refused_connection_is_a_connection_error(upstream, adapter):
     assert raised.value.code == ErrorCode.CONNECTION
 
 
+Answer = Callable[[socket.socket], None]
+
+
 @pytest.fixture
-def rude_server() -> Iterator[tuple[str, list[bytes]]]:
-    """A TCP server on 127.0.0.1 that reads each request and answers with what the test
-    puts in its list (nothing: it hangs up), then closes the connection."""
-    answers: list[bytes] = []
-    listener = socket.create_server(("127.0.0.1", 0))
+def raw_server() -> Iterator[Callable[[Answer], str]]:
+    """Starts TCP servers on 127.0.0.1 that read each request and leave the connection to
+    the test's `answer` (then close it): for answers no HTTP server of ours would send."""
+    listeners: list[socket.socket] = []
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # closed: the test is over
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(answers[0] if answers else b"")
+    def start(answer: Answer) -> str:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
 
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}", answers
-    listener.close()
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:  # closed: the test is over
+                    return
+                with conn:
+                    conn.recv(65536)
+                    answer(conn)
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    yield start
+    for listener in listeners:
+        listener.close()
 
 
 @pytest.mark.parametrize(
@@ -147,46 +156,39 @@ def rude_server() -> Iterator[tuple[str, list[bytes]]]:
     ],
 )
 async def test_a_dropped_or_garbled_answer_is_a_connection_error_that_says_so(
-    rude_server, adapter_on, answer, named
+    raw_server, adapter_on, answer, named
 ):
     """Whatever the connection's failure, a call ends in one error the runtime knows, and the
     message names what happened (not the name the transport files it under)."""
-    url, answers = rude_server
-    answers.append(answer)
+    url = raw_server(lambda conn: conn.sendall(answer))
     with pytest.raises(AdapterError) as raised:
         await adapter_on(url).run(InferenceCall("chat", "m", CHAT))
     assert raised.value.code == ErrorCode.CONNECTION
     assert raised.value.message.startswith(named)
 
 
-async def test_a_stream_given_up_closes_its_connection(adapter_on):
+async def test_a_stream_given_up_closes_its_connection(raw_server, adapter_on):
     """A stream the worker stops reading (its task cancelled, the caller gone) must not go
     back to the pool half read: closing the connection is what stops the server's work."""
-    listener = socket.create_server(("127.0.0.1", 0))
     closed = threading.Event()
 
-    def serve() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(65536)
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                b"Transfer-Encoding: chunked\r\n\r\n"
-            )
-            data = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
-            conn.sendall(b"%x\r\n%s\r\n" % (len(data), data))  # and no end: still generating
-            conn.settimeout(10)
-            if conn.recv(1) == b"":
-                closed.set()
+    def still_generating(conn: socket.socket) -> None:
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        data = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+        conn.sendall(b"%x\r\n%s\r\n" % (len(data), data))  # and no end of the body
+        conn.settimeout(10)
+        if conn.recv(1) == b"":
+            closed.set()
 
-    threading.Thread(target=serve, daemon=True).start()
     call = InferenceCall("chat", "m", {**CHAT, "stream": True}, stream=True)
-    with listener:
-        stream = adapter_on(f"http://127.0.0.1:{listener.getsockname()[1]}").stream(call)
-        first = await anext(stream)
-        await stream.aclose()
-        assert first["choices"][0]["delta"]["content"] == "a"
-        assert await asyncio.to_thread(closed.wait, 10)
+    stream = adapter_on(raw_server(still_generating)).stream(call)
+    first = await anext(stream)
+    await stream.aclose()
+    assert first["choices"][0]["delta"]["content"] == "a"
+    assert await asyncio.to_thread(closed.wait, 10)
 
 
 async def test_retry_after_ms_is_read(server, adapter_on):
