@@ -2,18 +2,18 @@
 the next call, as one list (one transaction instead of one each)."""
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
-
-from asgiref.sync import sync_to_async
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
 class Batcher(Generic[Item, Result]):
-    def __init__(self, write: Callable[[list[Item]], list[Result]], running: set) -> None:
-        self.write = sync_to_async(write)
+    def __init__(
+        self, write: Callable[[list[Item]], Awaitable[list[Result]]], running: set
+    ) -> None:
+        self.write = write  # one call at a time
         self.queued: list[tuple[Item, asyncio.Future[Result]]] = []
         self.flusher: asyncio.Task | None = None
         self.running = running  # the owner's set of chores, awaited when it stops

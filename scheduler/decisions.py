@@ -71,6 +71,19 @@ class Dispatch:
 
 
 @dataclass(frozen=True, slots=True)
+class SendNext:
+    """When a slot frees on `server_id` (its requests all busy now), send `request_id` to
+    `deployment_id`: what a pass would send to that slot, known before it frees. The worker
+    sends it in the write that frees the slot, without waiting for a pass; one sent
+    elsewhere meanwhile, or gone, is left to the pass. Not past `expires_at`."""
+
+    server_id: int
+    request_id: UUID
+    deployment_id: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Probe:
     """The server's cooldown is over: one health check decides if it is back."""
 
@@ -86,5 +99,15 @@ class Defer:
 
 
 Decision = (
-    Expire | Fail | Route | Requeue | MarkReady | StartLoad | Unload | Dispatch | Probe | Defer
+    Expire
+    | Fail
+    | Route
+    | Requeue
+    | MarkReady
+    | StartLoad
+    | Unload
+    | Dispatch
+    | SendNext
+    | Probe
+    | Defer
 )

@@ -13,7 +13,9 @@ Read `scheduler/README.md` first. One pass, in this order:
 3. dispatch ready requests into free slots, best first, on any server that has their
    model loaded (their own first);
 4. housekeeping: unload models idle past their TTL, preload marked deployments;
-5. one `Defer` for the earliest moment something above changes by itself.
+5. for each server with every slot busy, what step 3 would send there as its slots free
+   (`SendNext`), unless a request still waits to be placed for a model it holds;
+6. one `Defer` for the earliest moment something above changes by itself.
 
 "Best first" is (effective class, arrival, id). The effective class of a request is its
 priority minus one for every `aging_step_s` it has waited; it keeps falling below 0 so that
@@ -36,6 +38,7 @@ from .decisions import (
     Probe,
     Requeue,
     Route,
+    SendNext,
     StartLoad,
     Unload,
 )
@@ -160,6 +163,7 @@ class _Pass:
         self.route_pending()
         self.dispatch()
         self.housekeeping()
+        self.send_next()
         if self.wake_times:
             at, reason = min(self.wake_times, key=lambda t: t[0])
             self.decisions.append(Defer(at, reason))
@@ -459,6 +463,37 @@ class _Pass:
             ):
                 return d
         return None
+
+    def send_next(self) -> None:
+        """For each usable server whose slots are all busy: the ready requests that
+        `dispatch` would send there as its slots free, best first, one per slot. None where
+        a request still waits to be placed for a model the server holds: an idle slot may be
+        what it waits for (a load that evicts)."""
+        unplaced = {r.model for r in self.requests.values() if r.state == "pending"}
+        ready = [r for r in self.ranked("ready") if not r.not_before or r.not_before <= self.now]
+        for s in self.servers.values():
+            here = sorted(self.on_server(s.id), key=lambda d: d.id)
+            if (
+                not ready
+                or not self.usable(s.id)
+                or self.in_flight[s.id] < s.slots
+                or any(d.model in unplaced for d in here)
+            ):
+                continue
+            loaded: dict[str, DeploymentView] = {}
+            for d in here:
+                if d.state == "loaded":
+                    loaded.setdefault(d.model, d)
+            nexts = 0
+            for r in ready:
+                own = self.deployments.get(r.deployment_id) if r.deployment_id else None
+                d = own if own is not None and own.server_id == s.id else loaded.get(r.model)
+                if d is None or d.state != "loaded":
+                    continue
+                self.decisions.append(SendNext(s.id, r.id, d.id, r.expires_at))
+                nexts += 1
+                if nexts == s.slots:
+                    break
 
     # -- housekeeping --------------------------------------------------------------------
 

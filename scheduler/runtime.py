@@ -34,6 +34,7 @@ from .decisions import (
     Probe,
     Requeue,
     Route,
+    SendNext,
     StartLoad,
     Unload,
 )
@@ -66,12 +67,12 @@ class Runtime:
         self.retired: list[Adapter] = []  # replaced after an edit; closed at stop
         self.tasks: dict[str, asyncio.Task] = {}
         self.chores: set[asyncio.Future] = set()  # DB writes no task waits for to the end
-        self.completions = Batcher(store.requests_completed, self.chores)
+        self.completions = Batcher(self.write_completions, self.chores)
+        # Per server, what the last pass planned for its slots as they free (`SendNext`).
+        self.next_sends: dict[int, list[SendNext]] = {}
+        self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_context: contextvars.Context | None = None
-        # The requests a pass's write sent before its commit came back, and the event that
-        # tells their relays it did (see `serve_soon`).
-        self.uncommitted: tuple[asyncio.Event, list[asyncio.Task]] | None = None
         self.wake = asyncio.Event()
         self.next_wake: datetime | None = None
         self.knobs = settings.SWITCHYARD
@@ -120,6 +121,7 @@ class Runtime:
         the other tasks, then hand back what this worker held so that any worker (this one,
         restarted, or another) runs it again."""
         wakeup.unsubscribe(self.wake)
+        self.stopping = True  # a slot freed now stays free: this worker sends no more
         await self.drain()
         for task in self.tasks.values():
             task.cancel()
@@ -248,7 +250,7 @@ class Runtime:
 
     async def step(self) -> list[Decision]:
         """One snapshot, plan and execute pass. Returns what it did (Defer excluded)."""
-        snapshot, decisions, first = await self.committed(db(self.plan_and_write)())
+        snapshot, decisions, first = await self.committed(self.plan_and_write)
         self.next_wake = None
         done: list[Decision] = []
         self.dropped = 0
@@ -269,12 +271,12 @@ class Runtime:
             if batch.add(decision):
                 continue
             if batch.size:
-                finish(await self.committed(db(batch.write)()))
+                finish(await self.committed(batch.write))
                 batch = Batch(self)
             if not batch.add(decision):
                 record(decision, await self.execute(decision))
         if batch.size:
-            finish(await self.committed(db(batch.write)()))
+            finish(await self.committed(batch.write))
         # Those it sent or ended wait no more: their completion alone calls for no pass.
         ended = {d.request_id for d in done if isinstance(d, Dispatch | Expire | Fail)}
         models = {r.model for r in snapshot.requests if r.id not in ended}
@@ -282,53 +284,77 @@ class Runtime:
         self.waiting_for = {d.server_id for d in snapshot.deployments if d.model in models}
         return done
 
-    def plan_and_write(self) -> tuple[Snapshot, list[Decision], "Batch"]:
+    def plan_and_write(self, send_now: store.Sending) -> tuple[Snapshot, list[Decision], "Batch"]:
         """In the database thread: read the snapshot, plan, and write the plan's leading
         request moves and sends (most passes are only those): one trip to the thread, not
-        two."""
+        two. The plan's `SendNext` replace the last pass's at once: a slot may free before
+        this pass's writes are done."""
         snapshot = self.snapshots.read(self.config)
         self.server_of = {d.id: d.server_id for d in snapshot.deployments}
         decisions = plan(snapshot, self.clock())
+        nexts = [d for d in decisions if isinstance(d, SendNext)]
+        decisions = [d for d in decisions if not isinstance(d, SendNext)]
+        self.call_on_loop(self.plan_next_sends, nexts)
         batch = Batch(self)
         for decision in decisions:
             if not batch.add(decision):
                 break
-        return snapshot, decisions, batch.write() if batch.size else batch
+        return snapshot, decisions, batch.write(send_now) if batch.size else batch
 
-    def serve_soon(self, jobs: list[store.ServeJob]) -> None:
-        """In the database thread, once a dispatch holds its rows' and slots' locks and
-        before its commit: start the calls to the servers now, so that the commit's round
+    def plan_next_sends(self, nexts: list[SendNext]) -> None:
+        self.next_sends = {}
+        for n in nexts:
+            self.next_sends.setdefault(n.server_id, []).append(n)
+
+    def next_send(self, server_id: int) -> tuple[Any, int] | None:
+        """The request planned for the slot that just freed on the server, if any is still
+        due: taken from every server's plan (it is sent once)."""
+        if self.stopping:
+            return None
+        planned = self.next_sends.get(server_id)
+        now = self.clock()
+        while planned:
+            n = planned.pop(0)
+            if n.expires_at > now:
+                for others in self.next_sends.values():
+                    others[:] = [o for o in others if o.request_id != n.request_id]
+                return n.request_id, n.deployment_id
+        return None
+
+    def call_on_loop(self, callback: Callable[..., None], *args: Any) -> None:
+        """From the database thread, in the loop's context, not this thread's: asgiref
+        marks the database thread's context, and a task born in it could never call that
+        thread again."""
+        assert self.loop is not None and self.loop_context is not None
+        self.loop.call_soon_threadsafe(callback, *args, context=self.loop_context)
+
+    async def committed(self, write: Callable[[store.Sending], T]) -> T:
+        """Run a write in the database thread that may send requests before its commit:
+        given a `send_now`, it hands over the jobs as soon as their rows' and slots' locks
+        are held, and their calls to the servers start at once, so that the commit's round
         trip (and the hop back to the loop) runs beside them instead of before them. What
         the commit writes is already decided by the locks; should it fail all the same (the
         database went away), the calls are cancelled. A streamed answer's chunks wait for
         the commit, and the request's end is written after it (one database thread)."""
-        assert self.loop is not None and self.loop_context is not None
-        # In the loop's context, not this thread's: asgiref marks the database thread's
-        # context, and a task born in it could never call that thread again.
-        self.loop.call_soon_threadsafe(self.start_serving, jobs, context=self.loop_context)
+        commit = asyncio.Event()
+        tasks: list[asyncio.Task] = []
 
-    def start_serving(self, jobs: list[store.ServeJob]) -> None:
-        if self.uncommitted is None:
-            self.uncommitted = (asyncio.Event(), [])
-        commit, tasks = self.uncommitted
-        for job in jobs:
-            tasks.append(self.spawn(f"serve {job.request_id}", self.serve(job, commit)))
+        def start_serving(jobs: list[store.ServeJob]) -> None:
+            for job in jobs:
+                tasks.append(self.spawn(f"serve {job.request_id}", self.serve(job, commit)))
 
-    async def committed(self, write: Coroutine[Any, Any, T]) -> T:
-        """Await a write that may send requests (`serve_soon`, which runs on the loop before
-        the write returns here): then confirm their commit, or cancel them."""
         try:
-            result = await write
+            result = await db(write)(lambda jobs: self.call_on_loop(start_serving, jobs))
         except BaseException:
-            if self.uncommitted is not None:
-                for task in self.uncommitted[1]:
-                    task.cancel()
+            # The calls it started came back to the loop before its outcome did.
+            for task in tasks:
+                task.cancel()
             raise
-        finally:
-            commit, self.uncommitted = self.uncommitted, None
-        if commit is not None:
-            commit[0].set()
+        commit.set()
         return result
+
+    async def write_completions(self, answers: list[store.Answer]) -> list[bool]:
+        return await self.committed(lambda send_now: store.requests_completed(answers, send_now))
 
     def transition_for(self, decision: Decision) -> Transition | None:
         """The request transition that carries out `decision`, if that is all it takes."""
@@ -516,7 +542,8 @@ class Runtime:
             error = AdapterError(ErrorCode.SERVER_ERROR, repr(exc))
             await self.serve_failed(job, error, may_retry=False)
             return
-        answer = store.Answer(job, result, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        answer = store.Answer(job, result, seconds, self.next_send(job.server_id))
         if not await self.completions.submit(answer):
             log.warning("request %s finished after it was taken over; result dropped", job)
         self.server_answered(job.server_id)
@@ -553,6 +580,7 @@ class Runtime:
 
     async def serve_failed(self, job: store.ServeJob, error: AdapterError, may_retry: bool) -> None:
         self.forget_answers(job.server_id)
+        self.next_sends.pop(job.server_id, None)  # the next pass knows how the server is
         state = await db(store.request_failed)(job, error, may_retry)
         log.warning(
             "request %s on %s: %s (%s) → %s",
@@ -618,7 +646,7 @@ class Batch:
     """Consecutive request transitions, then the dispatches that follow them: written in one
     transaction (a pass that routes and sends thirty requests commits once), in the order
     planned. After `write`, each decision's result; its sends are being served already
-    (`Runtime.serve_soon`)."""
+    (`Runtime.committed`)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -642,11 +670,11 @@ class Batch:
             return True
         return False
 
-    def write(self) -> "Batch":
+    def write(self, send_now: store.Sending) -> "Batch":
         """In the database thread."""
         pairs = [(d.request_id, d.deployment_id) for d in self.sends]
         moved, jobs = store.move_and_dispatch(
-            [t for _, t in self.transitions], pairs, self.runtime.worker_id, self.runtime.serve_soon
+            [t for _, t in self.transitions], pairs, self.runtime.worker_id, send_now
         )
         self.results = [(d, ok) for (d, _), ok in zip(self.transitions, moved, strict=True)]
         self.results += [(d, job is not None) for d, job in zip(self.sends, jobs, strict=True)]

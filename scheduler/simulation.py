@@ -36,6 +36,7 @@ from .decisions import (
     Probe,
     Requeue,
     Route,
+    SendNext,
     StartLoad,
     Unload,
 )
@@ -236,6 +237,10 @@ class _PolicySimulation:
                 return self.dispatch(rid, did)
             case Probe():
                 # Simulated servers never fail, so they are never in cooldown to probe.
+                return False
+            case SendNext():
+                # Here every finish is followed by a pass at the same instant, which sends
+                # what the worker would have sent in the freed slot's own write.
                 return False
         raise TypeError(f"unknown decision {decision!r}")
 

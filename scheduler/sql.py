@@ -153,9 +153,22 @@ def writes_at_end(commit: bool = False) -> Iterator[None]:
         writes = _held.writes
     finally:
         _held.writes = None
+    if writes and settings.IS_POSTGRES and commit and _outermost_block():
+        writes.append(("COMMIT", [], Written()))
+    _send(writes)
+
+
+def send_held_writes() -> None:
+    """Inside `writes_at_end`: send the writes held so far now, for what follows to read
+    what they wrote."""
+    writes = getattr(_held, "writes", None)
+    if writes:
+        _held.writes = []
+        _send(writes)
+
+
+def _send(writes: list[tuple[str, Sequence[Any], Written]]) -> None:
     if writes and settings.IS_POSTGRES:
-        if commit and _outermost_block():
-            writes.append(("COMMIT", [], Written()))
         _run_each([(s, p) for s, p, _ in writes], [w for _, _, w in writes])
     else:
         for statement, params, written in writes:

@@ -536,7 +536,7 @@ def dispatch_all(
     `routes`: the moves from pending to ready of requests routed in the same pass; one that
     is sent moves once, pending to processing (its trace still shows both steps).
     `send_now`: given the jobs as soon as they are known, under the rows' locks and before
-    the commit (see `Runtime.serve_soon`)."""
+    the commit (see `Runtime.committed`)."""
     routes = routes or {}
     if not sends:
         return []
@@ -684,12 +684,23 @@ class Answer:
     job: ServeJob
     result: dict
     seconds: float
+    # The request planned for the slot this answer frees (a pass's `SendNext`): (request,
+    # deployment).
+    then_send: tuple[Any, int] | None = None
 
 
-def requests_completed(answers: list[Answer]) -> list[bool]:
-    """Store the results, in one transaction (on PostgreSQL, one round trip). False for a
-    request taken from this worker meanwhile."""
+def requests_completed(answers: list[Answer], send_now: Sending | None = None) -> list[bool]:
+    """Store the results, in one transaction (on PostgreSQL, one round trip), and send the
+    requests planned for the slots they free, given to `send_now` as `dispatch_all` does
+    (two more round trips: the sends read the freed slots). False for a request taken from
+    this worker meanwhile; its slot is not ours to fill."""
+    sends = [a.then_send for a in answers if a.then_send is not None]
     with sql.atomic():
+        if sends:
+            # Servers before deployments, as every dispatch locks them: no two workers wait
+            # for each other.
+            deployments = {did for _, did in sends} | {a.job.deployment_id for a in answers}
+            sql.write_later(*_lock_servers(sorted(deployments)))
         ends = []
         for a in answers:
             end = end_later(
@@ -705,6 +716,13 @@ def requests_completed(answers: list[Answer]) -> list[bool]:
             )
             _release(a.job.deployment_id, a.seconds, only_if=end.condition)
             ends.append(end)
+        if sends:
+            sql.send_held_writes()
+            # An end made was held by its job's worker id, which is then this worker's own.
+            made = [a for a, end in zip(answers, ends, strict=True) if end.made and a.then_send]
+            if made:
+                sends = [a.then_send for a in made if a.then_send is not None]
+                dispatch_all(sends, made[0].job.worker_id, send_now=send_now)
     return [end.made for end in ends]
 
 

@@ -4,6 +4,7 @@ import asyncio
 import threading
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from scheduler.batching import Batcher
 
@@ -27,7 +28,7 @@ class GatedWrite:
 
 async def test_submissions_during_a_write_share_the_next_one():
     write, chores = GatedWrite(), set()
-    batcher = Batcher(write, chores)
+    batcher = Batcher(sync_to_async(write), chores)
     first = asyncio.create_task(batcher.submit("a"))
     await asyncio.to_thread(write.started.wait, 10)
     rest = [asyncio.create_task(batcher.submit(item)) for item in ("b", "c")]
@@ -43,7 +44,7 @@ async def test_submissions_during_a_write_share_the_next_one():
 
 async def test_a_failed_write_fails_its_batch_and_a_cancelled_submitter_still_writes():
     write, chores = GatedWrite(), set()
-    batcher = Batcher(write, chores)
+    batcher = Batcher(sync_to_async(write), chores)
     gone = asyncio.create_task(batcher.submit("a"))
     await asyncio.to_thread(write.started.wait, 10)
     bad = asyncio.create_task(batcher.submit("bad"))

@@ -249,6 +249,64 @@ async def test_requests_a_pass_sent_count_as_waiting_no_more():
         await rt.stop()
 
 
+def _one_slot_upstream(upstream: Upstream) -> list[Request]:
+    srv = factories.server("up", kind="openai", base_url=upstream.url, slots=1)
+    factories.deployment(srv, "m1", state=DeploymentState.LOADED)
+    return [factories.request("m1") for _ in range(2)]
+
+
+async def _serving_ended(rt: Runtime) -> None:
+    """Until no request is at its server (those sent by a completion included)."""
+    while serving := [t for name, t in rt.tasks.items() if name.startswith("serve ")]:
+        await asyncio.wait_for(asyncio.gather(*serving), 10)  # a guard only
+
+
+async def test_a_freed_slot_takes_the_planned_request_without_waiting_for_a_pass():
+    """One slot, two requests: one pass sends the first and plans the second for the slot.
+    The first one's completion sends it; no second pass runs. Breaks if the freed slot
+    waited for the loop to wake, snapshot and plan again."""
+    upstream = Upstream(["m1"])
+    upstream.gate = threading.Event()
+    try:
+        first, second = await db(_one_slot_upstream)(upstream)
+        rt = Runtime()
+        await rt.start()
+        try:
+            await rt.step()
+            assert await asyncio.to_thread(upstream.arrived.wait, 10)
+            assert await db(state_of)(second) == State.READY
+            upstream.gate.set()
+            await _serving_ended(rt)
+            assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED] * 2
+            assert len(upstream.received) == 2
+        finally:
+            await rt.stop()
+    finally:
+        upstream.close()
+
+
+async def test_a_stopping_worker_leaves_a_freed_slot_empty(knobs):
+    """While it drains, a worker sends nothing new: the planned request waits for a worker
+    that stays."""
+    knobs(DRAIN_S=10)
+    upstream = Upstream(["m1"])
+    upstream.gate = threading.Event()
+    try:
+        first, second = await db(_one_slot_upstream)(upstream)
+        rt = Runtime()
+        await rt.start()
+        await rt.step()
+        assert await asyncio.to_thread(upstream.arrived.wait, 10)
+        stopping = asyncio.create_task(rt.stop())
+        await asyncio.sleep(0)  # a yield: the stop begins, and waits for the request out
+        upstream.gate.set()
+        await stopping
+        assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED, State.READY]
+        assert len(upstream.received) == 1
+    finally:
+        upstream.close()
+
+
 async def test_after_a_pass_only_servers_with_a_waiting_model_call_for_a_pass_when_freed():
     def setup():
         s1, s2 = factories.server("s1", slots=1), factories.server("parked", enabled=False)

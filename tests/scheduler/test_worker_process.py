@@ -341,6 +341,64 @@ def test_a_completion_after_a_take_over_writes_and_announces_nothing(monkeypatch
     assert announced == [(kept.pk, State.COMPLETED)]
 
 
+def one_busy_slot(queued: int = 1):
+    """A one-slot server serving one request, `queued` more ready for it."""
+    w = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED)
+    served = factories.request("m1", state=State.READY, deployment=d)
+    [job] = store.dispatch_all([(served.pk, d.pk)], w.pk)
+    ready = [factories.request("m1", state=State.READY, deployment=d) for _ in range(queued)]
+    return w, d, job, ready
+
+
+def test_a_completion_sends_the_request_planned_for_its_slot():
+    """The freed slot is filled in the completion's own transaction, before its commit (the
+    call starts at `send_now`): one slot, never two requests in it."""
+    w, d, job, [following] = one_busy_slot()
+    sent: list[store.ServeJob] = []
+
+    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+    assert store.requests_completed([answer], send_now=sent.extend) == [True]
+
+    assert [(j.request_id, j.deployment_id, j.worker_id) for j in sent] == [
+        (following.pk, d.pk, w.pk)
+    ]
+    following.refresh_from_db()
+    assert following.state == State.PROCESSING and following.worker_id == w.pk
+    assert Request.objects.get(pk=job.request_id).state == State.COMPLETED
+    d.refresh_from_db()
+    assert d.in_flight == 1
+
+
+def test_no_send_in_a_slot_that_a_refused_completion_did_not_free():
+    """Taken over meanwhile: the completion is not ours to write, nor the slot to fill."""
+    _, d, job, [following] = one_busy_slot()
+    theirs = Worker.objects.create(host="b", pid=1)
+    Request.objects.filter(pk=job.request_id).update(worker=theirs)
+    sent: list[store.ServeJob] = []
+
+    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+    assert store.requests_completed([answer], send_now=sent.extend) == [False]
+
+    assert sent == []
+    following.refresh_from_db()
+    d.refresh_from_db()
+    assert following.state == State.READY and d.in_flight == 1
+
+
+def test_a_planned_request_gone_meanwhile_leaves_the_slot_free():
+    _, d, job, [following] = one_busy_slot()
+    Request.objects.filter(pk=following.pk).update(state=State.CANCELLED)
+    sent: list[store.ServeJob] = []
+
+    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+    assert store.requests_completed([answer], send_now=sent.extend) == [True]
+
+    assert sent == []
+    d.refresh_from_db()
+    assert d.in_flight == 0
+
+
 def test_a_request_named_twice_in_a_batch_is_sent_once():
     w = Worker.objects.create(host="a", pid=1)
     d = factories.deployment(factories.server("s1", slots=4), "m1", state=DS.LOADED)
