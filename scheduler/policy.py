@@ -469,16 +469,18 @@ class _Pass:
         `dispatch` would send there as its slots free, best first, one per slot. None where
         a request still waits to be placed for a model the server holds: an idle slot may be
         what it waits for (a load that evicts)."""
+        full = [
+            s
+            for s in self.servers.values()
+            if self.in_flight[s.id] >= s.slots and self.usable(s.id)
+        ]
+        if not full:  # most passes of a quiet system: no need to rank the line again
+            return
         unplaced = {r.model for r in self.requests.values() if r.state == "pending"}
         ready = [r for r in self.ranked("ready") if not r.not_before or r.not_before <= self.now]
-        for s in self.servers.values():
+        for s in full:
             here = sorted(self.on_server(s.id), key=lambda d: d.id)
-            if (
-                not ready
-                or not self.usable(s.id)
-                or self.in_flight[s.id] < s.slots
-                or any(d.model in unplaced for d in here)
-            ):
+            if not ready or any(d.model in unplaced for d in here):
                 continue
             loaded: dict[str, DeploymentView] = {}
             for d in here:
