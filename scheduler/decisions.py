@@ -75,12 +75,14 @@ class SendNext:
     """When a slot frees on `server_id` (its requests all busy now), send `request_id` to
     `deployment_id`: what a pass would send to that slot, known before it frees. The worker
     sends it in the write that frees the slot, without waiting for a pass; one sent
-    elsewhere meanwhile, or gone, is left to the pass. Not past `expires_at`."""
+    elsewhere meanwhile, or gone, is left to the pass. Not past `expires_at`, nor once a
+    request of a better class than `effective_priority` (its class after aging) arrived."""
 
     server_id: int
     request_id: UUID
     deployment_id: int
     expires_at: datetime
+    effective_priority: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -492,7 +492,7 @@ class _Pass:
                 d = own if own is not None and own.server_id == s.id else loaded.get(r.model)
                 if d is None or d.state != "loaded":
                     continue
-                self.decisions.append(SendNext(s.id, r.id, d.id, r.expires_at))
+                self.decisions.append(SendNext(s.id, r.id, d.id, r.expires_at, self.effective(r)))
                 nexts += 1
                 if nexts == s.slots:
                     break

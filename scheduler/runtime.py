@@ -102,7 +102,7 @@ class Runtime:
         self.loop_context = contextvars.copy_context()
         await announce.open_outbox()
         self.worker_id = await db(store.register_worker)()
-        wakeup.subscribe(self.wake)
+        wakeup.subscribe(self.news)
         await self.take_over()
         loop = event_loop.name(self.loop)
         log.info("worker %s started on %s's event loop", self.worker_id, loop)
@@ -120,7 +120,7 @@ class Runtime:
         """Stop cleanly: let requests already at their servers finish (up to DRAIN_S), cancel
         the other tasks, then hand back what this worker held so that any worker (this one,
         restarted, or another) runs it again."""
-        wakeup.unsubscribe(self.wake)
+        wakeup.unsubscribe(self.news)
         self.stopping = True  # a slot freed now stays free: this worker sends no more
         await self.drain()
         for task in self.tasks.values():
@@ -163,7 +163,7 @@ class Runtime:
         await self.start()
         side = [asyncio.create_task(self.heartbeat(stop), name="heartbeat")]
         if settings.IS_POSTGRES:
-            side.append(asyncio.create_task(wakeup.listen_postgres(self.wake), name="listen"))
+            side.append(asyncio.create_task(wakeup.listen_postgres(self.news), name="listen"))
         for task in side:
             task.add_done_callback(self.side_task_done)
         replans = 0
@@ -202,6 +202,15 @@ class Runtime:
         async with self.passed:
             self.quiet_ends += 1
             self.passed.notify_all()
+
+    def news(self, arrived: int | None) -> None:
+        """Something to plan for (`arrived`: a new request's class). A new request may
+        outrank what the last pass planned for the slots that free next: those it could
+        outrank wait for the pass that sees it."""
+        if arrived is not None:
+            for planned in self.next_sends.values():
+                planned[:] = [n for n in planned if n.effective_priority <= arrived]
+        self.wake.set()
 
     def side_task_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception():

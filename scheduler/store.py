@@ -719,10 +719,13 @@ def requests_completed(answers: list[Answer], send_now: Sending | None = None) -
         if sends:
             sql.send_held_writes()
             # An end made was held by its job's worker id, which is then this worker's own.
-            made = [a for a, end in zip(answers, ends, strict=True) if end.made and a.then_send]
+            made = [
+                (a.job.worker_id, a.then_send)
+                for a, end in zip(answers, ends, strict=True)
+                if end.made and a.then_send is not None
+            ]
             if made:
-                sends = [a.then_send for a in made if a.then_send is not None]
-                dispatch_all(sends, made[0].job.worker_id, send_now=send_now)
+                dispatch_all([send for _, send in made], made[0][0], send_now=send_now)
     return [end.made for end in ends]
 
 

@@ -8,6 +8,7 @@ and each worker LISTENs on its own connection.
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import connection
@@ -16,38 +17,43 @@ from . import sql
 
 CHANNEL = "switchyard"
 log = logging.getLogger(__name__)
+# Told of news: with the class of the request that arrived, or None for other news.
+Listener = Callable[[int | None], None]
 
 _lock = threading.Lock()
-_listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+_listeners: set[tuple[asyncio.AbstractEventLoop, Listener]] = set()
 
 
-def subscribe(event: asyncio.Event) -> None:
+def subscribe(listener: Listener) -> None:
     with _lock:
-        _listeners.add((asyncio.get_running_loop(), event))
+        _listeners.add((asyncio.get_running_loop(), listener))
 
 
-def unsubscribe(event: asyncio.Event) -> None:
+def unsubscribe(listener: Listener) -> None:
     with _lock:
-        for entry in [e for e in _listeners if e[1] is event]:
+        for entry in [e for e in _listeners if e[1] == listener]:
             _listeners.discard(entry)
 
 
-def wake_local() -> None:
+def wake_local(arrived: int | None = None) -> None:
     with _lock:
         listeners = list(_listeners)
-    for loop, event in listeners:
+    for loop, listener in listeners:
         if not loop.is_closed():
-            loop.call_soon_threadsafe(event.set)
+            loop.call_soon_threadsafe(listener, arrived)
 
 
-def notify_in_transaction() -> None:
-    """Call inside the transaction that made work: other processes wake on its commit."""
+def notify_in_transaction(arrived: int | None = None) -> None:
+    """Call inside the transaction that made work (`arrived`: a new request's class): other
+    processes wake on its commit."""
     if settings.IS_POSTGRES:
-        sql.write_later(f"NOTIFY {CHANNEL}")
+        sql.write_later(
+            f"NOTIFY {CHANNEL}" if arrived is None else f"NOTIFY {CHANNEL}, '{arrived:d}'"
+        )
 
 
-async def listen_postgres(event: asyncio.Event) -> None:
-    """Set `event` on every NOTIFY, reconnecting for as long as the worker runs."""
+async def listen_postgres(listener: Listener) -> None:
+    """Tell `listener` of every NOTIFY, reconnecting for as long as the worker runs."""
     import psycopg
 
     db = connection.settings_dict  # the test database's name, under tests
@@ -63,9 +69,9 @@ async def listen_postgres(event: asyncio.Event) -> None:
         try:
             async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
                 await conn.execute(f"LISTEN {CHANNEL}")
-                event.set()  # whatever arrived while not listening
-                async for _ in conn.notifies():
-                    event.set()
+                listener(None)  # whatever arrived while not listening
+                async for note in conn.notifies():
+                    listener(int(note.payload) if note.payload else None)
         except psycopg.OperationalError as exc:
             log.warning("LISTEN connection lost (%s); reconnecting in 1 s", exc)
             await asyncio.sleep(1)

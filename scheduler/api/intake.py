@@ -110,8 +110,8 @@ def store(request: Request, caller_waits: bool, model_named: str | None = None) 
         request.created_at = timezone.now()
         request.expires_at = request.created_at + timedelta(seconds=max_wait_s(request.priority))
         inserted = sql.insert(request, found_by)
-        wakeup.notify_in_transaction()
-        transaction.on_commit(wakeup.wake_local)
+        wakeup.notify_in_transaction(request.priority)
+        transaction.on_commit(lambda: wakeup.wake_local(request.priority))
     if found_by is not None:
         if not inserted.rows:
             return False

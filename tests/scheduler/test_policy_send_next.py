@@ -25,7 +25,8 @@ def test_the_best_ready_request_is_next_for_a_busy_slot():
 
     assert of(decisions, Dispatch) == []
     assert next_sends(decisions) == [(1, ia.id, 1)]
-    assert of(decisions, SendNext)[0].expires_at == ia.expires_at
+    [planned] = of(decisions, SendNext)
+    assert (planned.expires_at, planned.effective_priority) == (ia.expires_at, INTERACTIVE)
 
 
 def test_one_next_send_per_slot_best_first():

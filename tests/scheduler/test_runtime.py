@@ -15,9 +15,9 @@ from django.db import connection
 
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState, Server
-from scheduler import store
+from scheduler import sql, store, wakeup
 from scheduler.api import intake
-from scheduler.models import Request, State, Worker
+from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import FreedSlot, Runtime
 from tests import factories
 from tests.support.openai_upstream import Upstream
@@ -225,6 +225,30 @@ async def test_a_notify_from_another_connection_wakes_the_worker(knobs):
         await running.until(lambda: state_of(request) == State.COMPLETED, wake=False)
 
 
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="LISTEN/NOTIFY needs PostgreSQL")
+async def test_a_new_requests_class_travels_with_its_notify():
+    """The worker hears a new request's class from another process, so that it can hold
+    back what the request may outrank (other news carries none)."""
+    heard: asyncio.Queue[int | None] = asyncio.Queue()
+    listener = asyncio.create_task(wakeup.listen_postgres(heard.put_nowait))
+
+    def notify(arrived: int | None) -> None:
+        with sql.atomic():
+            wakeup.notify_in_transaction(arrived)
+
+    try:
+        assert await asyncio.wait_for(heard.get(), 10) is None  # listening (a guard only)
+        await db(notify)(Priority.INTERACTIVE)
+        await db(notify)(None)
+        assert [await asyncio.wait_for(heard.get(), 10) for _ in range(2)] == [
+            Priority.INTERACTIVE,
+            None,
+        ]
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+
+
 def test_run_scheduler_until_idle_processes_everything_and_exits():
     factories.deployment(factories.server("s1", slots=2), "m1")
     requests = [factories.request("m1") for _ in range(3)]
@@ -279,6 +303,38 @@ async def test_a_freed_slot_takes_the_planned_request_without_waiting_for_a_pass
             await _serving_ended(rt)
             assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED] * 2
             assert len(upstream.received) == 2
+        finally:
+            await rt.stop()
+    finally:
+        upstream.close()
+
+
+async def test_a_request_that_outranks_the_planned_one_gets_the_freed_slot():
+    """The pass planned a normal request for the busy slot; an interactive one arrives
+    before the slot frees: the slot waits for the pass that sees it, and it goes first.
+    Breaks if the freed slot took the plan made before the arrival."""
+    upstream = Upstream(["m1"])
+    upstream.gate = threading.Event()
+    try:
+        first, second = await db(_one_slot_upstream)(upstream)
+        rt = Runtime()
+        await rt.start()
+        try:
+            await rt.step()
+            assert await asyncio.to_thread(upstream.arrived.wait, 10)
+            body = {"model": "m1", "messages": [{"role": "user", "content": "now"}]}
+            urgent = await db(intake.accept)("chat", body, "interactive")
+            upstream.gate.set()
+            await _serving_ended(rt)
+            assert await db(state_of)(second) == State.READY  # the slot waited for a pass
+            await rt.step()
+            await _serving_ended(rt)
+
+            def started() -> list:
+                return [Request.objects.get(pk=r.pk).started_at for r in (urgent, second)]
+
+            sent_urgent, sent_second = await db(started)()
+            assert sent_urgent < sent_second
         finally:
             await rt.stop()
     finally:
