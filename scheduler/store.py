@@ -529,6 +529,7 @@ def dispatch_all(
     worker_id: int,
     routes: dict[Any, Transition] | None = None,
     send_now: Sending | None = None,
+    reason: str = "sent to the server",
 ) -> list[ServeJob | None]:
     """Send ready requests to their deployments, in one transaction: each (request,
     deployment) becomes a ServeJob, or None if its slot, its model or its row is gone.
@@ -577,7 +578,7 @@ def dispatch_all(
                 request_id,
                 (State.READY,),
                 State.PROCESSING,
-                "sent to the server",
+                reason,
                 {**fields, "deployment_id": d.id, "server_id": d.server_id},
                 at_server=d.server_name,
             )
@@ -725,7 +726,12 @@ def requests_completed(answers: list[Answer], send_now: Sending | None = None) -
                 if end.made and a.then_send is not None
             ]
             if made:
-                dispatch_all([send for _, send in made], made[0][0], send_now=send_now)
+                dispatch_all(
+                    [send for _, send in made],
+                    made[0][0],
+                    send_now=send_now,
+                    reason="sent to the server as a slot freed there",
+                )
     return [end.made for end in ends]
 
 

@@ -365,6 +365,7 @@ def test_a_completion_sends_the_request_planned_for_its_slot():
     ]
     following.refresh_from_db()
     assert following.state == State.PROCESSING and following.worker_id == w.pk
+    assert following.traces.get().reason == "sent to the server as a slot freed there"
     assert Request.objects.get(pk=job.request_id).state == State.COMPLETED
     d.refresh_from_db()
     assert d.in_flight == 1
