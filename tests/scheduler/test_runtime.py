@@ -3,6 +3,7 @@ the life of a request, no head-of-line blocking, parallel loads, one load for al
 no eviction of a busy model, and wake-ups instead of sleeps."""
 
 import asyncio
+import contextlib
 import logging
 import threading
 
@@ -273,10 +274,31 @@ async def test_requests_a_pass_sent_count_as_waiting_no_more():
         await rt.stop()
 
 
-def _one_slot_upstream(upstream: Upstream) -> list[Request]:
-    srv = factories.server("up", kind="openai", base_url=upstream.url, slots=1)
-    factories.deployment(srv, "m1", state=DeploymentState.LOADED)
-    return [factories.request("m1") for _ in range(2)]
+@contextlib.asynccontextmanager
+async def one_slot_in_use():
+    """A one-slot server behind a gated upstream, two requests for it, and a worker whose
+    first pass sent the first (held at the gate) and planned the second for the slot."""
+
+    def setup() -> list[Request]:
+        srv = factories.server("up", kind="openai", base_url=upstream.url, slots=1)
+        factories.deployment(srv, "m1", state=DeploymentState.LOADED)
+        return [factories.request("m1") for _ in range(2)]
+
+    upstream = Upstream(["m1"])
+    upstream.gate = threading.Event()
+    try:
+        first, second = await db(setup)()
+        rt = Runtime()
+        await rt.start()
+        try:
+            await rt.step()
+            assert await asyncio.to_thread(upstream.arrived.wait, 10)
+            yield rt, upstream, first, second
+        finally:
+            if not rt.stopping:
+                await rt.stop()
+    finally:
+        upstream.close()
 
 
 async def _serving_ended(rt: Runtime) -> None:
@@ -289,78 +311,45 @@ async def test_a_freed_slot_takes_the_planned_request_without_waiting_for_a_pass
     """One slot, two requests: one pass sends the first and plans the second for the slot.
     The first one's completion sends it; no second pass runs. Breaks if the freed slot
     waited for the loop to wake, snapshot and plan again."""
-    upstream = Upstream(["m1"])
-    upstream.gate = threading.Event()
-    try:
-        first, second = await db(_one_slot_upstream)(upstream)
-        rt = Runtime()
-        await rt.start()
-        try:
-            await rt.step()
-            assert await asyncio.to_thread(upstream.arrived.wait, 10)
-            assert await db(state_of)(second) == State.READY
-            upstream.gate.set()
-            await _serving_ended(rt)
-            assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED] * 2
-            assert len(upstream.received) == 2
-        finally:
-            await rt.stop()
-    finally:
-        upstream.close()
+    async with one_slot_in_use() as (rt, upstream, first, second):
+        assert await db(state_of)(second) == State.READY
+        upstream.gate.set()
+        await _serving_ended(rt)
+        assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED] * 2
+        assert len(upstream.received) == 2
 
 
 async def test_a_request_that_outranks_the_planned_one_gets_the_freed_slot():
     """The pass planned a normal request for the busy slot; an interactive one arrives
     before the slot frees: the slot waits for the pass that sees it, and it goes first.
     Breaks if the freed slot took the plan made before the arrival."""
-    upstream = Upstream(["m1"])
-    upstream.gate = threading.Event()
-    try:
-        first, second = await db(_one_slot_upstream)(upstream)
-        rt = Runtime()
-        await rt.start()
-        try:
-            await rt.step()
-            assert await asyncio.to_thread(upstream.arrived.wait, 10)
-            body = {"model": "m1", "messages": [{"role": "user", "content": "now"}]}
-            urgent = await db(intake.accept)("chat", body, "interactive")
-            upstream.gate.set()
-            await _serving_ended(rt)
-            assert await db(state_of)(second) == State.READY  # the slot waited for a pass
-            await rt.step()
-            await _serving_ended(rt)
+    async with one_slot_in_use() as (rt, upstream, _, second):
+        body = {"model": "m1", "messages": [{"role": "user", "content": "now"}]}
+        urgent = await db(intake.accept)("chat", body, "interactive")
+        upstream.gate.set()
+        await _serving_ended(rt)
+        assert await db(state_of)(second) == State.READY  # the slot waited for a pass
+        await rt.step()
+        await _serving_ended(rt)
 
-            def started() -> list:
-                return [Request.objects.get(pk=r.pk).started_at for r in (urgent, second)]
+        def started() -> list:
+            return [Request.objects.get(pk=r.pk).started_at for r in (urgent, second)]
 
-            sent_urgent, sent_second = await db(started)()
-            assert sent_urgent < sent_second
-        finally:
-            await rt.stop()
-    finally:
-        upstream.close()
+        sent_urgent, sent_second = await db(started)()
+        assert sent_urgent < sent_second
 
 
 async def test_a_stopping_worker_leaves_a_freed_slot_empty(knobs):
     """While it drains, a worker sends nothing new: the planned request waits for a worker
     that stays."""
     knobs(DRAIN_S=10)
-    upstream = Upstream(["m1"])
-    upstream.gate = threading.Event()
-    try:
-        first, second = await db(_one_slot_upstream)(upstream)
-        rt = Runtime()
-        await rt.start()
-        await rt.step()
-        assert await asyncio.to_thread(upstream.arrived.wait, 10)
+    async with one_slot_in_use() as (rt, upstream, first, second):
         stopping = asyncio.create_task(rt.stop())
         await asyncio.sleep(0)  # a yield: the stop begins, and waits for the request out
         upstream.gate.set()
         await stopping
         assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED, State.READY]
         assert len(upstream.received) == 1
-    finally:
-        upstream.close()
 
 
 async def test_after_a_pass_only_servers_with_a_waiting_model_call_for_a_pass_when_freed():
