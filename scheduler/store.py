@@ -481,10 +481,13 @@ def _servers_of(deployment_ids: list[int]) -> str:
 
 def _lock_servers(deployment_ids: list[int]) -> sql.Statement:
     """Lock the servers of these deployments (in id order, so that workers never deadlock);
-    their slots."""
+    their slots, none for a server taken out of service since it was planned for (disabled,
+    down, in cooldown): a plan may be as old as the inference whose end it waited for."""
     return (
         sql.prepared(
-            f"SELECT id, slots FROM {SERVERS} WHERE id IN ({_servers_of(deployment_ids)})"
+            f"SELECT id, CASE WHEN enabled AND health NOT IN"
+            f" ('{Health.DOWN.value}', '{Health.COOLDOWN.value}') THEN slots ELSE 0 END"
+            f" FROM {SERVERS} WHERE id IN ({_servers_of(deployment_ids)})"
             f" ORDER BY id{sql.for_update()}"
         ),
         deployment_ids,

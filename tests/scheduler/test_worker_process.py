@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from backends.adapters.simulated import simulated_server
-from backends.models import Deployment, DeploymentState
+from backends.models import Deployment, DeploymentState, Server
 from scheduler import announce, store
 from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import Runtime
@@ -398,6 +398,23 @@ def test_a_planned_request_gone_meanwhile_leaves_the_slot_free():
     assert sent == []
     d.refresh_from_db()
     assert d.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    "change", [{"enabled": False}, {"health": "down"}, {"health": "cooldown"}], ids=str
+)
+def test_no_send_to_a_server_taken_out_of_service_since_the_plan(change):
+    """A planned send may be as old as an inference: the server's state at the lock wins."""
+    _, d, job, [following] = one_busy_slot()
+    Server.objects.filter(pk=d.server_id).update(**change)
+    sent: list[store.ServeJob] = []
+
+    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+    assert store.requests_completed([answer], send_now=sent.extend) == [True]
+
+    assert sent == [] and store.dispatch_all([(following.pk, d.pk)], job.worker_id) == [None]
+    following.refresh_from_db()
+    assert following.state == State.READY
 
 
 def test_a_request_named_twice_in_a_batch_is_sent_once():
