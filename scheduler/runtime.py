@@ -68,8 +68,10 @@ class Runtime:
         self.tasks: dict[str, asyncio.Task] = {}
         self.chores: set[asyncio.Future] = set()  # DB writes no task waits for to the end
         self.completions = Batcher(self.write_completions, self.chores)
-        # Per server, what the last pass planned for its slots as they free (`SendNext`).
+        # Per server, what the last pass planned for its slots as they free (`SendNext`),
+        # and the classes of the requests that arrived since it was installed.
         self.next_sends: dict[int, list[SendNext]] = {}
+        self.arrivals: list[int] = []
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_context: contextvars.Context | None = None
@@ -208,9 +210,14 @@ class Runtime:
         outrank what the last pass planned for the slots that free next: those it could
         outrank wait for the pass that sees it."""
         if arrived is not None:
-            for planned in self.next_sends.values():
-                planned[:] = [n for n in planned if n.effective_priority <= arrived]
+            self.arrivals.append(arrived)
+            self.hold_back_for(arrived)
         self.wake.set()
+
+    def hold_back_for(self, arrived: int) -> None:
+        """Drop the planned sends that a new request of class `arrived` may outrank."""
+        for planned in self.next_sends.values():
+            planned[:] = [n for n in planned if n.effective_priority <= arrived]
 
     def side_task_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception():
@@ -298,22 +305,28 @@ class Runtime:
         request moves and sends (most passes are only those): one trip to the thread, not
         two. The plan's `SendNext` replace the last pass's at once: a slot may free before
         this pass's writes are done."""
+        arrivals_seen = len(self.arrivals)  # those after may be missing from the snapshot
         snapshot = self.snapshots.read(self.config)
         self.server_of = {d.id: d.server_id for d in snapshot.deployments}
         decisions = plan(snapshot, self.clock())
         nexts = [d for d in decisions if isinstance(d, SendNext)]
         decisions = [d for d in decisions if not isinstance(d, SendNext)]
-        self.call_on_loop(self.plan_next_sends, nexts)
+        self.call_on_loop(self.plan_next_sends, nexts, arrivals_seen)
         batch = Batch(self)
         for decision in decisions:
             if not batch.add(decision):
                 break
         return snapshot, decisions, batch.write(send_now) if batch.size else batch
 
-    def plan_next_sends(self, nexts: list[SendNext]) -> None:
+    def plan_next_sends(self, nexts: list[SendNext], arrivals_seen: int) -> None:
+        """Install a pass's plan for the slots, held back for the requests that arrived
+        after its snapshot was read (their own pass is coming)."""
+        missed, self.arrivals = self.arrivals[arrivals_seen:], []
         self.next_sends = {}
         for n in nexts:
             self.next_sends.setdefault(n.server_id, []).append(n)
+        if missed:
+            self.hold_back_for(min(missed))
 
     def next_send(self, server_id: int) -> tuple[Any, int] | None:
         """The request planned for the slot that just freed on the server, if any is still

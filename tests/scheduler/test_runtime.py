@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 import threading
+import uuid
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -13,11 +15,13 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState, Server
 from scheduler import sql, store, wakeup
 from scheduler.api import intake
+from scheduler.decisions import SendNext
 from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import FreedSlot, Runtime
 from tests import factories
@@ -337,6 +341,21 @@ async def test_a_request_that_outranks_the_planned_one_gets_the_freed_slot():
 
         sent_urgent, sent_second = await db(started)()
         assert sent_urgent < sent_second
+
+
+def test_a_plan_read_before_an_arrival_is_held_back_for_it():
+    """A request that arrives while a pass plans (after its snapshot, before its plan is in
+    place) is not in that plan: the sends it may outrank are dropped as the plan goes in."""
+    rt = Runtime()
+    far = timezone.now() + timedelta(hours=1)
+    background = SendNext(1, uuid.uuid4(), 1, far, Priority.BACKGROUND)
+    seen = len(rt.arrivals)  # as the pass reads its snapshot
+    rt.news(Priority.INTERACTIVE)
+    rt.plan_next_sends([background], seen)
+    assert rt.next_send(1) is None
+
+    rt.plan_next_sends([background], len(rt.arrivals))  # the next pass saw it
+    assert rt.next_send(1) == (background.request_id, 1)
 
 
 async def test_a_stopping_worker_leaves_a_freed_slot_empty(knobs):
