@@ -417,6 +417,32 @@ def test_no_send_to_a_server_taken_out_of_service_since_the_plan(change):
     assert following.state == State.READY
 
 
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="row locks need PostgreSQL")
+def test_a_completion_that_fills_its_slot_holds_the_server_until_it_commits():
+    """Another worker's dispatch waits for the server's lock and then counts the request
+    sent into the freed slot: one slot, one request in it."""
+    _, d, job, [following, other] = one_busy_slot(queued=2)
+    them = Worker.objects.create(host="b", pid=1)
+    theirs: list = []
+
+    def other_worker() -> None:
+        try:
+            theirs.extend(store.dispatch_all([(other.pk, d.pk)], them.pk))
+        finally:
+            connection.close()
+
+    sent: list[store.ServeJob] = []
+    with transaction.atomic():
+        answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+        assert store.requests_completed([answer], send_now=sent.extend) == [True]
+        waiting = threading.Thread(target=other_worker)
+        waiting.start()
+        until_a_query_waits_for_a_lock()
+    waiting.join()
+    assert [j.request_id for j in sent] == [following.pk] and theirs == [None]
+    assert Deployment.objects.get().in_flight == 1
+
+
 def test_a_request_named_twice_in_a_batch_is_sent_once():
     w = Worker.objects.create(host="a", pid=1)
     d = factories.deployment(factories.server("s1", slots=4), "m1", state=DS.LOADED)
