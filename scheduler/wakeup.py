@@ -71,7 +71,8 @@ async def listen_postgres(listener: Listener) -> None:
                 await conn.execute(f"LISTEN {CHANNEL}")
                 listener(None)  # whatever arrived while not listening
                 async for note in conn.notifies():
-                    listener(int(note.payload) if note.payload else None)
+                    # Anything but a class (sent by hand, say) is news all the same.
+                    listener(int(note.payload) if note.payload.isdigit() else None)
         except psycopg.OperationalError as exc:
             log.warning("LISTEN connection lost (%s); reconnecting in 1 s", exc)
             await asyncio.sleep(1)

@@ -245,8 +245,10 @@ async def test_a_new_requests_class_travels_with_its_notify():
         assert await asyncio.wait_for(heard.get(), 10) is None  # listening (a guard only)
         await db(notify)(Priority.INTERACTIVE)
         await db(notify)(None)
-        assert [await asyncio.wait_for(heard.get(), 10) for _ in range(2)] == [
+        await db(sql.execute)("NOTIFY switchyard, 'by hand'")
+        assert [await asyncio.wait_for(heard.get(), 10) for _ in range(3)] == [
             Priority.INTERACTIVE,
+            None,
             None,
         ]
     finally:
