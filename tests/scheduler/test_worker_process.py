@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -212,22 +213,35 @@ def test_a_dispatch_that_waited_for_the_servers_lock_counts_what_the_holder_sent
     a, b = (Worker.objects.create(host=h, pid=1) for h in "ab")
     d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED)
     first, second = (factories.request("m1", state=State.READY, deployment=d) for _ in "12")
-    jobs: list = []
-
-    def other_worker() -> None:
-        try:
-            jobs.extend(store.dispatch_all([(second.pk, d.pk)], b.pk))
-        finally:
-            connection.close()
 
     with transaction.atomic():
         assert store.dispatch_all([(first.pk, d.pk)], a.pk) != [None]
-        waiting = threading.Thread(target=other_worker)
-        waiting.start()
-        until_a_query_waits_for_a_lock()
-    waiting.join()
-    assert jobs == [None]
+        theirs = another_worker_waits([(second.pk, d.pk)], b.pk)
+    assert theirs() == [None]
     assert Deployment.objects.get().in_flight == 1
+
+
+def another_worker_waits(sends: list, worker_id: int) -> Callable[[], list]:
+    """Inside a transaction that holds a server's lock: another worker's dispatch of
+    `sends`, in a thread and a connection of its own, once it waits for that lock. Call
+    what it returns after the transaction ends for that dispatch's jobs."""
+    jobs: list = []
+
+    def dispatch() -> None:
+        try:
+            jobs.extend(store.dispatch_all(sends, worker_id))
+        finally:
+            connection.close()
+
+    waiting = threading.Thread(target=dispatch)
+    waiting.start()
+    until_a_query_waits_for_a_lock()
+
+    def joined() -> list:
+        waiting.join()
+        return jobs
+
+    return joined
 
 
 def until_a_query_waits_for_a_lock(timeout_s: float = 10) -> None:
@@ -423,23 +437,12 @@ def test_a_completion_that_fills_its_slot_holds_the_server_until_it_commits():
     sent into the freed slot: one slot, one request in it."""
     _, d, job, [following, other] = one_busy_slot(queued=2)
     them = Worker.objects.create(host="b", pid=1)
-    theirs: list = []
-
-    def other_worker() -> None:
-        try:
-            theirs.extend(store.dispatch_all([(other.pk, d.pk)], them.pk))
-        finally:
-            connection.close()
-
     sent: list[store.ServeJob] = []
     with transaction.atomic():
         answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
         assert store.requests_completed([answer], send_now=sent.extend) == [True]
-        waiting = threading.Thread(target=other_worker)
-        waiting.start()
-        until_a_query_waits_for_a_lock()
-    waiting.join()
-    assert [j.request_id for j in sent] == [following.pk] and theirs == [None]
+        theirs = another_worker_waits([(other.pk, d.pk)], them.pk)
+    assert [j.request_id for j in sent] == [following.pk] and theirs() == [None]
     assert Deployment.objects.get().in_flight == 1
 
 
