@@ -478,9 +478,11 @@ class _Pass:
             return
         unplaced = {r.model for r in self.requests.values() if r.state == "pending"}
         ready = [r for r in self.ranked("ready") if not r.not_before or r.not_before <= self.now]
+        if not ready:
+            return
         for s in full:
             here = sorted(self.on_server(s.id), key=lambda d: d.id)
-            if not ready or any(d.model in unplaced for d in here):
+            if any(d.model in unplaced for d in here):
                 continue
             loaded: dict[str, DeploymentView] = {}
             for d in here:
