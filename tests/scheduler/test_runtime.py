@@ -366,8 +366,9 @@ async def test_a_stopping_worker_leaves_a_freed_slot_empty(knobs):
     knobs(DRAIN_S=10)
     async with one_slot_in_use() as (rt, upstream, first, second):
         stopping = asyncio.create_task(rt.stop())
-        await asyncio.sleep(0)  # a yield: the stop begins, and waits for the request out
-        upstream.gate.set()
+        # After the stop's first step (the loop runs callbacks in order): it has begun, and
+        # waits for the request out.
+        asyncio.get_running_loop().call_soon(upstream.gate.set)
         await stopping
         assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED, State.READY]
         assert len(upstream.received) == 1
