@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from django.conf import settings
 from django.db import connection, models, transaction
+from psycopg.pq import ExecStatus
 
 T = TypeVar("T")
 Statement = tuple[str, Sequence[Any]]
@@ -114,7 +115,17 @@ def _run_each(statements: Sequence[Statement], written: Sequence[Written]) -> No
         for i, outcome in enumerate(written):
             if i:
                 cursor.nextset()
-            outcome.rows = cursor.fetchall() if cursor.description else []
+            outcome.rows = cursor.fetchall() if _returned_rows(cursor.cursor) else []
+
+
+def _returned_rows(cursor: Any) -> bool:
+    """Whether the cursor's current result has rows (a SELECT, a RETURNING). On psycopg by
+    the result's status, not by `description`: that builds an object per column at each
+    call, a third of a snapshot read's CPU."""
+    result = getattr(cursor, "pgresult", None)
+    if result is None:
+        return cursor.description is not None
+    return result.status == ExecStatus.TUPLES_OK
 
 
 def fetch_all(statements: Sequence[Statement]) -> list[list[tuple]]:
