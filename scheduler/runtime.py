@@ -5,6 +5,7 @@ that report back through the database and wake the loop; the loop never waits fo
 """
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -163,7 +164,10 @@ class Runtime:
         and nothing is left to do."""
         self.until_idle = until_idle
         await self.start()
-        side = [asyncio.create_task(self.heartbeat(stop), name="heartbeat")]
+        side = [
+            asyncio.create_task(self.heartbeat(stop), name="heartbeat"),
+            asyncio.create_task(self.wake_on(stop), name="stop"),
+        ]
         if settings.IS_POSTGRES:
             side.append(asyncio.create_task(wakeup.listen_postgres(self.news), name="listen"))
         for task in side:
@@ -187,7 +191,7 @@ class Runtime:
                 replan = self.dropped and replans < MAX_REPLANS
                 replans = replans + 1 if replan else 0
                 if not replan and not (did and until_idle):
-                    await self.wait(stop)
+                    await self.wait()
         finally:
             for task in side:
                 task.remove_done_callback(self.side_task_done)
@@ -225,20 +229,22 @@ class Runtime:
             self.crashed = task.exception()
             self.wake.set()
 
-    async def wait(self, stop: asyncio.Event) -> None:
-        """Until woken, stopped, or the next planned moment: a deferred decision, a status
-        sync, or the poll interval (the safety net)."""
+    async def wake_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.wake.set()
+
+    async def wait(self) -> None:
+        """Until woken (a stop wakes the loop too) or the next planned moment: a deferred
+        decision, a status sync, or the poll interval (the safety net). One timer, no task:
+        this runs before every pass."""
         timeout = self.knobs["POLL_INTERVAL_S"]
         next_sync = self.last_sync + self.knobs["STATUS_SYNC_S"] - time.monotonic()
         timeout = min(timeout, max(next_sync, 0.0))
         if self.next_wake is not None:
             timeout = min(timeout, max((self.next_wake - self.clock()).total_seconds(), 0.0))
-        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.wake.wait()
 
     async def heartbeat(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
