@@ -13,7 +13,6 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
@@ -25,6 +24,7 @@ from config import event_loop
 
 from . import announce, retention, store, streams, wakeup
 from .batching import Batcher
+from .database_thread import in_database_thread
 from .decisions import (
     Decision,
     Defer,
@@ -47,7 +47,7 @@ from .transitions import Transition
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-db = sync_to_async  # one DB thread: Django's connections are not shared across threads
+db = in_database_thread
 PURGE_EVERY_S = 300.0  # between looks for finished requests to delete, when none were due
 MAX_REPLANS = 3  # passes in a row planned again at once because the database refused some
 
@@ -350,9 +350,8 @@ class Runtime:
         return None
 
     def call_on_loop(self, callback: Callable[..., None], *args: Any) -> None:
-        """From the database thread, in the loop's context, not this thread's: asgiref
-        marks the database thread's context, and a task born in it could never call that
-        thread again."""
+        """From the database thread, in the loop's context, not this thread's: the tasks it
+        starts belong to the loop, whatever context the thread runs in."""
         assert self.loop is not None and self.loop_context is not None
         self.loop.call_soon_threadsafe(callback, *args, context=self.loop_context)
 

@@ -1,6 +1,7 @@
 """The runtime's database side: reading the snapshot and committing what tasks report.
 
-All functions are synchronous; the runtime calls them through `sync_to_async`.
+All functions are synchronous; the runtime calls them in its database thread
+(`database_thread`).
 """
 
 import dataclasses
