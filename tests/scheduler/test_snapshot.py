@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from scheduler import store
@@ -130,6 +131,27 @@ def test_a_pass_does_not_read_again_the_requests_that_moved_on() -> None:
     assert waiting_ids(snapshot) == {r.id for r in waiting}
     # The best-ranked waiting, not every request the waiting index ever held.
     assert entries_read() - before < 50
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="PostgreSQL's prepared statements")
+def test_the_heads_cached_plan_walks_the_waiting_index_whatever_the_tables_size() -> None:
+    """The head's read is prepared, and PostgreSQL may keep one plan for all its calls,
+    made while the table was empty. That plan, forced here on an empty table, walks the
+    waiting index in its order and stops at the limit: it never sorts the line."""
+    name = "head_as_cached"
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        for setting, _ in store.IN_INDEX_ORDER:
+            cursor.execute(setting)
+        cursor.execute(f"PREPARE {name} AS {store.HEAD_SQL.numbered}")
+        try:
+            cursor.execute(f"EXPLAIN EXECUTE {name}({store.SNAPSHOT_HEAD})")
+            plan = "\n".join(line for (line,) in cursor.fetchall())
+        finally:
+            cursor.execute(f"DEALLOCATE {name}")  # a rollback keeps it
+
+    assert "Index Scan using waiting_requests" in plan, plan
+    assert "Sort" not in plan and "Seq Scan" not in plan, plan
 
 
 def test_views_hold_what_the_rows_hold_as_the_policy_compares_it() -> None:
