@@ -154,6 +154,28 @@ def test_the_heads_cached_plan_walks_the_waiting_index_whatever_the_tables_size(
     assert "Sort" not in plan and "Seq Scan" not in plan, plan
 
 
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="PostgreSQL's planner")
+def test_no_statement_of_a_snapshot_is_planned_as_a_disabled_scan() -> None:
+    """Read in index order (sequential and bitmap scans off), a statement that no index can
+    serve is still planned, as a disabled scan at a cost so high that PostgreSQL compiles
+    it first (JIT): 14 ms on every pass."""
+    statements = [
+        (store.SERVER_VIEW_SQL, []),
+        (store.DEPLOYMENT_VIEW_SQL, []),
+        (store.MODEL_NAMES_SQL, []),
+        (store.HEAD_SQL, [store.SNAPSHOT_HEAD]),
+    ]
+    with connection.cursor() as cursor:
+        for setting, _ in store.IN_INDEX_ORDER:
+            cursor.execute(setting)
+        cursor.execute("SHOW jit_above_cost")
+        [(jit_above,)] = cursor.fetchall()
+        for statement, params in statements:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {statement}", params)
+            [([plan],)] = cursor.fetchall()
+            assert plan["Plan"]["Total Cost"] < float(jit_above), statement
+
+
 def test_views_hold_what_the_rows_hold_as_the_policy_compares_it() -> None:
     """Read as SQL, not through the ORM: keys are UUIDs and timestamps carry their zone on
     every database, so the policy can compare them with its clock."""
