@@ -1,5 +1,6 @@
 """The load generator, in its own process so that its CPU never counts against Switchyard:
-`python -m scheduler.benchmarks.loadgen < phases.json > results.json`.
+`python -m scheduler.benchmarks.loadgen results.json < phases.json` (to a file, not to
+stdout: a library's stray write there would corrupt the results).
 
 The input is a list of phases run one after the other (one process start for a whole
 scenario). A phase is `{"base_url": ..., "warmup": n, "groups": [group, ...]}`; its groups
@@ -118,4 +119,6 @@ async def main(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(event_loop.run(main(json.load(sys.stdin)))))
+    results = event_loop.run(main(json.load(sys.stdin)))
+    with open(sys.argv[1], "w") as out:
+        json.dump(results, out)

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,14 +270,16 @@ class Stack:
 
 def run_loadgen(*phases: dict[str, Any]) -> list[dict[str, Any]]:
     """Run the load generator in its own process; what it measured, phase by phase."""
-    done = subprocess.run(
-        [PYTHON, "-m", "scheduler.benchmarks.loadgen"],
-        cwd=ROOT,
-        input=json.dumps(list(phases)),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the load generator failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout)
+    with tempfile.TemporaryDirectory() as folder:
+        results = Path(folder) / "results.json"
+        done = subprocess.run(
+            [PYTHON, "-m", "scheduler.benchmarks.loadgen", str(results)],
+            cwd=ROOT,
+            input=json.dumps(list(phases)),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the load generator failed:\n{done.stderr[-3000:]}")
+        return json.loads(results.read_text())
