@@ -437,7 +437,7 @@ class _Pass:
             if not self.any_free_slot():
                 # The rest waits; a slot that frees wakes the loop (retries' times included).
                 return
-            if r.not_before and r.not_before > self.now:
+            if self.backing_off(r):
                 self.wake_at(r.not_before, "retry a request")
                 continue
             d = self.free_slot_for(r)
@@ -447,6 +447,10 @@ class _Pass:
             self.in_flight[d.server_id] += 1
             self.set_deployment(d, in_flight=d.in_flight + 1)
             self.drop(r)
+
+    def backing_off(self, r: RequestView) -> bool:
+        """A retry that must not be sent before its `not_before`."""
+        return r.not_before is not None and r.not_before > self.now
 
     def any_free_slot(self) -> bool:
         return any(self.in_flight[s.id] < s.slots for s in self.servers.values())
@@ -477,7 +481,7 @@ class _Pass:
         if not full:  # most passes of a quiet system: no need to rank the line again
             return
         unplaced = {r.model for r in self.requests.values() if r.state == "pending"}
-        ready = [r for r in self.ranked("ready") if not r.not_before or r.not_before <= self.now]
+        ready = [r for r in self.ranked("ready") if not self.backing_off(r)]
         if not ready:
             return
         for s in full:
