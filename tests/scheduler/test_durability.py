@@ -1,7 +1,7 @@
-"""Which commits wait for the disk. A job's acceptance and every request's end do; what the
-system redoes by itself (a pass's routes and dispatches, unless it also ends a request; the
-insert of a request whose caller waits for its answer) does not. A caller whose row a
-database crash lost is told so."""
+"""Which commits wait for the disk. A job's acceptance and a request's end by a failure, a
+cancel or an expiry do; what the system redoes by itself (a pass's routes and dispatches,
+unless it also ends a request; an answer stored by its worker; the insert of a request whose
+caller waits for its answer) does not. A caller whose row a database crash lost is told so."""
 
 from collections.abc import AsyncIterator
 
@@ -69,8 +69,11 @@ def test_what_commits_without_waiting_for_disk():
     expiry = Transition(waiting.pk, (State.PENDING,), State.EXPIRED, "waited too long")
     assert waits_for_disk(lambda: store.move_and_dispatch([expiry], [], worker.pk))
 
+    # An answer stored: should the database crash and lose it, the worker's connection dies
+    # with it, the worker exits, and the request runs again (tests/scheduler/
+    # test_worker_process.py).
     answer = store.Answer(jobs[0], {"ok": True}, 0.1)
-    assert waits_for_disk(lambda: store.requests_completed([answer]))  # an end is kept
+    assert waits_for_disk(lambda: store.requests_completed([answer])) == redone
     assert Request.objects.get(pk=ready.pk).state == State.COMPLETED
 
 

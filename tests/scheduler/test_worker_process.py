@@ -36,12 +36,13 @@ LONG_AGO = timedelta(hours=1)
 class WorkerProcess(ManageProcess):
     """`manage.py run_scheduler` on the test database; returns once it says it started."""
 
-    def __init__(self, *args: str, drain_s: float = 0) -> None:
+    def __init__(self, *args: str, drain_s: float = 0, name: str = "switchyard-worker") -> None:
         env = {
             **os.environ,
             "DATABASE_URL": database_url(),
             "SWITCHYARD_POLL_INTERVAL_S": "1",
             "SWITCHYARD_DRAIN_S": str(drain_s),
+            "PGAPPNAME": name,  # its connections' application_name, as PostgreSQL lists them
         }
         super().__init__(["run_scheduler", *args], env, lambda line: " started" in line)
         self.worker_id = int(self.log[-1].split("worker ")[1].split()[0])
@@ -84,6 +85,38 @@ def test_a_killed_worker_loses_no_request(gated_upstream):
     assert len(gated_upstream.received) == 2
     assert not Worker.objects.exists()
     assert Deployment.objects.get().in_flight == 0
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="a connection to end: PostgreSQL's")
+def test_a_worker_that_loses_the_database_exits_and_its_work_runs_again(gated_upstream):
+    """As a database crash does: every connection ends, and what did not wait for the disk
+    (a request sent, an answer stored) may be gone. The worker does not carry on as if its
+    commits were kept."""
+    request = setup_upstream_server(gated_upstream)
+    first = WorkerProcess(name="doomed-worker")
+    assert gated_upstream.arrived.wait(30)
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = 'doomed-worker'"
+        )
+        assert cursor.fetchone()[0] >= 2  # its database thread's, and its LISTEN
+    gated_upstream.gate.set()  # its answer comes to a worker that cannot store it
+    out = first.finish()
+    assert first.proc.returncode == 1, out
+    assert "lost the database" in out
+    request.refresh_from_db()
+    assert (request.state, request.worker_id) == (State.PROCESSING, first.worker_id)
+
+    Worker.objects.filter(pk=first.worker_id).update(last_heartbeat=timezone.now() - LONG_AGO)
+    second = WorkerProcess("--until-idle")
+    out = second.finish()
+    assert second.proc.returncode == 0, out
+    request.refresh_from_db()
+    assert request.state == State.COMPLETED, traces(request)
+    assert request.attempts == 2
+    assert len(gated_upstream.received) == 2
 
 
 def test_sigterm_stops_cleanly_hands_back_its_work_and_removes_its_row(gated_upstream):

@@ -3,6 +3,7 @@ import logging
 import signal
 
 from django.core.management.base import BaseCommand
+from django.db import InterfaceError, OperationalError
 
 from config import event_loop
 from scheduler.runtime import Runtime
@@ -21,7 +22,19 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, until_idle: bool = False, **options) -> None:
-        event_loop.run(run_worker(until_idle))
+        try:
+            event_loop.run(run_worker(until_idle))
+        except (OperationalError, InterfaceError) as exc:
+            # Not reconnected: a database that crashed took the commits of this worker that
+            # did not wait for its disk (an answer stored, a request sent), so what it holds
+            # must be taken over as a dead worker's is, and run again.
+            log.error(
+                "lost the database (%s); exiting. What this worker held is taken over once its"
+                " lease is stale (SWITCHYARD_WORKER_STALE_S), by this worker restarted or"
+                " by another, and runs again.",
+                str(exc).strip(),
+            )
+            raise SystemExit(1) from exc
 
 
 async def run_worker(until_idle: bool = False) -> None:
