@@ -61,6 +61,19 @@ def traces(request: Request) -> list[tuple[str, str, str]]:
     return list(request.traces.values_list("from_state", "to_state", "reason"))
 
 
+def runs_again_after_take_over(request: Request, dead: WorkerProcess, upstream: Upstream) -> None:
+    """The next worker takes over what `dead` held and runs `request` again, to its end (its
+    heartbeat aged by hand: no wait for WORKER_STALE_S)."""
+    Worker.objects.filter(pk=dead.worker_id).update(last_heartbeat=timezone.now() - LONG_AGO)
+    second = WorkerProcess("--until-idle")
+    out = second.finish()
+    assert second.proc.returncode == 0, out
+    request.refresh_from_db()
+    assert request.state == State.COMPLETED, traces(request)
+    assert request.attempts == 2
+    assert len(upstream.received) == 2
+
+
 def test_a_killed_worker_loses_no_request(gated_upstream):
     request = setup_upstream_server(gated_upstream)
     first = WorkerProcess()
@@ -70,19 +83,11 @@ def test_a_killed_worker_loses_no_request(gated_upstream):
 
     first.proc.kill()  # SIGKILL: no cleanup of any kind
     first.proc.wait(timeout=30)
-    # Its heartbeat now ages; skip the wait for it to pass WORKER_STALE_S.
-    Worker.objects.filter(pk=first.worker_id).update(last_heartbeat=timezone.now() - LONG_AGO)
     gated_upstream.gate.set()
 
-    second = WorkerProcess("--until-idle")
-    out = second.finish()
-    assert second.proc.returncode == 0, out
-    request.refresh_from_db()
-    assert request.state == State.COMPLETED, traces(request)
-    assert request.attempts == 2
+    runs_again_after_take_over(request, first, gated_upstream)
     assert (State.PROCESSING, State.PENDING) in [(f, t) for f, t, _ in traces(request)]
     assert any("stopped heartbeating" in reason for *_, reason in traces(request))
-    assert len(gated_upstream.received) == 2
     assert not Worker.objects.exists()
     assert Deployment.objects.get().in_flight == 0
 
@@ -109,14 +114,7 @@ def test_a_worker_that_loses_the_database_exits_and_its_work_runs_again(gated_up
     request.refresh_from_db()
     assert (request.state, request.worker_id) == (State.PROCESSING, first.worker_id)
 
-    Worker.objects.filter(pk=first.worker_id).update(last_heartbeat=timezone.now() - LONG_AGO)
-    second = WorkerProcess("--until-idle")
-    out = second.finish()
-    assert second.proc.returncode == 0, out
-    request.refresh_from_db()
-    assert request.state == State.COMPLETED, traces(request)
-    assert request.attempts == 2
-    assert len(gated_upstream.received) == 2
+    runs_again_after_take_over(request, first, gated_upstream)
 
 
 def test_sigterm_stops_cleanly_hands_back_its_work_and_removes_its_row(gated_upstream):
