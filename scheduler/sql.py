@@ -221,7 +221,7 @@ def without_waiting_for_disk() -> None:
     commit is already in the database server's memory, which writes it out within a
     fraction of a second; only a crash of the database server in that fraction can lose
     it, leaving the rows as they were before. A later durable commit flushes it too, so a
-    durable state never rests on a lost move."""
+    durable state never rests on a lost move. README: "Which commits wait for the disk"."""
     if settings.IS_POSTGRES:
         write_later("SET LOCAL synchronous_commit TO OFF")
 

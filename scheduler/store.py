@@ -645,8 +645,8 @@ def move_and_dispatch(
     same pass costs one commit, and one UPDATE of its row. Unless it ends a request (an
     expiry, a failure), that commit does not wait for the disk either: should a database
     crash lose it, each request is back where the pass found it and is planned again (one
-    already sent is sent again, as after a worker's crash); its end, committed durably,
-    flushes this commit with it."""
+    already sent is sent again, as after a worker's crash, whose fate the crash gives this
+    worker: see `requests_completed`)."""
     to_send = {request_id for request_id, _ in sends}
     routed_ready = (t for t in transitions if t.to_state == State.READY)
     routes = {

@@ -76,10 +76,10 @@ def accept(
 ) -> Request:
     """Validate and store a new request. Raises ApiError (and stores nothing) on bad input.
 
-    A caller that waits on the open connection (`caller_waits`) is answered only after the
-    request ends, by a durable commit that flushes this insert too; should a database crash
-    lose the row before then, that caller is told so (`request_lost`). So its insert need
-    not wait for the disk. A job's id is a promise made at once: its insert waits."""
+    A caller that waits on the open connection (`caller_waits`) is answered when the request
+    ends, and told so (`request_lost`) should a database crash lose the row before then;
+    after, it has its answer. So its insert need not wait for the disk. A job's id is a
+    promise made at once: its insert waits."""
     body = dict(validate_body(kind, body))
     body_priority = body.pop("priority", None)
     level = parse_priority(priority if priority not in (None, "") else body_priority)
