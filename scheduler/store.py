@@ -118,12 +118,7 @@ class SnapshotReader:
         self.deep_models: tuple[int, ...] | None = None
 
     def read(self, config: PolicyConfig) -> Snapshot:
-        statements = [
-            (SERVER_VIEW_SQL, []),
-            (DEPLOYMENT_VIEW_SQL, []),
-            (MODEL_NAMES_SQL, []),
-            (HEAD_SQL, [*WAITING_STATES, SNAPSHOT_HEAD]),
-        ]
+        statements = pass_reads()
         if self.deep_models is not None:
             statements.append(_other_heads(self.deep_models))
         server_rows, deployment_rows, model_rows, head, *other_heads = _read_heads(statements)
@@ -153,6 +148,16 @@ class SnapshotReader:
             requests=tuple(requests.values()),
             config=config,
         )
+
+
+def pass_reads() -> list[sql.Statement]:
+    """What every pass reads, in this order (a deep line's other heads come after)."""
+    return [
+        (SERVER_VIEW_SQL, []),
+        (DEPLOYMENT_VIEW_SQL, []),
+        (MODEL_NAMES_SQL, []),
+        (HEAD_SQL, [*WAITING_STATES, SNAPSHOT_HEAD]),
+    ]
 
 
 def _read_heads(statements: list[sql.Statement]) -> list[list[tuple]]:

@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 from scheduler import store
-from scheduler.models import WAITING_STATES, Priority, Request, State
+from scheduler.models import Priority, Request, State
 from tests import factories
 from tests.support.table_reads import entries_read, unvacuumed  # noqa: F401 (fixture)
 from tests.support.wire import queries_sent
@@ -138,18 +138,12 @@ def test_no_statement_of_a_snapshot_is_planned_as_a_disabled_scan() -> None:
     """Read in index order (sequential and bitmap scans off), a statement that no index can
     serve is still planned, as a disabled scan at a cost so high that PostgreSQL compiles
     it first (JIT): 14 ms on every pass."""
-    statements = [
-        (store.SERVER_VIEW_SQL, []),
-        (store.DEPLOYMENT_VIEW_SQL, []),
-        (store.MODEL_NAMES_SQL, []),
-        (store.HEAD_SQL, [*WAITING_STATES, store.SNAPSHOT_HEAD]),
-    ]
     with connection.cursor() as cursor:
         for setting, _ in store.IN_INDEX_ORDER:
             cursor.execute(setting)
         cursor.execute("SHOW jit_above_cost")
         [(jit_above,)] = cursor.fetchall()
-        for statement, params in statements:
+        for statement, params in store.pass_reads():
             cursor.execute(f"EXPLAIN (FORMAT JSON) {statement}", params)
             [([plan],)] = cursor.fetchall()
             assert plan["Plan"]["Total Cost"] < float(jit_above), statement
