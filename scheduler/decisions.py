@@ -86,6 +86,20 @@ class SendNext:
 
 
 @dataclass(frozen=True, slots=True)
+class SendOnArrival:
+    """No request is left waiting, and `model` is loaded on `deployment_id` with `room` free
+    slots on its server: a request for it that arrives before the next pass goes straight
+    there, as that pass would route and send it, without waiting for one. The worker counts
+    the room down as it sends and up as requests there end; one send the database refuses
+    (the slot or the model gone meanwhile) and the next pass decides."""
+
+    model: str
+    deployment_id: int
+    server_id: int
+    room: int
+
+
+@dataclass(frozen=True, slots=True)
 class Probe:
     """The server's cooldown is over: one health check decides if it is back."""
 
@@ -110,6 +124,7 @@ Decision = (
     | Unload
     | Dispatch
     | SendNext
+    | SendOnArrival
     | Probe
     | Defer
 )

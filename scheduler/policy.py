@@ -14,7 +14,9 @@ Read `scheduler/README.md` first. One pass, in this order:
    model loaded (their own first);
 4. housekeeping: unload models idle past their TTL, preload marked deployments;
 5. for each server with every slot busy, what step 3 would send there as its slots free
-   (`SendNext`), unless a request still waits to be placed for a model it holds;
+   (`SendNext`), unless a request still waits to be placed for a model it holds; with no
+   request left waiting, for each model loaded with a free slot, where steps 2 and 3 would
+   send a request for it that arrives next (`SendOnArrival`);
 6. one `Defer` for the earliest moment something above changes by itself.
 
 "Best first" is (effective class, arrival, id). The effective class of a request is its
@@ -39,6 +41,7 @@ from .decisions import (
     Requeue,
     Route,
     SendNext,
+    SendOnArrival,
     StartLoad,
     Unload,
 )
@@ -84,6 +87,7 @@ class _Pass:
         self.ready_on_server: dict[int, int] = defaultdict(int)
         self.ready_on_deployment: dict[int, int] = defaultdict(int)
         self.order = [r.id for r in sorted(snapshot.requests, key=self.rank)]
+        self.whole_line = snapshot.whole_line
         self.decisions: list[Decision] = []
         self.wake_times: Wakes = []
         self.in_flight: dict[int, int] = defaultdict(int)
@@ -164,6 +168,7 @@ class _Pass:
         self.dispatch()
         self.housekeeping()
         self.send_next()
+        self.send_on_arrival()
         if self.wake_times:
             at, reason = min(self.wake_times, key=lambda t: t[0])
             self.decisions.append(Defer(at, reason))
@@ -502,6 +507,18 @@ class _Pass:
                 nexts += 1
                 if nexts == s.slots:
                     break
+
+    def send_on_arrival(self) -> None:
+        """Once nothing is left waiting: for each model loaded with a free slot, the
+        deployment a request for it that arrives next would be routed to (the least busy
+        one with the model loaded: step 2) and sent to at once (step 3)."""
+        if self.requests or not self.whole_line:
+            return
+        for model in sorted(self.deployed):
+            d = self.least_busy(self.candidates(model, "loaded"))
+            room = 0 if d is None else self.servers[d.server_id].slots - self.in_flight[d.server_id]
+            if d is not None and room > 0:
+                self.decisions.append(SendOnArrival(model, d.id, d.server_id, room))
 
     # -- housekeeping --------------------------------------------------------------------
 

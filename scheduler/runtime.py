@@ -36,6 +36,7 @@ from .decisions import (
     Requeue,
     Route,
     SendNext,
+    SendOnArrival,
     StartLoad,
     Unload,
 )
@@ -44,6 +45,7 @@ from .policy import plan
 from .pool_threads import released
 from .snapshot import Snapshot
 from .transitions import Transition
+from .wakeup import Arrival
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,6 +61,13 @@ class FreedSlot(NamedTuple):
     server_id: int
 
 
+class SentOnArrival(NamedTuple):
+    """What a new request's send on arrival returns: it went where the last pass planned,
+    which that plan foresaw (no news)."""
+
+    request_id: Any
+
+
 class Runtime:
     def __init__(self, clock: Callable[[], datetime] = timezone.now) -> None:
         self.clock = clock
@@ -69,10 +78,18 @@ class Runtime:
         self.tasks: dict[str, asyncio.Task] = {}
         self.chores: set[asyncio.Future] = set()  # DB writes no task waits for to the end
         self.completions = Batcher(self.write_completions, self.chores)
+        self.arrival_sends = Batcher(self.write_arrival_sends, self.chores)
         # Per server, what the last pass planned for its slots as they free (`SendNext`),
         # and the classes of the requests that arrived since it was installed.
         self.next_sends: dict[int, list[SendNext]] = {}
         self.arrivals: list[int] = []
+        # With nothing waiting, where the last pass planned to send each model's next arrival,
+        # and the free slots it saw per server, counted down by those sends and up as
+        # requests there end (`SendOnArrival`).
+        self.on_arrival: dict[str, SendOnArrival] = {}
+        self.room: dict[int, int] = {}
+        self.slots: dict[int, int] = {}  # server → slots, as of the last snapshot
+        self.idle = False  # the loop waits for news: no pass is under way or due
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_context: contextvars.Context | None = None
@@ -209,14 +226,49 @@ class Runtime:
             self.quiet_ends += 1
             self.passed.notify_all()
 
-    def news(self, arrived: int | None) -> None:
-        """Something to plan for (`arrived`: a new request's class). A new request may
-        outrank what the last pass planned for the slots that free next: those it could
-        outrank wait for the pass that sees it."""
+    def news(self, arrived: Arrival | None) -> None:
+        """Something to plan for (`arrived`: a new request). A new request goes at once
+        where the last pass planned its model's next arrival, if it can (`send_on_arrival`).
+        Else it may outrank what that pass planned for the slots that free next: those it
+        could outrank wait for the pass that sees it."""
         if arrived is not None:
-            self.arrivals.append(arrived)
-            self.hold_back_for(arrived)
+            if self.send_on_arrival(arrived):
+                return
+            self.arrivals.append(arrived.priority)
+            self.hold_back_for(arrived.priority)
         self.wake.set()
+
+    def send_on_arrival(self, arrived: Arrival) -> bool:
+        """Send a new request where the last pass planned its model's next arrival: only
+        while the loop is idle (a pass under way or due must see the request first) and the
+        server has room. False if it is left to a pass."""
+        planned = self.on_arrival.get(arrived.model)
+        if planned is None or not self.idle or self.wake.is_set() or self.stopping:
+            return False
+        if self.room.get(planned.server_id, 0) <= 0:
+            return False
+        self.room[planned.server_id] -= 1
+        self.spawn(f"arrive {arrived.request_id}", self.arrive(arrived.request_id, planned))
+        return True
+
+    async def arrive(self, request_id: Any, planned: SendOnArrival) -> SentOnArrival | None:
+        """Route and send a new request as planned (with those arriving meanwhile, in one
+        transaction). None, and the next pass decides, if the database refused it: the slot
+        or the model gone, or the request taken by another worker."""
+        reason = "model loaded there, sent on arrival"
+        route = Route(request_id, planned.deployment_id, True, reason)
+        if not await self.arrival_sends.submit(route):
+            self.on_arrival.clear()
+            return None
+        return SentOnArrival(request_id)
+
+    async def write_arrival_sends(self, routes: list[Route]) -> list[bool]:
+        moves = [self.transition_for(r) for r in routes]
+        sends = [(r.request_id, r.deployment_id) for r in routes]
+        jobs = await self.committed(
+            lambda send_now: store.send_on_arrival(moves, sends, self.worker_id, send_now)
+        )
+        return [job is not None for job in jobs]
 
     def hold_back_for(self, arrived: int) -> None:
         """Drop the planned sends that a new request of class `arrived` may outrank."""
@@ -242,9 +294,13 @@ class Runtime:
         timeout = min(timeout, max(next_sync, 0.0))
         if self.next_wake is not None:
             timeout = min(timeout, max((self.next_wake - self.clock()).total_seconds(), 0.0))
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self.wake.wait()
+        self.idle = True
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self.wake.wait()
+        finally:
+            self.idle = False
 
     async def heartbeat(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -314,23 +370,29 @@ class Runtime:
         arrivals_seen = len(self.arrivals)  # those after may be missing from the snapshot
         snapshot = self.snapshots.read(self.config)
         self.server_of = {d.id: d.server_id for d in snapshot.deployments}
+        self.slots = {s.id: s.slots for s in snapshot.servers}
         decisions = plan(snapshot, self.clock())
-        nexts = [d for d in decisions if isinstance(d, SendNext)]
-        decisions = [d for d in decisions if not isinstance(d, SendNext)]
-        self.call_on_loop(self.plan_next_sends, nexts, arrivals_seen)
+        later = [d for d in decisions if isinstance(d, SendNext | SendOnArrival)]
+        decisions = [d for d in decisions if not isinstance(d, SendNext | SendOnArrival)]
+        self.call_on_loop(self.install_sends, later, arrivals_seen)
         batch = Batch(self)
         for decision in decisions:
             if not batch.add(decision):
                 break
         return snapshot, decisions, batch.write(send_now) if batch.size else batch
 
-    def plan_next_sends(self, nexts: list[SendNext], arrivals_seen: int) -> None:
-        """Install a pass's plan for the slots, held back for the requests that arrived
-        after its snapshot was read (their own pass is coming)."""
+    def install_sends(self, planned: list[SendNext | SendOnArrival], arrivals_seen: int) -> None:
+        """Install a pass's plan for the slots that free and the requests that arrive, held
+        back for the requests that arrived after its snapshot was read (their own pass is
+        coming): the line it saw empty is not."""
         missed, self.arrivals = self.arrivals[arrivals_seen:], []
-        self.next_sends = {}
-        for n in nexts:
-            self.next_sends.setdefault(n.server_id, []).append(n)
+        self.next_sends, self.on_arrival, self.room = {}, {}, {}
+        for p in planned:
+            if isinstance(p, SendNext):
+                self.next_sends.setdefault(p.server_id, []).append(p)
+            elif not missed:
+                self.on_arrival[p.model] = p
+                self.room[p.server_id] = p.room
         if missed:
             self.hold_back_for(min(missed))
 
@@ -438,6 +500,12 @@ class Runtime:
                 return True
         raise TypeError(f"unknown decision {decision!r}")
 
+    def calls_for_pass(self, ended: object) -> bool:
+        """Whether a task's end (what it returned) calls for a pass."""
+        if isinstance(ended, SentOnArrival):
+            return self.until_idle
+        return not isinstance(ended, FreedSlot) or self.plan_after_news(ended)
+
     def plan_after_news(self, freed: FreedSlot) -> bool:
         """Whether a request that completed calls for a pass: only if a request was waiting
         at the last one for a model deployed on its server (only those can take the freed
@@ -454,11 +522,7 @@ class Runtime:
             self.tasks.pop(name, None)
             if not t.cancelled() and t.exception():
                 log.error("task %s crashed", name, exc_info=t.exception())
-            elif (
-                not t.cancelled()
-                and isinstance(freed := t.result(), FreedSlot)
-                and not self.plan_after_news(freed)
-            ):
+            elif not t.cancelled() and not self.calls_for_pass(t.result()):
                 self.write_marks()  # no pass comes to write them after
                 self.chore(self.count_quiet_end())
                 return
@@ -570,9 +634,14 @@ class Runtime:
             await self.serve_failed(job, error, may_retry=False)
             return
         seconds = time.monotonic() - started
-        answer = store.Answer(job, result, seconds, self.next_send(job.server_id))
+        then_send = self.next_send(job.server_id)
+        answer = store.Answer(job, result, seconds, then_send)
         if not await self.completions.submit(answer):
             log.warning("request %s finished after it was taken over; result dropped", job)
+        elif then_send is None and job.server_id in self.room:
+            # Its slot is free now, for the next arrival planned there.
+            slots = self.slots.get(job.server_id, 0)
+            self.room[job.server_id] = min(self.room[job.server_id] + 1, slots)
         self.server_answered(job.server_id)
         return FreedSlot(job.server_id)
 

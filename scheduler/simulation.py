@@ -37,6 +37,7 @@ from .decisions import (
     Requeue,
     Route,
     SendNext,
+    SendOnArrival,
     StartLoad,
     Unload,
 )
@@ -238,9 +239,9 @@ class _PolicySimulation:
             case Probe():
                 # Simulated servers never fail, so they are never in cooldown to probe.
                 return False
-            case SendNext():
-                # Here every finish is followed by a pass at the same instant, which sends
-                # what the worker would have sent in the freed slot's own write.
+            case SendNext() | SendOnArrival():
+                # Here every finish and arrival is followed by a pass at the same instant,
+                # which sends what the worker would have sent without one.
                 return False
         raise TypeError(f"unknown decision {decision!r}")
 

@@ -82,3 +82,5 @@ class Snapshot:
     requests: tuple[RequestView, ...]
     """Waiting requests only (pending, needs_loading, ready)."""
     config: PolicyConfig = PolicyConfig()
+    whole_line: bool = True
+    """`requests` holds every waiting request, not only the heads of a deep line."""

@@ -147,6 +147,7 @@ class SnapshotReader:
             ),
             requests=tuple(requests.values()),
             config=config,
+            whole_line=self.deep_models is None,
         )
 
 
@@ -479,6 +480,7 @@ class LoadedDeployment(NamedTuple):
     """What a dispatch reads of a deployment it may send to."""
 
     id: int
+    model_id: int
     server_id: int
     server_name: str
     server_model_id: str
@@ -510,7 +512,7 @@ def _servers_deployments(deployment_ids: list[int]) -> sql.Statement:
     next statement of the same query), so that a dispatch that held it is counted."""
     return (
         sql.prepared(
-            f"SELECT d.id, d.server_id, s.name, d.server_model_id, m.load_options,"
+            f"SELECT d.id, d.model_id, d.server_id, s.name, d.server_model_id, m.load_options,"
             f" d.load_options, d.state, d.in_flight"
             f" FROM {DEPLOYMENTS} d JOIN {SERVERS} s ON s.id = d.server_id"
             f" JOIN {MODELS} m ON m.id = d.model_id WHERE d.server_id IN"
@@ -526,11 +528,11 @@ def _loaded(
     """Each server's requests in flight, and its loaded deployments."""
     busy = dict.fromkeys(slots, 0)
     loaded = {}
-    for did, server_id, name, model_id, defaults, own, state, in_flight in rows:
+    for did, model_id, server_id, name, server_model_id, defaults, own, state, in_flight in rows:
         busy[server_id] += in_flight
         if state == DS.LOADED:
             options = merged_load_options(json.loads(defaults), json.loads(own))
-            loaded[did] = LoadedDeployment(did, server_id, name, model_id, options)
+            loaded[did] = LoadedDeployment(did, model_id, server_id, name, server_model_id, options)
     return busy, loaded
 
 
@@ -545,7 +547,8 @@ def dispatch_all(
     reason: str = "sent to the server",
 ) -> list[ServeJob | None]:
     """Send ready requests to their deployments, in one transaction: each (request,
-    deployment) becomes a ServeJob, or None if its slot, its model or its row is gone.
+    deployment) becomes a ServeJob, or None if its slot, its model or its row is gone (or
+    the deployment is of another model: a send on arrival goes by the name in a wake-up).
 
     `routes`: the moves from pending to ready of requests routed in the same pass; one that
     is sent moves once, pending to processing (its trace still shows both steps).
@@ -565,23 +568,26 @@ def dispatch_all(
                 _lock_servers(deployment_ids),
                 _servers_deployments(deployment_ids),
                 # Locked too: the moves below are then known, and go with the commit.
-                locking("id, priority, payload, kind, stream, state, worker_id", keys),
+                locking("id, model_id, priority, payload, kind, stream, state, worker_id", keys),
             ]
         )
         slots = dict(server_rows)
         busy, deployments = _loaded(slots, deployment_rows)
         requests: dict[Any, tuple[int, dict, str, bool]] = {}
+        models: dict[Any, int] = {}
         locked: Locked = {}
-        for key, priority, payload, kind, stream, state, worker in request_rows:
-            requests[sql.uuid_of(key)] = (priority, json.loads(payload), kind, bool(stream))
+        for key, model_id, priority, payload, kind, stream, state, worker in request_rows:
+            request_id = sql.uuid_of(key)
+            requests[request_id] = (priority, json.loads(payload), kind, bool(stream))
+            models[request_id] = model_id
             locked[key] = (state, worker)
         accepted: dict[Any, LoadedDeployment] = {}
         for request_id, deployment_id in sends:
             d = deployments.get(deployment_id)
             if d is None or busy[d.server_id] >= slots[d.server_id]:
                 continue
-            if request_id not in requests or request_id in accepted:
-                continue  # gone, or named twice: sent once
+            if models.get(request_id) != d.model_id or request_id in accepted:
+                continue  # gone, of another model, or named twice: sent once
             busy[d.server_id] += 1
             accepted[request_id] = d
         now = timezone.now()  # once the slots are ours: as near the send as the row can tell
@@ -671,6 +677,16 @@ def move_and_dispatch(
         unsent = [t for rid, t in routes.items() if rid not in sent]
         done |= zip(map(id, unsent), move_all(unsent), strict=True)
     return [done[id(t)] for t in transitions], jobs
+
+
+def send_on_arrival(
+    routes: list[Transition], sends: list[tuple[Any, int]], worker_id: int, send_now: Sending
+) -> list[ServeJob | None]:
+    """New requests routed and sent as they arrived, in one transaction (not waiting for the
+    disk, as `move_and_dispatch`): each one sent, or left pending for a pass."""
+    with sql.atomic():
+        sql.without_waiting_for_disk()
+        return dispatch_all(sends, worker_id, {t.request_id: t for t in routes}, send_now)
 
 
 def _release(

@@ -8,7 +8,9 @@ and each worker LISTENs on its own connection.
 import asyncio
 import logging
 import threading
+import uuid
 from collections.abc import Callable
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection
@@ -17,8 +19,32 @@ from . import sql
 
 CHANNEL = "switchyard"
 log = logging.getLogger(__name__)
-# Told of news: with the class of the request that arrived, or None for other news.
-Listener = Callable[[int | None], None]
+
+
+class Arrival(NamedTuple):
+    """A new request, as its wake-up tells it: its class (what it may outrank), and its
+    model's name (where it may go at once; empty when the caller named an alias)."""
+
+    priority: int
+    request_id: uuid.UUID
+    model: str
+
+    def payload(self) -> str:
+        return f"{self.priority:d} {self.request_id.hex} {self.model}"
+
+    @classmethod
+    def parse(cls, payload: str) -> "Arrival | None":
+        """None for anything else (a NOTIFY sent by hand, say): news all the same."""
+        priority, _, rest = payload.partition(" ")
+        request_id, _, model = rest.partition(" ")
+        try:
+            return cls(int(priority), uuid.UUID(hex=request_id), model)
+        except ValueError:
+            return None
+
+
+# Told of news: with the request that arrived, or None for other news.
+Listener = Callable[[Arrival | None], None]
 
 _lock = threading.Lock()
 _listeners: set[tuple[asyncio.AbstractEventLoop, Listener]] = set()
@@ -35,7 +61,7 @@ def unsubscribe(listener: Listener) -> None:
             _listeners.discard(entry)
 
 
-def wake_local(arrived: int | None = None) -> None:
+def wake_local(arrived: Arrival | None = None) -> None:
     with _lock:
         listeners = list(_listeners)
     for loop, listener in listeners:
@@ -43,13 +69,14 @@ def wake_local(arrived: int | None = None) -> None:
             loop.call_soon_threadsafe(listener, arrived)
 
 
-def notify_in_transaction(arrived: int | None = None) -> None:
-    """Call inside the transaction that made work (`arrived`: a new request's class): other
+NOTIFY_SQL = sql.prepared("SELECT pg_notify(%s, %s)")  # the payload bound as a value
+
+
+def notify_in_transaction(arrived: Arrival | None = None) -> None:
+    """Call inside the transaction that made work (`arrived`: a new request): other
     processes wake on its commit."""
     if settings.IS_POSTGRES:
-        sql.write_later(
-            f"NOTIFY {CHANNEL}" if arrived is None else f"NOTIFY {CHANNEL}, '{arrived:d}'"
-        )
+        sql.write_later(NOTIFY_SQL, [CHANNEL, "" if arrived is None else arrived.payload()])
 
 
 async def listen_postgres(listener: Listener) -> None:
@@ -71,8 +98,7 @@ async def listen_postgres(listener: Listener) -> None:
                 await conn.execute(f"LISTEN {CHANNEL}")
                 listener(None)  # whatever arrived while not listening
                 async for note in conn.notifies():
-                    # Anything but a class (sent by hand, say) is news all the same.
-                    listener(int(note.payload) if note.payload.isdigit() else None)
+                    listener(Arrival.parse(note.payload))
         except psycopg.OperationalError as exc:
             log.warning("LISTEN connection lost (%s); reconnecting in 1 s", exc)
             await asyncio.sleep(1)

@@ -16,6 +16,7 @@ from ..models import WAITING_STATES, Priority, Request, RequestKind
 from .errors import ApiError
 from .queue_bound import queue_bound
 
+MODEL_NAME_MAX = Request._meta.get_field("model_name").max_length  # and a Model's name's
 PRIORITY_NAMES = {p.label: p.value for p in Priority}
 REQUIRED_INPUT = {
     RequestKind.CHAT: "messages",
@@ -28,13 +29,14 @@ def resolve_alias(name: str) -> int:
     """The id of the model that has `name` among its aliases."""
     model = next((m for m in Model.objects.all() if name in (m.aliases or [])), None)
     if model is None:
-        raise ApiError(
-            404,
-            f"The model `{name}` does not exist.",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(name)
     return model.pk
+
+
+def model_not_found(name: str) -> ApiError:
+    return ApiError(
+        404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
+    )
 
 
 def parse_priority(value: Any) -> int:
@@ -81,6 +83,8 @@ def accept(
     after, it has its answer. So its insert need not wait for the disk. A job's id is a
     promise made at once: its insert waits."""
     body = dict(validate_body(kind, body))
+    if len(body["model"]) > MODEL_NAME_MAX:  # no model's, nor a name a request can keep
+        raise model_not_found(body["model"])
     body_priority = body.pop("priority", None)
     level = parse_priority(priority if priority not in (None, "") else body_priority)
     stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
@@ -110,8 +114,9 @@ def store(request: Request, caller_waits: bool, model_named: str | None = None) 
         request.created_at = timezone.now()
         request.expires_at = request.created_at + timedelta(seconds=max_wait_s(request.priority))
         inserted = sql.insert(request, found_by)
-        wakeup.notify_in_transaction(request.priority)
-        transaction.on_commit(lambda: wakeup.wake_local(request.priority))
+        arrival = wakeup.Arrival(request.priority, request.id, model_named or "")
+        wakeup.notify_in_transaction(arrival)
+        transaction.on_commit(lambda: wakeup.wake_local(arrival))
     if found_by is not None:
         if not inserted.rows:
             return False

@@ -91,10 +91,11 @@ def test_models_lists_names_and_aliases(live):
     assert ids == ["qwen", "q"]
 
 
-def test_unknown_model_is_404_in_openai_shape_and_stores_nothing(live):
+@pytest.mark.parametrize("name", ["nope", "n" * 10_000], ids=["unknown", "too-long"])
+def test_unknown_model_is_404_in_openai_shape_and_stores_nothing(live, name):
     with pytest.raises(openai.NotFoundError) as err:
         client(live).chat.completions.create(
-            model="nope", messages=[{"role": "user", "content": "x"}]
+            model=name, messages=[{"role": "user", "content": "x"}]
         )
     assert err.value.body["code"] == "model_not_found"
     assert Request.objects.count() == 0

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -21,7 +22,7 @@ from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState, Server
 from scheduler import sql, store, wakeup
 from scheduler.api import intake
-from scheduler.decisions import SendNext
+from scheduler.decisions import SendNext, SendOnArrival
 from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import FreedSlot, Runtime
 from tests import factories
@@ -231,23 +232,25 @@ async def test_a_notify_from_another_connection_wakes_the_worker(knobs):
 
 
 @pytest.mark.skipif(not settings.IS_POSTGRES, reason="LISTEN/NOTIFY needs PostgreSQL")
-async def test_a_new_requests_class_travels_with_its_notify():
-    """The worker hears a new request's class from another process, so that it can hold
-    back what the request may outrank (other news carries none)."""
-    heard: asyncio.Queue[int | None] = asyncio.Queue()
+async def test_a_new_request_travels_with_its_notify():
+    """The worker hears a new request from another process: its class, so that it can hold
+    back what the request may outrank, and its id and model, so that it can send it at
+    once. A model name is written as a value (quotes and all); other news carries none."""
+    heard: asyncio.Queue[wakeup.Arrival | None] = asyncio.Queue()
     listener = asyncio.create_task(wakeup.listen_postgres(heard.put_nowait))
 
-    def notify(arrived: int | None) -> None:
+    def notify(arrived: wakeup.Arrival | None) -> None:
         with sql.atomic():
             wakeup.notify_in_transaction(arrived)
 
+    arrived = wakeup.Arrival(Priority.INTERACTIVE, uuid.uuid4(), "qwen3 'it''s' 8b")
     try:
         assert await asyncio.wait_for(heard.get(), 10) is None  # listening (a guard only)
-        await db(notify)(Priority.INTERACTIVE)
+        await db(notify)(arrived)
         await db(notify)(None)
         await db(sql.execute)("NOTIFY switchyard, 'by hand'")
         assert [await asyncio.wait_for(heard.get(), 10) for _ in range(3)] == [
-            Priority.INTERACTIVE,
+            arrived,
             None,
             None,
         ]
@@ -352,11 +355,11 @@ def test_a_plan_read_before_an_arrival_is_held_back_for_it():
     far = timezone.now() + timedelta(hours=1)
     background = SendNext(1, uuid.uuid4(), 1, far, Priority.BACKGROUND)
     seen = len(rt.arrivals)  # as the pass reads its snapshot
-    rt.news(Priority.INTERACTIVE)
-    rt.plan_next_sends([background], seen)
+    rt.news(wakeup.Arrival(Priority.INTERACTIVE, uuid.uuid4(), "m1"))
+    rt.install_sends([background], seen)
     assert rt.next_send(1) is None
 
-    rt.plan_next_sends([background], len(rt.arrivals))  # the next pass saw it
+    rt.install_sends([background], len(rt.arrivals))  # the next pass saw it
     assert rt.next_send(1) == (background.request_id, 1)
 
 
@@ -372,6 +375,123 @@ async def test_a_stopping_worker_leaves_a_freed_slot_empty(knobs):
         await stopping
         assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED, State.READY]
         assert len(upstream.received) == 1
+
+
+@contextlib.asynccontextmanager
+async def idle_worker(gated: bool = False):
+    """A worker whose pass found nothing waiting and m1 loaded on a one-slot server behind a
+    real upstream, now waiting for news as its loop does between passes (`waiting`: that
+    wait, done once something calls for a pass)."""
+    upstream = Upstream(["m1"])
+    upstream.gate = threading.Event() if gated else None
+
+    def setup() -> None:
+        srv = factories.server("up", kind="openai", base_url=upstream.url, slots=1)
+        factories.deployment(srv, "m1", state=DeploymentState.LOADED)
+
+    try:
+        await db(setup)()
+        rt = Runtime()
+        await rt.start()
+        waiting = None
+        try:
+            await rt.step()
+            rt.last_sync = time.monotonic()  # no status sync due (STATUS_SYNC_S: a test's)
+            # Its first step runs before any wake-up from a thread: they are queued after.
+            waiting = asyncio.create_task(rt.wait())
+            yield rt, upstream, waiting
+        finally:
+            if waiting is not None:
+                waiting.cancel()
+            await rt.stop()
+    finally:
+        if upstream.gate is not None:
+            upstream.gate.set()
+        upstream.close()
+
+
+async def arrive(model: str = "m1") -> Request:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    return await db(intake.accept)("chat", body)
+
+
+async def _arrivals_sent(rt: Runtime) -> None:
+    arriving = [t for name, t in rt.tasks.items() if name.startswith("arrive ")]
+    await asyncio.wait_for(asyncio.gather(*arriving), 10)  # a guard only
+
+
+def reasons(request: Request) -> list[str]:
+    return list(request.traces.order_by("pk").values_list("reason", flat=True))
+
+
+async def test_a_new_request_goes_straight_to_a_free_slot_without_a_pass(knobs):
+    """Nothing waits, m1 is loaded with a free slot: a request for it is routed and sent as
+    its wake-up comes, where the last pass planned. Breaks if it waited for the loop to
+    wake, read a snapshot and plan (the loop is never woken here)."""
+    knobs(POLL_INTERVAL_S=3600, STATUS_SYNC_S=3600)
+    async with idle_worker() as (rt, upstream, waiting):
+        request = await arrive()
+        await _arrivals_sent(rt)
+        await _serving_ended(rt)
+        assert await db(state_of)(request) == State.COMPLETED
+        assert (await db(reasons)(request))[:2] == [
+            "model loaded there, sent on arrival",
+            "sent to the server",
+        ]
+        assert not waiting.done() and not rt.wake.is_set()  # no pass was called for
+        assert len(upstream.received) == 1
+
+
+async def test_a_new_request_finding_no_room_left_waits_for_a_pass(knobs):
+    """One slot: the first arrival takes it, the second is the next pass's to place. Once
+    the first ends, its slot is free for the next arrival again."""
+    knobs(POLL_INTERVAL_S=3600, STATUS_SYNC_S=3600)
+    async with idle_worker(gated=True) as (rt, upstream, waiting):
+        first = await arrive()
+        await _arrivals_sent(rt)
+        assert await asyncio.to_thread(upstream.arrived.wait, 10)
+        second = await arrive()
+        await asyncio.wait_for(waiting, 10)  # woken for a pass: a guard only
+        assert await db(state_of)(second) == State.PENDING
+        upstream.gate.set()
+        await _serving_ended(rt)
+        assert await db(state_of)(first) == State.COMPLETED
+        assert rt.room == {next(iter(rt.slots)): 1}  # the freed slot is the next arrival's
+        await rt.step()
+        await _serving_ended(rt)
+        assert await db(state_of)(second) == State.COMPLETED
+
+
+async def test_a_send_on_arrival_the_database_refuses_leaves_the_request_to_a_pass(knobs):
+    """The model was unloaded behind the worker's back after its plan: the send is refused
+    at its lock, the request stays as it came, and a pass is called for."""
+    knobs(POLL_INTERVAL_S=3600, STATUS_SYNC_S=3600)
+    async with idle_worker() as (rt, upstream, waiting):
+        unloaded = DeploymentState.UNLOADED
+        await db(lambda: Deployment.objects.update(state=unloaded))()
+        request = await arrive()
+        await _arrivals_sent(rt)
+        await asyncio.wait_for(waiting, 10)  # a guard only
+        assert await db(state_of)(request) == State.PENDING
+        assert rt.on_arrival == {} and upstream.received == []
+
+
+def test_an_arrival_while_a_pass_is_due_or_unseen_by_a_plan_waits_for_a_pass():
+    """The pass that is due sees the request (it may outrank others, or need the slot less
+    than a waiting one). And a plan whose snapshot was read before an arrival does not
+    send the next one: the line it saw empty is not."""
+    rt = Runtime()
+    planned = SendOnArrival("m1", 1, 1, 1)
+    rt.install_sends([planned], 0)
+    rt.idle = True
+    rt.wake.set()  # a pass is due
+    rt.news(wakeup.Arrival(Priority.NORMAL, uuid.uuid4(), "m1"))
+    assert rt.arrivals == [Priority.NORMAL] and not rt.tasks
+
+    seen = len(rt.arrivals)  # as a pass reads its snapshot
+    rt.news(wakeup.Arrival(Priority.NORMAL, uuid.uuid4(), "m2"))
+    rt.install_sends([planned], seen)
+    assert rt.on_arrival == {}
 
 
 async def test_after_a_pass_only_servers_with_a_waiting_model_call_for_a_pass_when_freed():

@@ -294,18 +294,22 @@ def test_one_batch_of_dispatches_fills_free_slots_and_no_more():
     d1 = factories.deployment(srv, "m1", state=DS.LOADED)
     d2 = factories.deployment(srv, "m2", state=DS.LOADED)
     gone = factories.deployment(factories.server("s2"), "m1", state=DS.UNLOADED)
-    r1, r2, r3, r4 = (factories.request("m1", state=State.READY) for _ in range(4))
+    r1, r2, r4 = (factories.request("m1", state=State.READY) for _ in range(3))
+    r3, wrong = (factories.request("m2", state=State.READY) for _ in range(2))
 
     jobs = store.dispatch_all(
-        [(r1.pk, d1.pk), (r2.pk, gone.pk), (r3.pk, d2.pk), (r4.pk, d1.pk)], w.pk
+        [(r1.pk, d1.pk), (r2.pk, gone.pk), (wrong.pk, d1.pk), (r3.pk, d2.pk), (r4.pk, d1.pk)],
+        w.pk,
     )
 
-    # r2's model is not loaded there; r4 finds s1's two slots taken by r1 and r3.
-    assert [job is not None for job in jobs] == [True, False, True, False]
-    assert jobs[2].call.server_model_id == "m2"
+    # r2's model is not loaded there; an m2 request never goes to m1, though a slot is
+    # free; r4 finds s1's two slots taken by r1 and r3.
+    assert [job is not None for job in jobs] == [True, False, False, True, False]
+    assert jobs[3].call.server_model_id == "m2"
     states = dict(Request.objects.values_list("pk", "state"))
-    assert [states[r.pk] for r in (r1, r2, r3, r4)] == [
+    assert [states[r.pk] for r in (r1, r2, wrong, r3, r4)] == [
         State.PROCESSING,
+        State.READY,
         State.READY,
         State.PROCESSING,
         State.READY,
