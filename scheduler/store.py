@@ -680,7 +680,10 @@ def move_and_dispatch(
 
 
 def send_on_arrival(
-    routes: list[Transition], sends: list[tuple[Any, int]], worker_id: int, send_now: Sending
+    routes: list[Transition],
+    sends: list[tuple[Any, int]],
+    worker_id: int,
+    send_now: Sending | None = None,
 ) -> list[ServeJob | None]:
     """New requests routed and sent as they arrived, in one transaction (not waiting for the
     disk, as `move_and_dispatch`): each one sent, or left pending for a pass."""

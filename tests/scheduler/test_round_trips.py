@@ -15,7 +15,7 @@ from backends.models import DeploymentState
 from scheduler import sql, store
 from scheduler.api import intake
 from scheduler.api.queue_bound import queue_bound
-from scheduler.decisions import Dispatch
+from scheduler.decisions import Dispatch, Route
 from scheduler.models import Request, State, Trace, Worker
 from scheduler.policy import plan
 from scheduler.runtime import Runtime
@@ -86,12 +86,16 @@ def test_writes_at_end_sends_nothing_when_its_work_fails():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_one_request_costs_five_round_trips_on_postgresql(monkeypatch):
+@pytest.mark.parametrize("on_arrival", [False, True], ids=["by-a-pass", "on-arrival"])
+def test_one_request_costs_five_round_trips_on_postgresql_four_if_sent_on_arrival(
+    monkeypatch, on_arrival
+):
     """Its insert (which looks up the model's id itself), the snapshot, the pass that
     routes and sends it (its rows read under lock, then written with the commit), and its
     completion: each with every trace row, counter and setting it writes, BEGIN and COMMIT
-    included, counted on the wire. (The queue bound's count, at most once a second, is
-    taken before; a connection's first use of a hot statement prepares it, once.)"""
+    included, counted on the wire. Sent on arrival, it needs no snapshot. (The queue
+    bound's count, at most once a second, is taken before; a connection's first use of a
+    hot statement prepares it, once.)"""
     factories.model("m1")
     monkeypatch.setattr(queue_bound, "clock", lambda: 0.0)
     queue_bound.count()
@@ -101,7 +105,7 @@ def test_one_request_costs_five_round_trips_on_postgresql(monkeypatch):
     found: dict = {}
 
     def accept() -> None:
-        intake.accept("chat", BODY, caller_waits=True)
+        found["request"] = intake.accept("chat", BODY, caller_waits=True).pk
 
     def a_pass() -> None:
         snapshot = store.SnapshotReader().read(store.policy_config())
@@ -113,11 +117,21 @@ def test_one_request_costs_five_round_trips_on_postgresql(monkeypatch):
         sends = [(d.request_id, d.deployment_id) for d in found["plan"] if isinstance(d, Dispatch)]
         found["job"] = store.move_and_dispatch(moves, sends, worker.pk)[1][0]
 
+    def send_on_arrival() -> None:
+        request_id = found["request"]
+        route = runtime.transition_for(Route(request_id, d.pk, True, "sent on arrival"))
+        found["job"] = store.send_on_arrival([route], [(request_id, d.pk)], worker.pk)[0]
+
     def complete() -> None:
         store.requests_completed([store.Answer(found["job"], {"ok": True}, 0.1)])
 
     trips = queries_sent if POSTGRES else statements
-    steps = [accept, a_pass, route_and_send, complete]
+    runtime.server_of = {d.pk: d.server_id}
+    steps = (
+        [accept, send_on_arrival, complete]
+        if on_arrival
+        else [accept, a_pass, route_and_send, complete]
+    )
     first = [trips(step) for step in steps]
     again = [trips(step) for step in steps]
 
@@ -128,7 +142,7 @@ def test_one_request_costs_five_round_trips_on_postgresql(monkeypatch):
         traced = Trace.objects.filter(request=request).values_list("to_state", flat=True)
         assert list(traced.order_by("id")) == [State.READY, State.PROCESSING, State.COMPLETED]
     if POSTGRES:
-        assert [len(sent) for sent in again] == [1, 1, 2, 1]
+        assert [len(sent) for sent in again] == ([1, 2, 1] if on_arrival else [1, 1, 2, 1])
         # The first time, if this connection had not run them yet, a trip more for each
         # batch of statements prepared.
         for sent, later in zip(first, again, strict=True):
