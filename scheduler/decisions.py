@@ -87,11 +87,12 @@ class SendNext:
 
 @dataclass(frozen=True, slots=True)
 class SendOnArrival:
-    """No request is left waiting, and `model` is loaded on `deployment_id` with `room` free
-    slots on its server: a request for it that arrives before the next pass goes straight
-    there, as that pass would route and send it, without waiting for one. The worker counts
-    the room down as it sends and up as requests there end; one send the database refuses
-    (the slot or the model gone meanwhile) and the next pass decides."""
+    """`model` is loaded on `deployment_id` with `room` free slots on its server, and no
+    request left waiting could use that server: a request for it that arrives before the
+    next pass goes straight there, as that pass would route and send it, without waiting
+    for one. The worker counts the room down as it sends and up as requests there end; one
+    send the database refuses (the slot or the model gone meanwhile) and the next pass
+    decides."""
 
     model: str
     deployment_id: int

@@ -14,9 +14,9 @@ Read `scheduler/README.md` first. One pass, in this order:
    model loaded (their own first);
 4. housekeeping: unload models idle past their TTL, preload marked deployments;
 5. for each server with every slot busy, what step 3 would send there as its slots free
-   (`SendNext`), unless a request still waits to be placed for a model it holds; with no
-   request left waiting, for each model loaded with a free slot, where steps 2 and 3 would
-   send a request for it that arrives next (`SendOnArrival`);
+   (`SendNext`), unless a request still waits to be placed for a model it holds; for each
+   model loaded with a free slot, where steps 2 and 3 would send a request for it that
+   arrives next, if no waiting request could use that server (`SendOnArrival`);
 6. one `Defer` for the earliest moment something above changes by itself.
 
 "Best first" is (effective class, arrival, id). The effective class of a request is its
@@ -509,15 +509,20 @@ class _Pass:
                     break
 
     def send_on_arrival(self) -> None:
-        """Once nothing is left waiting: for each model loaded with a free slot, the
-        deployment a request for it that arrives next would be routed to (the least busy
-        one with the model loaded: step 2) and sent to at once (step 3)."""
-        if self.requests or not self.whole_line:
+        """For each model loaded with a free slot, the deployment a request for it that
+        arrives next would be routed to (the least busy one with the model loaded: step 2)
+        and sent to at once (step 3), if no request left waiting could use its server: none
+        waits for a model deployed there (to be sent, or loaded, evicting)."""
+        if not self.whole_line:  # a request unseen may want any server
             return
+        wanted = {r.model for r in self.requests.values()}
+        claimed = {d.server_id for d in self.deployments.values() if d.model in wanted}
         for model in sorted(self.deployed):
             d = self.least_busy(self.candidates(model, "loaded"))
-            room = 0 if d is None else self.servers[d.server_id].slots - self.in_flight[d.server_id]
-            if d is not None and room > 0:
+            if d is None or d.server_id in claimed:
+                continue
+            room = self.servers[d.server_id].slots - self.in_flight[d.server_id]
+            if room > 0:
                 self.decisions.append(SendOnArrival(model, d.id, d.server_id, room))
 
     # -- housekeeping --------------------------------------------------------------------

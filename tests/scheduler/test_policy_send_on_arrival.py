@@ -56,19 +56,29 @@ def test_requests_the_pass_sends_take_their_slots_from_the_room():
     assert arrivals(decisions) == [("a", 1, 1, 1)]
 
 
-def test_no_arrival_is_planned_while_any_request_waits():
-    """A request still waiting (for a load, for its retry's backoff) may be what a free slot
-    or a server's room is for: the next pass decides, seeing both."""
+def test_no_arrival_is_planned_for_a_server_a_waiting_request_could_use():
+    """A request still waiting for a model the server holds (for its retry's backoff, for a
+    load there that evicts) may be what its free slot or its room is for: the next pass
+    decides, seeing both. Breaks if the plan ignored them."""
+    warm = dep(1, 1, "a", "loaded", last_interactive_at=at(-10))  # not evicted for b yet
     for waiting in (
-        req("b", state="needs_loading", deployment_id=2),
         req("a", state="ready", deployment_id=1, not_before=at(5)),
+        req("b", state="pending"),
     ):
-        s = snap(
-            [server(1, slots=2), server(2)],
-            [dep(1, 1, "a", "loaded"), dep(2, 2, "b", "loading")],
-            [waiting],
-        )
+        s = snap([server(1, slots=2)], [warm, dep(2, 1, "b")], [waiting])
         assert arrivals(plan(s, at(0))) == []
+
+
+def test_a_load_elsewhere_does_not_hold_up_arrivals_for_a_loaded_model():
+    """Requests wait for a long load on s1; a model loaded on s2 still takes its next
+    arrival at once (no head-of-line blocking, without a pass)."""
+    s = snap(
+        [server(1), server(2)],
+        [dep(1, 1, "big", "loading"), dep(2, 2, "small", "loaded")],
+        [req("big", state="needs_loading", deployment_id=1)],
+    )
+
+    assert arrivals(plan(s, at(0))) == [("small", 2, 2, 1)]
 
 
 def test_a_deep_line_plans_no_arrival():
