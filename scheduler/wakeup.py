@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection
 
 from . import sql
+from .models import Request
 
 CHANNEL = "switchyard"
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 class Arrival(NamedTuple):
     """A new request, as its wake-up tells it: its class (what it may outrank), and its
-    model's name (where it may go at once; empty when the caller named an alias)."""
+    model's name (where it may go at once)."""
 
     priority: int
     request_id: uuid.UUID
@@ -70,13 +71,22 @@ def wake_local(arrived: Arrival | None = None) -> None:
 
 
 NOTIFY_SQL = sql.prepared("SELECT pg_notify(%s, %s)")  # the payload bound as a value
+# A new request's, sent only if its row was stored (an insert may find no model to store).
+NOTIFY_STORED_SQL = sql.prepared(
+    f"SELECT pg_notify(%s, %s) FROM {Request._meta.db_table} WHERE id = %s"
+)
 
 
 def notify_in_transaction(arrived: Arrival | None = None) -> None:
-    """Call inside the transaction that made work (`arrived`: a new request): other
-    processes wake on its commit."""
-    if settings.IS_POSTGRES:
-        sql.write_later(NOTIFY_SQL, [CHANNEL, "" if arrived is None else arrived.payload()])
+    """Call inside the transaction that made work (`arrived`: a new request, after its
+    insert): other processes wake on its commit."""
+    if not settings.IS_POSTGRES:
+        return
+    if arrived is None:
+        sql.write_later(NOTIFY_SQL, [CHANNEL, ""])
+    else:
+        [key] = sql.keys(Request, [arrived.request_id])
+        sql.write_later(NOTIFY_STORED_SQL, [CHANNEL, arrived.payload(), key])
 
 
 async def listen_postgres(listener: Listener) -> None:

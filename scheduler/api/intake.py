@@ -25,12 +25,12 @@ REQUIRED_INPUT = {
 }
 
 
-def resolve_alias(name: str) -> int:
-    """The id of the model that has `name` among its aliases."""
+def resolve_alias(name: str) -> Model:
+    """The model that has `name` among its aliases."""
     model = next((m for m in Model.objects.all() if name in (m.aliases or [])), None)
     if model is None:
         raise model_not_found(name)
-    return model.pk
+    return model
 
 
 def model_not_found(name: str) -> ApiError:
@@ -94,18 +94,19 @@ def accept(
     )
     # The model's id is looked up by the insert itself: a round trip less. A name that no
     # model has stores nothing, and is then looked up among the aliases.
-    if not store(request, caller_waits, model_named=body["model"]):
+    if not store(request, caller_waits, body["model"], by_name=True):
         queue_bound.withdraw(level)
-        request.model_id = resolve_alias(body["model"])
-        store(request, caller_waits)
+        model = resolve_alias(body["model"])
+        request.model_id = model.pk
+        store(request, caller_waits, model.name, by_name=False)
     return request
 
 
-def store(request: Request, caller_waits: bool, model_named: str | None = None) -> bool:
-    """Insert the request and wake the workers on commit. With `model_named`, its model is
-    the one of that name, found by the insert itself: False, and nothing stored, if none
-    is (the commit then wakes the workers for nothing)."""
-    found_by = ("model", "name", model_named) if model_named else None
+def store(request: Request, caller_waits: bool, model: str, by_name: bool) -> bool:
+    """Insert the request and wake the workers on commit, telling them its `model`'s name.
+    With `by_name`, its model is the one of that name, found by the insert itself: False,
+    and nothing stored (nor anyone woken), if none is."""
+    found_by = ("model", "name", model) if by_name else None
     with sql.atomic():
         if caller_waits:
             sql.without_waiting_for_disk()
@@ -114,12 +115,16 @@ def store(request: Request, caller_waits: bool, model_named: str | None = None) 
         request.created_at = timezone.now()
         request.expires_at = request.created_at + timedelta(seconds=max_wait_s(request.priority))
         inserted = sql.insert(request, found_by)
-        arrival = wakeup.Arrival(request.priority, request.id, model_named or "")
+        arrival = wakeup.Arrival(request.priority, request.id, model)
         wakeup.notify_in_transaction(arrival)
-        transaction.on_commit(lambda: wakeup.wake_local(arrival))
+
+        def stored() -> bool:  # known once the insert is sent, with the commit
+            return found_by is None or bool(inserted.rows)
+
+        transaction.on_commit(lambda: stored() and wakeup.wake_local(arrival))
+    if not stored():
+        return False
     if found_by is not None:
-        if not inserted.rows:
-            return False
         request.model_id = inserted.rows[0][0]
     return True
 

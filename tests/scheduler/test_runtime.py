@@ -19,7 +19,7 @@ from django.db import connection
 from django.utils import timezone
 
 from backends.adapters.simulated import simulated_server
-from backends.models import Deployment, DeploymentState, Server
+from backends.models import Deployment, DeploymentState, Model, Server
 from scheduler import sql, store, wakeup
 from scheduler.api import intake
 from scheduler.decisions import SendNext, SendOnArrival
@@ -235,7 +235,8 @@ async def test_a_notify_from_another_connection_wakes_the_worker(knobs):
 async def test_a_new_request_travels_with_its_notify():
     """The worker hears a new request from another process: its class, so that it can hold
     back what the request may outrank, and its id and model, so that it can send it at
-    once. A model name is written as a value (quotes and all); other news carries none."""
+    once. A model name is written as a value (quotes and all); other news carries none. A
+    request whose insert stored nothing (no model of its name) wakes no one."""
     heard: asyncio.Queue[wakeup.Arrival | None] = asyncio.Queue()
     listener = asyncio.create_task(wakeup.listen_postgres(heard.put_nowait))
 
@@ -243,10 +244,12 @@ async def test_a_new_request_travels_with_its_notify():
         with sql.atomic():
             wakeup.notify_in_transaction(arrived)
 
-    arrived = wakeup.Arrival(Priority.INTERACTIVE, uuid.uuid4(), "qwen3 'it''s' 8b")
+    stored = await db(factories.request)("qwen3 'it''s' 8b", Priority.INTERACTIVE)
+    arrived = wakeup.Arrival(Priority.INTERACTIVE, stored.pk, "qwen3 'it''s' 8b")
     try:
         assert await asyncio.wait_for(heard.get(), 10) is None  # listening (a guard only)
         await db(notify)(arrived)
+        await db(notify)(arrived._replace(request_id=uuid.uuid4()))  # no row: no wake-up
         await db(notify)(None)
         await db(sql.execute)("NOTIFY switchyard, 'by hand'")
         assert [await asyncio.wait_for(heard.get(), 10) for _ in range(3)] == [
@@ -424,13 +427,15 @@ def reasons(request: Request) -> list[str]:
     return list(request.traces.order_by("pk").values_list("reason", flat=True))
 
 
-async def test_a_new_request_goes_straight_to_a_free_slot_without_a_pass(knobs):
-    """Nothing waits, m1 is loaded with a free slot: a request for it is routed and sent as
-    its wake-up comes, where the last pass planned. Breaks if it waited for the loop to
-    wake, read a snapshot and plan (the loop is never woken here)."""
+@pytest.mark.parametrize("asked_for", ["m1", "first"])
+async def test_a_new_request_goes_straight_to_a_free_slot_without_a_pass(knobs, asked_for):
+    """Nothing waits, m1 is loaded with a free slot: a request for it (by its name or an
+    alias) is routed and sent as its wake-up comes, where the last pass planned. Breaks if
+    it waited for the loop to wake, read a snapshot and plan (the loop is never woken)."""
     knobs(POLL_INTERVAL_S=3600, STATUS_SYNC_S=3600)
     async with idle_worker() as (rt, upstream, waiting):
-        request = await arrive()
+        await db(lambda: Model.objects.update(aliases=["first"]))()
+        request = await arrive(asked_for)
         await _arrivals_sent(rt)
         await _serving_ended(rt)
         assert await db(state_of)(request) == State.COMPLETED
