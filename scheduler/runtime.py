@@ -198,7 +198,7 @@ class Runtime:
                 self.write_marks()
                 await self.count_pass()
                 if self.crashed:
-                    raise RuntimeError("a side task of the worker crashed") from self.crashed
+                    raise self.crashed  # as it came: a lost database ends `run_scheduler` cleanly
                 if until_idle and not did and not self.tasks and not self.waiting:
                     break
                 # A plan covers everything it can see, so after a pass that went as planned

@@ -12,12 +12,12 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState, Server
-from scheduler import announce, store
+from scheduler import announce, store, wakeup
 from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import Runtime
 from scheduler.transitions import Transition
@@ -159,6 +159,25 @@ async def test_a_worker_keeps_its_heartbeat_fresh(knobs):
         await running.until(
             lambda: Worker.objects.get(pk=worker.pk).last_heartbeat > worker.last_heartbeat
         )
+
+
+async def test_a_heartbeat_that_lost_the_database_stops_the_worker_with_that_error(
+    monkeypatch, caplog
+):
+    """Not a wrapper of it: `run_scheduler` tells a lost database by its type, and exits
+    with one line instead of a traceback."""
+
+    def lost(worker_id: int) -> bool:
+        raise OperationalError("the connection to the database was lost")
+
+    async def not_listening(listener) -> None:  # a LISTEN cut off mid-connect outlives the test
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(store, "heartbeat", lost)
+    monkeypatch.setattr(wakeup, "listen_postgres", not_listening)
+    with pytest.raises(OperationalError, match="was lost"):
+        await Runtime().run(asyncio.Event())
+    assert "side task heartbeat crashed" in caplog.text
 
 
 async def test_a_worker_taken_over_while_alive_carries_on_under_a_new_row(knobs):
