@@ -87,7 +87,7 @@ class _Pass:
         self.ready_on_server: dict[int, int] = defaultdict(int)
         self.ready_on_deployment: dict[int, int] = defaultdict(int)
         self.order = [r.id for r in sorted(snapshot.requests, key=self.rank)]
-        self.whole_line = snapshot.whole_line
+        self.unseen = snapshot.unseen
         self.decisions: list[Decision] = []
         self.wake_times: Wakes = []
         self.in_flight: dict[int, int] = defaultdict(int)
@@ -513,9 +513,7 @@ class _Pass:
         arrives next would be routed to (the least busy one with the model loaded: step 2)
         and sent to at once (step 3), if no request left waiting could use its server: none
         waits for a model deployed there (to be sent, or loaded, evicting)."""
-        if not self.whole_line:  # a request unseen may want any server
-            return
-        wanted = {r.model for r in self.requests.values()}
+        wanted = {r.model for r in self.requests.values()} | self.unseen
         claimed = {d.server_id for d in self.deployments.values() if d.model in wanted}
         for model in sorted(self.deployed):
             d = self.least_busy(self.candidates(model, "loaded"))

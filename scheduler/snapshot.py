@@ -82,5 +82,7 @@ class Snapshot:
     requests: tuple[RequestView, ...]
     """Waiting requests only (pending, needs_loading, ready)."""
     config: PolicyConfig = PolicyConfig()
-    whole_line: bool = True
-    """`requests` holds every waiting request, not only the heads of a deep line."""
+    unseen: frozenset[str] = frozenset()
+    """Models that more requests may wait for than `requests` holds. Of a deep line it holds
+    the heads: its best, its oldest, and the best of each deployed model's own line, so a
+    deployed model with fewer of those here than such a head holds has every one here."""

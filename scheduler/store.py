@@ -10,7 +10,8 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -147,8 +148,14 @@ class SnapshotReader:
             ),
             requests=tuple(requests.values()),
             config=config,
-            whole_line=self.deep_models is None,
+            unseen=frozenset() if self.deep_models is None else _unseen(requests.values()),
         )
+
+
+def _unseen(heads: Iterable[RequestView]) -> frozenset[str]:
+    """Of a deep line's heads, the models whose own head was full: more may wait for them."""
+    counts = Counter(view.model for view in heads)
+    return frozenset(model for model, n in counts.items() if n >= MODEL_HEAD)
 
 
 def pass_reads() -> list[sql.Statement]:

@@ -16,7 +16,7 @@ from ..models import WAITING_STATES, Priority, Request, RequestKind
 from .errors import ApiError
 from .queue_bound import queue_bound
 
-MODEL_NAME_MAX = Request._meta.get_field("model_name").max_length  # and a Model's name's
+MODEL_NAME_MAX = Request._meta.get_field("model_name").max_length  # a Model's name's too
 PRIORITY_NAMES = {p.label: p.value for p in Priority}
 REQUIRED_INPUT = {
     RequestKind.CHAT: "messages",

@@ -81,12 +81,22 @@ def test_a_load_elsewhere_does_not_hold_up_arrivals_for_a_loaded_model():
     assert arrivals(plan(s, at(0))) == [("small", 2, 2, 1)]
 
 
-def test_a_deep_line_plans_no_arrival():
-    """A snapshot of a deep line holds its heads only: the pass may send all it saw, and
-    the rest still waits."""
-    s = snap([server(1, slots=2)], [dep(1, 1, "a", "loaded")], [])
+def test_a_model_more_requests_may_wait_for_than_the_snapshot_holds_keeps_its_server():
+    """A snapshot of a deep line holds its heads: the pass may send every request it saw
+    for a model while more wait unseen, so that model's server takes no arrival. A model
+    whose requests it holds all (here b, none waiting) still does."""
+    seen = req("a", state="ready", deployment_id=1)
+    servers = [server(1, slots=2), server(2)]
+    s = snap(servers, [dep(1, 1, "a", "loaded"), dep(2, 2, "b", "loaded")], [seen])
 
-    assert arrivals(plan(replace(s, whole_line=False), at(0))) == []
+    decisions = plan(replace(s, unseen=frozenset({"a"})), at(0))
+
+    assert of(decisions, Dispatch) == [Dispatch(seen.id, 1)]
+    assert arrivals(decisions) == [("b", 2, 2, 1)]
+    # Had the snapshot held all of a's, a's second slot would take a's next arrival: the
+    # request the pass sent there claims nothing once sent.
+    assert arrivals(plan(s, at(0))) == [("a", 1, 1, 1), ("b", 2, 2, 1)]
+    assert arrivals(plan(replace(s, unseen=frozenset({"b"})), at(0))) == [("a", 1, 1, 1)]
 
 
 def test_servers_out_of_service_and_models_going_away_take_no_arrival():

@@ -78,6 +78,28 @@ def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
     assert waiting_ids(snapshot) == {r.id for r in [*ahead[:2], behind[0]]}
 
 
+def test_a_deep_line_tells_which_models_more_requests_may_wait_for(monkeypatch) -> None:
+    """A model whose own head came full may have more waiting than the snapshot holds;
+    one whose head came short has them all there (what sends on arrival rely on)."""
+    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
+    monkeypatch.setattr(store, "MODEL_HEAD", 2)
+    server = factories.server("s1")
+    factories.deployment(server, "busy")
+    factories.deployment(server, "lone")
+    long_ago = timezone.now() - timedelta(hours=1)
+    for s in range(6):
+        factories.request("busy", created_at=long_ago + timedelta(seconds=s))
+    lone = factories.request("lone")
+    reader = store.SnapshotReader()
+
+    snapshot = reader.read(store.policy_config())
+
+    assert lone.id in waiting_ids(snapshot)
+    assert snapshot.unseen == {"busy"}
+    Request.objects.filter(model__name="busy").delete()
+    assert reader.read(store.policy_config()).unseen == frozenset()  # all of it, whole
+
+
 @pytest.mark.skipif(not settings.IS_POSTGRES, reason="round trips are PostgreSQL's")
 def test_a_deep_line_is_read_in_one_round_trip_once_seen_deep(monkeypatch) -> None:
     monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
