@@ -59,16 +59,20 @@ def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> No
         assert (view.created_at, view.expires_at) == (request.created_at, request.expires_at)
 
 
-def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
+def busy_deep_line(monkeypatch, model_head: int, other: str) -> list[Request]:
+    """A line deeper than the snapshot's head, at test scale: six old requests for `busy`,
+    deployed with `other` on one server."""
     monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
-    monkeypatch.setattr(store, "MODEL_HEAD", 1)
+    monkeypatch.setattr(store, "MODEL_HEAD", model_head)
     server = factories.server("s1")
     factories.deployment(server, "busy")
-    factories.deployment(server, "other")
+    factories.deployment(server, other)
     long_ago = timezone.now() - timedelta(hours=1)
-    ahead = [
-        factories.request("busy", created_at=long_ago + timedelta(seconds=s)) for s in range(6)
-    ]
+    return [factories.request("busy", created_at=long_ago + timedelta(seconds=s)) for s in range(6)]
+
+
+def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
+    ahead = busy_deep_line(monkeypatch, 1, "other")
     behind = [factories.request("other") for _ in range(2)]
     factories.request("undeployed")
 
@@ -81,14 +85,7 @@ def test_a_deep_line_keeps_the_best_of_each_deployed_model(monkeypatch) -> None:
 def test_a_deep_line_tells_which_models_more_requests_may_wait_for(monkeypatch) -> None:
     """A model whose own head came full may have more waiting than the snapshot holds;
     one whose head came short has them all there (what sends on arrival rely on)."""
-    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
-    monkeypatch.setattr(store, "MODEL_HEAD", 2)
-    server = factories.server("s1")
-    factories.deployment(server, "busy")
-    factories.deployment(server, "lone")
-    long_ago = timezone.now() - timedelta(hours=1)
-    for s in range(6):
-        factories.request("busy", created_at=long_ago + timedelta(seconds=s))
+    busy_deep_line(monkeypatch, 2, "lone")
     lone = factories.request("lone")
     reader = store.SnapshotReader()
 
