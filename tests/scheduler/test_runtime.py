@@ -381,32 +381,39 @@ async def test_a_stopping_worker_leaves_a_freed_slot_empty(knobs):
 
 
 @contextlib.asynccontextmanager
-async def idle_worker(gated: bool = False):
-    """A worker whose pass found nothing waiting and m1 loaded on a one-slot server behind a
-    real upstream, now waiting for news as its loop does between passes (`waiting`: that
-    wait, done once something calls for a pass)."""
+async def idle(rt: Runtime):
+    """`rt` after a pass, waiting for news as its loop does between passes; yields that
+    wait, done once something calls for a pass."""
+    await rt.start()
+    waiting = None
+    try:
+        await rt.step()
+        rt.last_sync = time.monotonic()  # no status sync due (STATUS_SYNC_S: a test's)
+        # Its first step runs before any wake-up from a thread: they are queued after.
+        waiting = asyncio.create_task(rt.wait())
+        yield waiting
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+        await rt.stop()
+
+
+@contextlib.asynccontextmanager
+async def idle_worker(gated: bool = False, slots: int = 1):
+    """An idle worker (`idle`) whose pass found nothing waiting and m1 loaded on a server
+    behind a real upstream."""
     upstream = Upstream(["m1"])
     upstream.gate = threading.Event() if gated else None
 
     def setup() -> None:
-        srv = factories.server("up", kind="openai", base_url=upstream.url, slots=1)
+        srv = factories.server("up", kind="openai", base_url=upstream.url, slots=slots)
         factories.deployment(srv, "m1", state=DeploymentState.LOADED)
 
     try:
         await db(setup)()
         rt = Runtime()
-        await rt.start()
-        waiting = None
-        try:
-            await rt.step()
-            rt.last_sync = time.monotonic()  # no status sync due (STATUS_SYNC_S: a test's)
-            # Its first step runs before any wake-up from a thread: they are queued after.
-            waiting = asyncio.create_task(rt.wait())
+        async with idle(rt) as waiting:
             yield rt, upstream, waiting
-        finally:
-            if waiting is not None:
-                waiting.cancel()
-            await rt.stop()
     finally:
         if upstream.gate is not None:
             upstream.gate.set()
@@ -479,6 +486,25 @@ async def test_a_send_on_arrival_the_database_refuses_leaves_the_request_to_a_pa
         await asyncio.wait_for(waiting, 10)  # a guard only
         assert await db(state_of)(request) == State.PENDING
         assert rt.on_arrival == {} and upstream.received == []
+
+
+async def test_two_idle_workers_send_an_arrival_once(knobs):
+    """Both planned the next arrival for the same free slots and both hear of it: the
+    database's locks let one send it; the other's send is refused and calls for a pass,
+    which finds nothing to do. The upstream sees one call."""
+    knobs(POLL_INTERVAL_S=3600, STATUS_SYNC_S=3600)
+    other = Runtime()
+    async with idle_worker(slots=2) as (rt, upstream, waiting), idle(other) as other_waiting:
+        request = await arrive()
+        for worker in (rt, other):
+            await _arrivals_sent(worker)
+            await _serving_ended(worker)
+        assert await db(state_of)(request) == State.COMPLETED
+        assert len(upstream.received) == 1
+        assert [waiting.done(), other_waiting.done()].count(True) == 1
+        traced = await db(reasons)(request)
+        assert traced[:2] == ["model loaded there, sent on arrival", "sent to the server"]
+        assert len(traced) == 3  # and its completion: moved once, sent once
 
 
 def test_an_arrival_while_a_pass_is_due_or_unseen_by_a_plan_waits_for_a_pass():
