@@ -543,6 +543,16 @@ def _loaded(
     return busy, loaded
 
 
+class SentRequest(NamedTuple):
+    """What a dispatch reads of a request it may send (its row locked)."""
+
+    model_id: int
+    priority: int
+    payload: str  # JSON as stored, parsed only for a request that is sent
+    kind: str
+    stream: bool
+
+
 Sending = Callable[[list[ServeJob]], None]
 
 
@@ -580,20 +590,18 @@ def dispatch_all(
         )
         slots = dict(server_rows)
         busy, deployments = _loaded(slots, deployment_rows)
-        requests: dict[Any, tuple[int, dict, str, bool]] = {}
-        models: dict[Any, int] = {}
+        requests: dict[Any, SentRequest] = {}
         locked: Locked = {}
         for key, model_id, priority, payload, kind, stream, state, worker in request_rows:
-            request_id = sql.uuid_of(key)
-            requests[request_id] = (priority, json.loads(payload), kind, bool(stream))
-            models[request_id] = model_id
+            requests[sql.uuid_of(key)] = SentRequest(model_id, priority, payload, kind, stream)
             locked[key] = (state, worker)
         accepted: dict[Any, LoadedDeployment] = {}
         for request_id, deployment_id in sends:
             d = deployments.get(deployment_id)
             if d is None or busy[d.server_id] >= slots[d.server_id]:
                 continue
-            if models.get(request_id) != d.model_id or request_id in accepted:
+            found = requests.get(request_id)
+            if found is None or found.model_id != d.model_id or request_id in accepted:
                 continue  # gone, of another model, or named twice: sent once
             busy[d.server_id] += 1
             accepted[request_id] = d
@@ -615,15 +623,16 @@ def dispatch_all(
             request_id: d for (request_id, d), ok in zip(accepted.items(), moved, strict=True) if ok
         }
         for deployment_id in {d.id for d in sent.values()}:
-            mine = [requests[rid][0] for rid, d in sent.items() if d.id == deployment_id]
+            mine = [requests[rid].priority for rid, d in sent.items() if d.id == deployment_id]
             _deployment_used(deployment_id, now, mine)
         for request_id, _ in sends:
             d = sent.pop(request_id, None)  # a request named twice gets one job
             if d is None:
                 jobs.append(None)
                 continue
-            _, payload, kind, stream = requests[request_id]
-            call = InferenceCall(kind, d.server_model_id, payload, stream, d.load_options)
+            r = requests[request_id]
+            payload = json.loads(r.payload)
+            call = InferenceCall(r.kind, d.server_model_id, payload, bool(r.stream), d.load_options)
             jobs.append(ServeJob(request_id, d.id, d.server_id, d.server_name, worker_id, call))
         if send_now is not None and any(jobs):
             send_now([job for job in jobs if job is not None])
