@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from scheduler.models import Priority, State
 
-from . import fleet
+from . import fleet, machine
 from .context import Context
 from .profiling import Profiler
 from .stack import Stack, run_loadgen
@@ -49,6 +49,7 @@ def overhead(ctx: Context) -> Outcome:
         up["deployment"] = fleet.deploy(server, fleet.add_model("bench-instant"), preload=True)
 
     runs = [(stream, c) for stream in (False, True) for c in (1, 32)]
+    yardstick = machine.round_trips(ctx.db)
     before = fleet.pg_counters() if ctx.db.postgres else None
     with ctx.stack("overhead", setup) as stack:
         fleet.wait_loaded(up["deployment"])
@@ -118,6 +119,12 @@ def overhead(ctx: Context) -> Outcome:
     }
     data["cpu_ms_per_request"] = cpu_ms
     notes.append("CPU per request, ms: " + ", ".join(f"{k} {v}" for k, v in cpu_ms.items()))
+    if yardstick:
+        data["machine_round_trip_p50_ms"] = yardstick
+        notes.append(
+            "this machine's round trip, p50 ms (see machine.py): "
+            + ", ".join(f"{k} {v}" for k, v in yardstick.items())
+        )
     if profile:
         data["profile"] = profile
     if before is not None:

@@ -60,3 +60,21 @@ def test_quick_dispatch_writes_a_table_json_and_chart(tmp_path, bench_db_name):
     except ImportError:
         return
     assert (tmp_path / "dispatch.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.django_db
+def test_the_machine_yardstick_times_round_trips_to_each_service_in_use(tmp_path):
+    from django.db import connection
+
+    from scheduler.benchmarks.machine import round_trips
+    from scheduler.benchmarks.stack import BenchDatabase
+
+    found = round_trips(BenchDatabase(tmp_path, name=connection.settings_dict["NAME"]), count=5)
+
+    expected = set()
+    if settings.IS_POSTGRES:
+        expected |= {"postgres idle", "postgres back to back"}
+    if settings.REDIS_URL:
+        expected.add("redis idle")
+    assert set(found) == expected
+    assert all(ms > 0 for ms in found.values())
