@@ -202,11 +202,17 @@ def _set_if_unmoved(t: Transition, fields: dict[str, Any]) -> sql.Statement:
 def locking(columns: str, keys: list[Any]) -> sql.Statement:
     """The read of `columns` of the requests of these keys that locks their rows."""
     # In key order: two workers locking overlapping batches never wait on each other crosswise.
-    return (
-        f"SELECT {columns} FROM {REQUESTS} WHERE id IN ({sql.marks(len(keys))})"
-        f" ORDER BY id{sql.for_update()}",
-        keys,
-    )
+    order = " ORDER BY id" if len(keys) > 1 else ""
+    return _of_keys(f"SELECT {columns} FROM {REQUESTS}", len(keys), order + sql.for_update()), keys
+
+
+def _of_keys(statement: str, count: int, then: str = "") -> str:
+    """`statement` on the requests of `count` keys (`then`: what follows its WHERE). Of
+    one, the shape that recurs, it is prepared (planned once per connection); a batch's IN
+    list has a new length each time."""
+    if count == 1:
+        return sql.prepared(f"{statement} WHERE id = %s{then}")
+    return f"{statement} WHERE id IN ({sql.marks(count)}){then}"
 
 
 def _lock(keys: list[Any]) -> Locked:
@@ -240,7 +246,7 @@ def _update_alike(moves: Iterable[tuple[str, dict[str, Any], Any]], later: bool)
     for to_state, fields, request_ids in groups:
         changes, params = sql.assignments(Request, {"state": to_state, **fields})
         ids = sql.keys(Request, request_ids)
-        write(f"UPDATE {REQUESTS} SET {changes} WHERE id IN ({sql.marks(len(ids))})", params + ids)
+        write(_of_keys(f"UPDATE {REQUESTS} SET {changes}", len(ids)), params + ids)
 
 
 TRACE_INSERT = f"INSERT INTO {TRACES} (request_id, at, from_state, to_state, server, reason)"
