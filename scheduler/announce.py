@@ -111,9 +111,14 @@ def request_moved(request_id, state: str, outcome: dict[str, Any] | None = None)
     without reading the row again: no one waiting on a request acts on the steps between
     (its dashboard page follows the dashboard group, told of every move)."""
     if outcome is not None:
-        message = {"type": "request.moved", "id": str(request_id), "state": state}
-        send_from_sync(request_group(request_id), message | {"outcome": outcome})
+        send_from_sync(request_group(request_id), end_message(request_id, state, outcome))
     send_from_sync(DASHBOARD_GROUP, DASHBOARD_CHANGED)
+
+
+def end_message(request_id, state: str, outcome: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The hint that a request ended (in `state`), with what its end wrote if given."""
+    message = {"type": "request.moved", "id": str(request_id), "state": state}
+    return message if outcome is None else message | {"outcome": outcome}
 
 
 def dashboard_changed() -> None:

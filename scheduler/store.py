@@ -767,7 +767,8 @@ def requests_completed(answers: list[Answer], send_now: Sending | None = None) -
                     {"result": a.result},
                     at_server=a.job.server_name,
                     held_by=a.job.worker_id,
-                )
+                ),
+                notify_origin=not a.job.call.stream,
             )
             _release(a.job.deployment_id, a.seconds, only_if=end.condition)
             ends.append(end)

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -27,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
 OUTCOME_FIELDS = ("result", "error", "error_code")
 # A larger answer stays in the row only: hints are meant to be small.
 MAX_HINTED_RESULT_BYTES = 256 * 1024
+MAX_NOTIFY_PAYLOAD = 8000  # PostgreSQL's limit, in bytes (a JSON dump is ASCII)
 
 
 class ImpossibleTransition(ValueError):
@@ -290,12 +292,18 @@ class LaterEnd:
         return bool(self.traced.rows)
 
 
-def end_later(t: Transition) -> LaterEnd:
+def end_later(t: Transition, notify_origin: bool = False) -> LaterEnd:
     """End a request that its worker holds (`held_by`) with no round trip of its own: its
     compare-and-set, its trace row and the caller's writes made on its `condition` go with
     the transaction's last writes (on PostgreSQL, with its COMMIT). The condition is the row
     in its end state, held by that worker, with this end's own `finished_at` stamp: no
-    other move writes that."""
+    other move writes that.
+
+    `notify_origin` (PostgreSQL): the end's hint goes to the web process that made the
+    request's id by a NOTIFY in the same transaction too, delivered by the commit itself,
+    before this worker has even heard that it went through and sent the channel layer's
+    hint (which still goes, for dashboards and callers elsewhere). Not for a streamed
+    request: its end must come after its chunks, which travel by the channel layer."""
     if t.held_by is None or t.to_state not in TERMINAL_STATES or len(t.from_states) != 1:
         raise ValueError("end_later ends a held request from one state")
     check(t.from_states, t.to_state)
@@ -319,7 +327,21 @@ def end_later(t: Transition) -> LaterEnd:
     )
     end = LaterEnd(condition, traced)
     outcome = outcome_of(t.to_state, fields)
+    if notify_origin and settings.IS_POSTGRES:
+        sql.write_later(
+            sql.prepared(f"SELECT pg_notify(%s, %s) WHERE {condition[0]}"),
+            [wakeup.origin_channel(t.request_id), _end_payload(t, outcome), *condition[1]],
+        )
     transaction.on_commit(
         lambda: end.made and announce.request_moved(t.request_id, t.to_state, outcome)
     )
     return end
+
+
+def _end_payload(t: Transition, outcome: dict[str, Any] | None) -> str:
+    """The end's hint as a NOTIFY payload; without its outcome if that would not fit (the
+    caller then reads the row)."""
+    payload = json.dumps(announce.end_message(t.request_id, t.to_state, outcome))
+    if len(payload) < MAX_NOTIFY_PAYLOAD:
+        return payload
+    return json.dumps(announce.end_message(t.request_id, t.to_state))

@@ -19,6 +19,7 @@ from . import sql
 from .models import Request
 
 CHANNEL = "switchyard"
+ORIGIN_HEX = 8  # see origin_channel
 log = logging.getLogger(__name__)
 
 
@@ -89,8 +90,25 @@ def notify_in_transaction(arrived: Arrival | None = None) -> None:
         sql.write_later(NOTIFY_STORED_SQL, [CHANNEL, arrived.payload(), key])
 
 
+def origin_channel(request_id: uuid.UUID) -> str:
+    """The channel the web process that made `request_id` listens on for the ends of its
+    requests: its ids begin with ORIGIN_HEX hex digits of its own (see `api.inbox`)."""
+    return f"{CHANNEL}_{request_id.hex[:ORIGIN_HEX]}"
+
+
 async def listen_postgres(listener: Listener) -> None:
-    """Tell `listener` of every NOTIFY, reconnecting for as long as the worker runs."""
+    """Tell `listener` of every NOTIFY to the workers, reconnecting for as long as the
+    worker runs; of None first each time (whatever arrived while not listening)."""
+
+    def heard(payload: str | None) -> None:
+        listener(None if payload is None else Arrival.parse(payload))
+
+    await listen(CHANNEL, heard)
+
+
+async def listen(channel: str, heard: Callable[[str | None], None]) -> None:
+    """Tell `heard` the payload of every NOTIFY on `channel`, and None each time the LISTEN
+    begins, reconnecting for as long as this runs."""
     import psycopg
 
     db = connection.settings_dict  # the test database's name, under tests
@@ -105,10 +123,10 @@ async def listen_postgres(listener: Listener) -> None:
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
-                await conn.execute(f"LISTEN {CHANNEL}")
-                listener(None)  # whatever arrived while not listening
+                await conn.execute(f"LISTEN {channel}")
+                heard(None)
                 async for note in conn.notifies():
-                    listener(Arrival.parse(note.payload))
+                    heard(note.payload)
         except psycopg.OperationalError as exc:
             log.warning("LISTEN connection lost (%s); reconnecting in 1 s", exc)
             await asyncio.sleep(1)

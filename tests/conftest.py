@@ -8,6 +8,7 @@ import uvloop
 from django.db import connection
 
 from config import event_loop
+from scheduler.api.inbox import close_inbox
 from tests.support.manage_process import ManageProcess
 from tests.support.openai_upstream import Upstream
 
@@ -39,6 +40,21 @@ def event_loop_policy():
 def fast_passwords(settings):
     """For tests that create users: the real password hasher is slow on purpose."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+async def inbox_closed():
+    """The API inbox of the test's event loop closed with the test: its LISTEN connection
+    would keep the test database from being dropped."""
+    yield
+    await close_inbox()
+
+
+def pytest_collection_modifyitems(items):
+    # Every async test's: a sync test has no loop of its own to close it in.
+    for item in items:
+        if asyncio.iscoroutinefunction(getattr(item, "function", None)):
+            item.fixturenames.append("inbox_closed")
 
 
 @pytest.fixture(autouse=True)

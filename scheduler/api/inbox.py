@@ -12,10 +12,16 @@ of theirs. Subscribing to and leaving a group per request cost three commands an
 acknowledgements to read (a sixth of the web process's CPU by a profile; 2.4 -> 2.05-2.3 ms
 per request in the bench). A request made elsewhere (a job that a caller waits on) joins its
 group through the channel layer.
+
+On PostgreSQL the inbox also LISTENs on its tag's channel (`wakeup.origin_channel`): the
+transaction that ends a request of ours that is not streamed NOTIFYs it there, so the end
+comes with the commit itself, ahead of the channel layer's hint (which the worker sends
+once it hears the commit went through). Either may come first; the first is answered.
 """
 
 import asyncio
 import functools
+import json
 import logging
 import secrets
 import uuid
@@ -30,6 +36,7 @@ from channels_redis.utils import create_pool, decode_hosts
 from django.conf import settings
 from redis import asyncio as aioredis
 
+from .. import wakeup
 from ..announce import request_group
 
 log = logging.getLogger(__name__)
@@ -45,14 +52,16 @@ class Inbox:
         self.started = asyncio.Lock()
         self.readers: list[asyncio.Task] = []
         self.channel = ""  # the layer's channel for the groups joined one by one
-        self.tag = secrets.token_hex(4) if isinstance(layer, RedisPubSubChannelLayer) else ""
+        self.by_pattern = isinstance(layer, RedisPubSubChannelLayer)
+        tagged = self.by_pattern or settings.IS_POSTGRES
+        self.tag = secrets.token_hex(wakeup.ORIGIN_HEX // 2) if tagged else ""
 
     def new_request_id(self) -> uuid.UUID:
         """An id for a request this process creates (random but for its first 8 hex digits)."""
         return uuid.UUID(self.tag + uuid.uuid4().hex[len(self.tag) :])
 
     def heard_by_pattern(self, key: str) -> bool:
-        return bool(self.tag) and key.replace("-", "").startswith(self.tag)
+        return self.by_pattern and key.replace("-", "").startswith(self.tag)
 
     async def subscribe(self, request_id) -> asyncio.Queue[Message]:
         """A queue of the hints about `request_id`, from now until `unsubscribe`."""
@@ -77,15 +86,20 @@ class Inbox:
     async def start(self) -> None:
         self.channel = await self.layer.new_channel()
         self.readers.append(self.read_forever(self.read_channel))
-        if self.tag:
+        listening: list[asyncio.Event] = []
+        if self.by_pattern:
             hosts = decode_hosts(settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"])
-            listening = [asyncio.Event() for _ in hosts]
-            for host, ready in zip(hosts, listening, strict=True):
+            for host in hosts:
+                listening.append(ready := asyncio.Event())
                 self.readers.append(
                     self.read_forever(functools.partial(self.read_pattern, host, ready))
                 )
+        if settings.IS_POSTGRES:
+            listening.append(ready := asyncio.Event())
+            self.readers.append(self.read_forever(functools.partial(self.read_ends, ready)))
+        if listening:
             # Heard before the first request of ours is stored: no hint can come earlier.
-            # (If Redis does not answer, its callers re-read their rows meanwhile.)
+            # (If Redis or PostgreSQL does not answer, callers re-read their rows meanwhile.)
             waits = [asyncio.create_task(ready.wait()) for ready in listening]
             _, late = await asyncio.wait(waits, timeout=LISTEN_WAIT_S)
             for wait in late:
@@ -123,9 +137,25 @@ class Inbox:
         finally:
             await client.aclose()
 
+    async def read_ends(self, ready: asyncio.Event) -> None:
+        def heard(payload: str | None) -> None:
+            if payload is None:
+                ready.set()
+            else:
+                self.deliver(json.loads(payload))
+
+        await wakeup.listen(wakeup.origin_channel(self.new_request_id()), heard)
+
     def deliver(self, message: Message) -> None:
         for queue in self.queues.get(message.get("id", ""), ()):
             queue.put_nowait(message)
+
+    async def close(self) -> None:
+        """Stop reading, and let go of the connections read from."""
+        for reader in self.readers:
+            reader.cancel()
+        await asyncio.gather(*self.readers, return_exceptions=True)
+        self.readers.clear()
 
 
 _inboxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Inbox]" = (
@@ -139,3 +169,11 @@ def inbox() -> Inbox:
     if loop not in _inboxes:
         _inboxes[loop] = Inbox(get_channel_layer())
     return _inboxes[loop]
+
+
+async def close_inbox() -> None:
+    """Close this event loop's inbox, if it has one. A web process's lives as long as the
+    process; a loop that ends before (a test's) closes it, or its connections stay open."""
+    found = _inboxes.pop(asyncio.get_running_loop(), None)
+    if found is not None:
+        await found.close()
