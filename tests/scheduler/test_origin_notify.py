@@ -125,3 +125,20 @@ async def test_the_inbox_hands_a_notified_end_to_the_caller_waiting_for_it():
         assert await asyncio.wait_for(sub.queue.get(), 10) == message
     finally:
         await sub.close()
+
+
+async def test_a_listen_that_loses_its_connection_listens_again():
+    """The web's inbox and the worker listen alike (`wakeup.listen`): a LISTEN whose
+    connection is ended comes back, says so (None: what came meanwhile was missed), and
+    hears what is sent after."""
+    channel = wakeup.origin_channel(an_id())
+    async with Listening() as heard:
+        ended = await db(sql.fetch)(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query = %s",
+            [f"LISTEN {channel}"],
+        )
+        assert ended == [(1,)]
+        assert await asyncio.wait_for(heard.get(), 10) is None  # listening again
+        await db(notify)(channel, "after")
+        assert await asyncio.wait_for(heard.get(), 10) == "after"
