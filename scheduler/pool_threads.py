@@ -33,11 +33,12 @@ def in_executor(
 
 
 def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
-    """`fn` in a thread of the loop's shared pool, then the connection goes back (to the
-    pool, on PostgreSQL): a caller may wait minutes between reads, and waiting callers must
-    not hold one connection each; the worker's occasional chores must not hold up its
-    pass's thread. Not in the caller's own thread: `fn` is a whole unit of work, and a pool
-    thread keeps its connection wrapper from one call to the next."""
+    """`fn` in a thread of the loop's shared pool (its default executor: bounded, at
+    min(32, cores + 4) threads), then the connection goes back (to the pool, on
+    PostgreSQL): a caller may wait minutes between reads, and waiting callers must not hold
+    one connection each; the worker's occasional chores must not hold up its pass's thread.
+    Not in the caller's own thread: `fn` is a whole unit of work, and a pool thread keeps
+    its connection wrapper from one call to the next."""
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
