@@ -327,11 +327,9 @@ def end_later(t: Transition, notify_origin: bool = False) -> LaterEnd:
     )
     end = LaterEnd(condition, traced)
     outcome = outcome_of(t.to_state, fields)
-    if notify_origin and settings.IS_POSTGRES:
-        sql.write_later(
-            sql.prepared(f"SELECT pg_notify(%s, %s) WHERE {condition[0]}"),
-            [wakeup.origin_channel(t.request_id), _end_payload(t, outcome), *condition[1]],
-        )
+    if notify_origin and settings.IS_POSTGRES:  # else no NOTIFY goes: no payload to dump
+        channel = wakeup.origin_channel(t.request_id)
+        wakeup.notify_later(channel, _end_payload(t, outcome), only_if=condition)
     transaction.on_commit(
         lambda: end.made and announce.request_moved(t.request_id, t.to_state, outcome)
     )

@@ -71,23 +71,27 @@ def wake_local(arrived: Arrival | None = None) -> None:
             loop.call_soon_threadsafe(listener, arrived)
 
 
-NOTIFY_SQL = sql.prepared("SELECT pg_notify(%s, %s)")  # the payload bound as a value
-# A new request's, sent only if its row was stored (an insert may find no model to store).
-NOTIFY_STORED_SQL = sql.prepared(
-    f"SELECT pg_notify(%s, %s) FROM {Request._meta.db_table} WHERE id = %s"
-)
-
-
 def notify_in_transaction(arrived: Arrival | None = None) -> None:
     """Call inside the transaction that made work (`arrived`: a new request, after its
     insert): other processes wake on its commit."""
+    if arrived is None:
+        notify_later(CHANNEL, "")
+    else:
+        # Only if its row was stored (an insert may find no model to store).
+        [key] = sql.keys(Request, [arrived.request_id])
+        stored = (f"EXISTS (SELECT 1 FROM {Request._meta.db_table} WHERE id = %s)", [key])
+        notify_later(CHANNEL, arrived.payload(), only_if=stored)
+
+
+def notify_later(channel: str, payload: str, only_if: sql.Statement | None = None) -> None:
+    """On PostgreSQL, NOTIFY `channel` with the transaction's last writes (delivered on its
+    commit), if the condition `only_if` then holds. The payload is bound as a value."""
     if not settings.IS_POSTGRES:
         return
-    if arrived is None:
-        sql.write_later(NOTIFY_SQL, [CHANNEL, ""])
-    else:
-        [key] = sql.keys(Request, [arrived.request_id])
-        sql.write_later(NOTIFY_STORED_SQL, [CHANNEL, arrived.payload(), key])
+    where, params = only_if or ("TRUE", [])
+    sql.write_later(
+        sql.prepared(f"SELECT pg_notify(%s, %s) WHERE {where}"), [channel, payload, *params]
+    )
 
 
 def origin_channel(request_id: uuid.UUID) -> str:
