@@ -54,3 +54,13 @@ def round_trips(db: BenchDatabase, count: int = COUNT) -> dict[str, float]:
         finally:
             client.close()
     return found
+
+
+def in_idle_round_trips(latency_ms: float | None, yardstick: dict[str, float]) -> int | None:
+    """`latency_ms` counted in idle round trips to PostgreSQL: the machine's own unit, in
+    which a c=1 latency measured on a fast day and one on a slow day compare (None without
+    PostgreSQL's yardstick)."""
+    idle = yardstick.get("postgres idle")
+    if not idle or latency_ms is None:
+        return None
+    return round(latency_ms / idle)

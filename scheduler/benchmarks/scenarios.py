@@ -68,6 +68,7 @@ def overhead(ctx: Context) -> Outcome:
         profile = profiler.stop() if profiler else None
         stamps = [fleet.timestamps([r["id"] for r in _ok(m["results"])]) for m in measured[1::2]]
     rows, data, targets, notes = [], {}, [], []
+    c1_added: float | None = None
     for i, (stream, c) in enumerate(runs):
         direct, via = measured[2 * i], measured[2 * i + 1]
         label = f"{'streamed' if stream else 'non-streamed'} c={c}"
@@ -104,7 +105,8 @@ def overhead(ctx: Context) -> Outcome:
         }
         notes.append(f"{label} via, p50 ms: " + ", ".join(f"{k} {v}" for k, v in parts.items()))
         if c == 1 and not stream:
-            targets.append(Target("added p50, c=1, non-streamed", ms(added["p50"]), 5, "ms"))
+            c1_added = ms(added["p50"])
+            targets.append(Target("added p50, c=1, non-streamed", c1_added, 5, "ms"))
         if c == 1 and stream:
             targets.append(Target("added TTFB p50, c=1, streamed", ms(added_fb), 5, "ms"))
         if c == 32 and not stream:
@@ -125,6 +127,10 @@ def overhead(ctx: Context) -> Outcome:
             "this machine's round trip, p50 ms (see machine.py): "
             + ", ".join(f"{k} {v}" for k, v in yardstick.items())
         )
+        in_trips = machine.in_idle_round_trips(c1_added, yardstick)
+        if in_trips is not None:
+            data["c1_added_p50_in_idle_round_trips"] = in_trips
+            notes.append(f"c=1 added p50 = {in_trips} idle round trips to PostgreSQL")
     if profile:
         data["profile"] = profile
     if before is not None:

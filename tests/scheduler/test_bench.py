@@ -78,3 +78,12 @@ def test_the_machine_yardstick_times_round_trips_to_each_service_in_use(tmp_path
         expected.add("redis idle")
     assert set(found) == expected
     assert all(ms > 0 for ms in found.values())
+
+
+def test_a_latency_in_idle_round_trips_is_counted_in_the_yardstick_of_its_run():
+    from scheduler.benchmarks.machine import in_idle_round_trips
+
+    assert in_idle_round_trips(6.0, {"postgres idle": 0.1, "redis idle": 0.05}) == 60
+    assert in_idle_round_trips(3.7, {"postgres idle": 0.062}) == 60
+    assert in_idle_round_trips(6.0, {"redis idle": 0.05}) is None  # no PostgreSQL in the run
+    assert in_idle_round_trips(None, {"postgres idle": 0.1}) is None
