@@ -58,8 +58,8 @@ def round_trips(db: BenchDatabase, count: int = COUNT) -> dict[str, float]:
 
 def in_idle_round_trips(latency_ms: float | None, yardstick: dict[str, float]) -> int | None:
     """`latency_ms` counted in idle round trips to PostgreSQL: the machine's own unit, in
-    which a c=1 latency measured on a fast day and one on a slow day compare (None without
-    PostgreSQL's yardstick)."""
+    which a c=1 latency measured on a fast day and one on a slow day roughly compare (the
+    yardstick is a sample too). None without PostgreSQL's yardstick."""
     idle = yardstick.get("postgres idle")
     if not idle or latency_ms is None:
         return None
