@@ -16,7 +16,7 @@ def _cell(value: Any) -> str:
 
 
 def table(columns: list[str], rows: list[list[Any]]) -> str:
-    """A Markdown table, so the same text reads in a terminal and pastes into the README."""
+    """A Markdown table: the same text reads in a terminal and pastes into docs/performance.md."""
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
 
@@ -48,9 +48,13 @@ def render(outcome: Outcome, meta: dict[str, Any]) -> str:
         ]
     rss = ", ".join(f"{k} {v:.0f} MB" for k, v in meta["peak_rss_mb"].items() if v is not None)
     load = meta.get("load_avg_1m", ["?", "?"])
-    lines += ["", f"peak RSS: {rss}; host: {meta.get('cpus')} CPUs, load {load[0]} → {load[1]}"] + [
-        f"note: {n}" for n in outcome.notes
-    ]
+    host = f"{meta.get('cpus')} CPUs ({meta.get('cpu_model')})"
+    lines += [
+        "",
+        f"{meta.get('date')}, commit {meta.get('commit')}"
+        + (" with uncommitted changes" if meta.get("dirty") else ""),
+        f"peak RSS: {rss}; host: {host}, load {load[0]} → {load[1]}",
+    ] + [f"note: {n}" for n in outcome.notes]
     return "\n".join(lines)
 
 

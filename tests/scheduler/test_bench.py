@@ -45,6 +45,8 @@ def test_quick_dispatch_writes_a_table_json_and_chart(tmp_path, bench_db_name):
     assert result["scale"] == "quick"
     assert result["mode"] in ("embedded sqlite", "postgres+redis", "postgres")
     assert result["event_loop"] == event_loop.chosen()  # as its processes inherit it
+    assert result["date"].endswith("+00:00") and result["cpu_model"]
+    assert result["commit"] and isinstance(result["dirty"], bool)  # the code it measured
     columns, rows = result["table"]["columns"], result["table"]["rows"]
     assert columns[0] == "run" and [r[0] for r in rows] == ["c=1", "c=8"]
     assert all(len(r) == len(columns) for r in rows)

@@ -1,8 +1,10 @@
 """`manage.py bench [SCENARIO ...] [--quick]`: end-to-end benchmarks on a database of their
 own; tables on stdout, JSON and PNG charts under bench-results/."""
 
+import datetime
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -50,6 +52,7 @@ class Command(BaseCommand):
                 began, load_before = time.monotonic(), os.getloadavg()[0]
                 outcome = SCENARIOS[name](ctx)
                 meta = {
+                    **run_facts(),
                     "scale": scale,
                     "mode": db.mode,
                     "event_loop": event_loop.chosen(),  # the processes inherit the choice
@@ -67,3 +70,34 @@ class Command(BaseCommand):
                 self.stdout.write(f"→ {paths['json']}  {chart}\n")
         finally:
             db.close()
+
+
+def run_facts() -> dict[str, str | None]:
+    """When, on what and of which code a result was taken: a result file stands alone."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "cpu_model": _cpu_model(),
+    }
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
