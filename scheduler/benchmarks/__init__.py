@@ -1,2 +1,2 @@
 """`manage.py bench`: end-to-end benchmarks of real processes (web, worker, upstream, load
-generator) on a database of their own. See the README section "Benchmarks"."""
+generator) on a database of their own. See docs/performance.md."""
