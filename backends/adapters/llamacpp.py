@@ -5,10 +5,12 @@ Single-model mode: the model is fixed at start. `loading` while `/health` answer
 and it cannot unload.
 
 Router mode (started without `-m`): `POST /models/load` returns at once, so `load` listens
-on `/models/sse` for the model's status and load progress (stages × fraction). Inference is
-sent with `?autoload=false`, so a request never starts a load: an unloaded model answers
-"model is not loaded". The router takes no per-load options; context size and the like are
-the model's preset arguments on the server.
+on `/models/sse` for the model's status and load progress (stages × fraction). The real
+router (b11434) names only the first event of a load `model_status`; progress, `loaded`,
+`unloaded` (and a failed load: `unloaded` with exit code 1) all come as `status_change`.
+Inference is sent with `?autoload=false`, so a request never starts a load: an unloaded
+model answers "model is not loaded". The router takes no per-load options; context size and
+the like are the model's preset arguments on the server.
 """
 
 import json
@@ -18,6 +20,7 @@ from .base import AdapterError, ErrorCode, LoadTarget, ProgressCallback, ServerM
 from .http import HttpAdapter
 
 ROUTER_STATES = {"loaded": "loaded", "loading": "loading", "downloading": "loading"}
+STATUS_EVENTS = ("model_status", "status_change")
 UNLOAD_WAIT_S = 60.0
 
 
@@ -103,7 +106,7 @@ class LlamaCppAdapter(HttpAdapter):
                 event = json.loads(data)
             except ValueError:
                 continue
-            if event.get("model") != model_id or event.get("event") != "model_status":
+            if event.get("model") != model_id or event.get("event") not in STATUS_EVENTS:
                 continue
             status = event.get("data") or {}
             if status.get("status") == "loading" and status.get("progress"):

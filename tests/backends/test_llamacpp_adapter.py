@@ -38,10 +38,9 @@ def router(*statuses: dict) -> Reply:
     return Reply(200, {"object": "list", "data": data})
 
 
-def status_event(status: str, **extra) -> str:
-    return json.dumps(
-        {"model": GEMMA, "event": "model_status", "data": {"status": status, **extra}}
-    )
+def status_event(status: str, event: str = "status_change", **extra) -> str:
+    """As the real router (b11434) sends them: only a load's first event is `model_status`."""
+    return json.dumps({"model": GEMMA, "event": event, "data": {"status": status, **extra}})
 
 
 @pytest.fixture
@@ -113,8 +112,8 @@ async def test_router_load_follows_progress_on_the_event_stream(server, adapter)
     server.on("POST", "/models/load", Reply(200, {"success": True}))
     stages = ["text_model", "mmproj_model"]
     events = [
-        json.dumps({"model": "nomic", "event": "model_status", "data": {"status": "loaded"}}),
-        status_event("loading"),
+        json.dumps({"model": "nomic", "event": "status_change", "data": {"status": "loaded"}}),
+        status_event("loading", event="model_status"),
         status_event("loading", progress={"stages": stages, "current": "text_model", "value": 0.5}),
         status_event(
             "loading", progress={"stages": stages, "current": "mmproj_model", "value": 0.5}
@@ -145,7 +144,7 @@ async def test_router_load_failure_reports_the_exit_code(server, adapter):
         router({"value": "unloaded", "args": ARGS, "failed": True, "exit_code": 1}, {}),
     )
     server.on("POST", "/models/load", Reply(200, {"success": True}))
-    events = [status_event("loading"), status_event("unloaded")]
+    events = [status_event("loading", event="model_status"), status_event("unloaded", exit_code=1)]
     server.on(
         "GET",
         "/models/sse",
