@@ -8,7 +8,6 @@ import os
 
 from django.core.asgi import get_asgi_application
 from django.core.handlers.asgi import ASGIHandler
-from django.core.handlers.exception import convert_exception_to_response
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
@@ -21,6 +20,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from config import daphne_requests, urls  # noqa: E402, F401
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from scheduler.api import openai_asgi  # noqa: E402
+from scheduler.api.errors import json_errors  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/api/v1/")
 daphne_requests.install()
@@ -35,7 +35,8 @@ class ApiHandler(ASGIHandler):
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = []
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+        # Every failure answers in the OpenAI shape, whatever DEBUG says.
+        self._middleware_chain = json_errors(self._get_response_async)
 
 
 api_asgi_app = ApiHandler()

@@ -252,13 +252,17 @@ def for_update(of: str = "") -> str:
     return f" FOR UPDATE OF {of}" if of else " FOR UPDATE"
 
 
-def insert(instance: models.Model, found_by: tuple[str, str, Any] | None = None) -> Written:
+FoundBy = tuple[str, str, Any, tuple[str, Sequence[Any]]]
+
+
+def insert(instance: models.Model, found_by: FoundBy | None = None) -> Written:
     """INSERT the unsaved `instance` (its key set in Python), every concrete field as the
     ORM would write it; with `write_later`, so nothing in its transaction may read it.
 
-    `found_by` = (foreign key, column, value): the key is looked up in the same statement,
-    as the id of the row of its model whose `column` is `value`. Then the Written's rows
-    are that id, or none (and nothing inserted) if no row has that value."""
+    `found_by` = (foreign key, column, value, (other column, allowed values)): the key is
+    looked up in the same statement, as the id of the row of its model whose `column` is
+    `value` and whose other column holds one of the allowed values. Then the Written's rows
+    are that id, or none (and nothing inserted) if no row matches."""
     meta = instance._meta
     fields = meta.concrete_fields
     params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
@@ -266,14 +270,17 @@ def insert(instance: models.Model, found_by: tuple[str, str, Any] | None = None)
     if found_by is None:
         statement = f"{columns} VALUES ({marks(len(fields))})"
     else:
-        name, column, value = found_by
+        name, column, value, (other, allowed) = found_by
         key = meta.get_field(name)
         related = key.related_model._meta
         values = [f"k.{f.target_field.column}" if f is key else "%s" for f in fields]
-        params = [p for f, p in zip(fields, params, strict=True) if f is not key] + [value]
+        params = [p for f, p in zip(fields, params, strict=True) if f is not key]
+        params += [value, *allowed]
         statement = (
             f"{columns} SELECT {', '.join(values)} FROM {related.db_table} k"
-            f" WHERE k.{related.get_field(column).column} = %s RETURNING {key.column}"
+            f" WHERE k.{related.get_field(column).column} = %s"
+            f" AND k.{related.get_field(other).column} IN ({marks(len(allowed))})"
+            f" RETURNING {key.column}"
         )
     written = write_later(prepared(statement), params)
     instance._state.adding = False

@@ -1,9 +1,21 @@
 """Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}}."""
 
-from django.http import JsonResponse
+import logging
+from collections.abc import Awaitable, Callable
+
+from django.conf import settings
+from django.core.exceptions import (
+    BadRequest,
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework.exceptions import APIException, NotFound, ParseError, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -48,6 +60,8 @@ class ApiError(Exception):
 def openai_exception_handler(exc, context) -> Response | None:
     if isinstance(exc, ApiError):
         return exc.as_drf_response()
+    if isinstance(exc, RequestDataTooBig):
+        return request_too_large().as_drf_response()
     response = exception_handler(exc, context)
     if response is None or not isinstance(exc, APIException):
         return response
@@ -62,3 +76,73 @@ def openai_exception_handler(exc, context) -> Response | None:
     code = {ParseError: "invalid_json", NotFound: "not_found"}.get(type(exc), exc.default_code)
     error = ApiError(response.status_code, message, param=param, code=code)
     return Response(error.body(), status=response.status_code)
+
+
+def request_too_large() -> ApiError:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return ApiError(
+        413,
+        f"The request body is larger than {limit} bytes (the setting DATA_UPLOAD_MAX_MEMORY_SIZE).",
+        code="request_too_large",
+    )
+
+
+def too_deep() -> ApiError:
+    return ApiError(400, "The JSON body is nested too deeply.", code="invalid_json")
+
+
+def no_such_path(method: str, path: str) -> ApiError:
+    hint = " (no path here ends with a slash)" if path.endswith("/") and path != "/" else ""
+    return ApiError(
+        404, f"No endpoint answers {method} {path}{hint}; see /api/docs/.", code="not_found"
+    )
+
+
+def error_for(exc: Exception, request: HttpRequest) -> ApiError:
+    """What an exception that escaped a view means to the caller."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, Http404):
+        return no_such_path(request.method or "GET", request.path)
+    if isinstance(exc, RequestDataTooBig):
+        return request_too_large()
+    if isinstance(exc, PermissionDenied):
+        return ApiError(403, "You may not do this.", code="permission_denied")
+    if isinstance(exc, SuspiciousOperation | BadRequest):
+        return ApiError(400, "The request is malformed.", code="bad_request")
+    log.error("%s %s failed", request.method, request.path, exc_info=exc)
+    return ApiError(
+        500, "Switchyard failed; its log tells why.", type="server_error", code="internal"
+    )
+
+
+def status_error(response: HttpResponse, request: HttpRequest) -> ApiError:
+    """A plain error response (Django's 405 from require_http_methods) as an ApiError."""
+    if response.status_code == 405:
+        return ApiError(
+            405,
+            f"{request.method} is not allowed here; use {response.get('Allow', 'another')}.",
+            code="method_not_allowed",
+        )
+    reason = getattr(response, "reason_phrase", "") or "error"
+    return ApiError(response.status_code, reason, code=reason.lower().replace(" ", "_"))
+
+
+def json_errors(get_response: Callable[[HttpRequest], Awaitable[HttpResponse]]):
+    """Wrap the API's handler so that whatever fails answers in the OpenAI shape, whatever
+    DEBUG says: an unknown path, a body too large, a 405, an unexpected exception."""
+
+    async def respond(request: HttpRequest) -> HttpResponse:
+        try:
+            response = await get_response(request)
+        except Exception as exc:
+            return error_for(exc, request).as_json_response()
+        is_json = response.get("Content-Type", "").startswith("application/json")
+        if response.status_code >= 400 and not is_json:
+            converted = status_error(response, request).as_json_response()
+            if allow := response.get("Allow"):
+                converted["Allow"] = allow
+            return converted
+        return response
+
+    return respond

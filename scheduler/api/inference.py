@@ -14,7 +14,7 @@ from backends.models import Model
 from ..models import Request, State
 from ..pool_threads import released
 from . import intake
-from .errors import ApiError
+from .errors import ApiError, too_deep
 from .waiting import (
     Subscription,
     cancel_abandoned,
@@ -58,6 +58,8 @@ def error_of(request: Request) -> ApiError:
 def parse_json(raw: bytes):
     try:
         return json.loads(raw or b"")
+    except RecursionError:
+        raise too_deep() from None
     except ValueError as exc:
         raise ApiError(
             400, f"We could not parse the JSON body of your request: {exc}", code="invalid_json"

@@ -9,15 +9,22 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.models import Model
+from backends.models import Model, ModelType
 
 from .. import sql, wakeup
 from ..models import WAITING_STATES, Priority, Request, RequestKind
+from . import fields
 from .errors import ApiError
 from .queue_bound import queue_bound
 
 MODEL_NAME_MAX = Request._meta.get_field("model_name").max_length  # a Model's name's too
 PRIORITY_NAMES = {p.label: p.value for p in Priority}
+# The model types each kind of request can be served by.
+SERVED_BY = {
+    RequestKind.CHAT: (ModelType.LLM,),
+    RequestKind.COMPLETION: (ModelType.LLM,),
+    RequestKind.EMBEDDING: (ModelType.EMBEDDING,),
+}
 REQUIRED_INPUT = {
     RequestKind.CHAT: "messages",
     RequestKind.COMPLETION: "prompt",
@@ -25,11 +32,22 @@ REQUIRED_INPUT = {
 }
 
 
-def resolve_alias(name: str) -> Model:
-    """The model that has `name` among its aliases."""
-    model = next((m for m in Model.objects.all() if name in (m.aliases or [])), None)
+def resolve(name: str, kind: str) -> Model:
+    """The model called `name` (or that has it among its aliases), if it serves `kind`."""
+    models = list(Model.objects.all())
+    model = next((m for m in models if m.name == name), None) or next(
+        (m for m in models if name in (m.aliases or [])), None
+    )
     if model is None:
         raise model_not_found(name)
+    if model.type not in SERVED_BY[kind]:
+        raise ApiError(
+            400,
+            f"The model `{name}` is of type {model.type}; {kind} requests need a model of"
+            f" type {' or '.join(SERVED_BY[kind])}.",
+            param="model",
+            code="model_type_mismatch",
+        )
     return model
 
 
@@ -64,8 +82,7 @@ def validate_body(kind: str, body: Any) -> dict[str, Any]:
         raise ApiError(400, "messages must be a non-empty array", param=field, code="missing")
     if value is None or value == "" or value == []:
         raise ApiError(400, f"you must provide a {field} parameter", param=field, code="missing")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise ApiError(400, "stream must be a boolean", param="stream", code="invalid_type")
+    fields.check(kind, body)
     return body
 
 
@@ -96,7 +113,7 @@ def accept(
     # model has stores nothing, and is then looked up among the aliases.
     if not store(request, caller_waits, body["model"], by_name=True):
         queue_bound.withdraw(level)
-        model = resolve_alias(body["model"])
+        model = resolve(body["model"], kind)
         request.model_id = model.pk
         store(request, caller_waits, model.name, by_name=False)
     return request
@@ -104,9 +121,9 @@ def accept(
 
 def store(request: Request, caller_waits: bool, model: str, by_name: bool) -> bool:
     """Insert the request and wake the workers on commit, telling them its `model`'s name.
-    With `by_name`, its model is the one of that name, found by the insert itself: False,
-    and nothing stored (nor anyone woken), if none is."""
-    found_by = ("model", "name", model) if by_name else None
+    With `by_name`, its model is the one of that name that serves its kind, found by the
+    insert itself: False, and nothing stored (nor anyone woken), if none is."""
+    found_by = ("model", "name", model, ("type", SERVED_BY[request.kind])) if by_name else None
     with sql.atomic():
         if caller_waits:
             sql.without_waiting_for_disk()

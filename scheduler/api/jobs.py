@@ -1,6 +1,7 @@
 """The async jobs API: submit a request, poll it, cancel it."""
 
 import asyncio
+import math
 
 from asgiref.sync import sync_to_async
 from django.http import JsonResponse
@@ -115,6 +116,24 @@ async def wait_until_finished(request_id, wait_s: float) -> None:
         await sub.close()
 
 
+def parse_wait_s(value: str) -> float:
+    """Seconds to wait, 0 to 300; a word, NaN or infinity is refused."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ApiError(
+            400, "wait_s must be a number of seconds", param="wait_s", code="invalid_type"
+        ) from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ApiError(
+            400,
+            "wait_s must be a finite number of seconds, 0 or more",
+            param="wait_s",
+            code="invalid_value",
+        )
+    return min(seconds, 300.0)
+
+
 @require_http_methods(["GET", "DELETE"])
 async def request_detail(http, request_id) -> JsonResponse:
     """GET: state, position, trace and result (`?wait_s=N` waits up to N s for the end).
@@ -123,15 +142,8 @@ async def request_detail(http, request_id) -> JsonResponse:
         if http.method == "DELETE":
             return JsonResponse(await sync_to_async(cancel)(request_id))
         await sync_to_async(get_request)(request_id)
-        wait_s = http.GET.get("wait_s")
-        if wait_s:
-            try:
-                seconds = min(max(float(wait_s), 0.0), 300.0)
-            except ValueError:
-                raise ApiError(
-                    400, "wait_s must be a number of seconds", param="wait_s", code="invalid_type"
-                ) from None
-            await wait_until_finished(request_id, seconds)
+        if wait_s := http.GET.get("wait_s"):
+            await wait_until_finished(request_id, parse_wait_s(wait_s))
         return JsonResponse(await sync_to_async(detail_body)(request_id))
     except ApiError as error:
         return error.as_json_response()

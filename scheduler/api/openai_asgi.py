@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 
 from ..models import RequestKind
-from .errors import ApiError
+from .errors import ApiError, request_too_large
 from .inference import Reply, answer
 
 log = logging.getLogger(__name__)
@@ -70,12 +70,7 @@ async def read_body(receive) -> bytes | None:
         chunk = message.get("body", b"")
         size += len(chunk)
         if limit is not None and size > limit:
-            raise ApiError(
-                413,
-                f"The request body is larger than {limit} bytes"
-                " (the setting DATA_UPLOAD_MAX_MEMORY_SIZE).",
-                code="request_too_large",
-            )
+            raise request_too_large()
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)

@@ -8,6 +8,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from backends.models import Server
 from scheduler.models import Request, State
 from tests import factories
 from tests.support.openai_upstream import Upstream
@@ -81,8 +82,11 @@ def test_callers_hear_their_answers_with_no_subscription_per_request(served):
 
 
 def test_embeddings_and_completions(live):
+    srv = Server.objects.get(name="up")
+    factories.model("emb", type="embedding")
+    factories.deployment(srv, "emb", server_model_id="qwen-upstream", state="loaded")
     c = client(live)
-    assert c.embeddings.create(model="qwen", input="hi").data[0].embedding == [0.1, 0.2]
+    assert c.embeddings.create(model="emb", input="hi").data[0].embedding == [0.1, 0.2]
     assert c.completions.create(model="qwen", prompt="hi").choices[0].text == "Hello from upstream"
 
 
