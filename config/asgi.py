@@ -19,6 +19,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 # urls: imported now, not during the first request
 from config import daphne_requests, urls  # noqa: E402, F401
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from scheduler import health  # noqa: E402
 from scheduler.api import openai_asgi  # noqa: E402
 from scheduler.api.errors import json_errors  # noqa: E402
 
@@ -46,7 +47,7 @@ async def http(scope, receive, send) -> None:
     path = scope["path"]
     if path in openai_asgi.KINDS:
         app = openai_asgi.app
-    elif path.startswith(API_PREFIXES):
+    elif path.startswith(API_PREFIXES) or path in health.PATHS:
         app = api_asgi_app
     else:
         app = django_asgi_app

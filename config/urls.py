@@ -2,10 +2,13 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from scheduler import health
 from scheduler.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
     path("", include("scheduler.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("metrics", metrics_view, name="metrics"),

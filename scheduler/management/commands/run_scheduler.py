@@ -7,6 +7,7 @@ from django.db import InterfaceError, OperationalError
 
 from config import event_loop
 from scheduler.runtime import Runtime
+from scheduler.worker_health import WorkerHealth
 
 log = logging.getLogger("scheduler")
 
@@ -20,10 +21,25 @@ class Command(BaseCommand):
             action="store_true",
             help="Exit once a pass finds nothing to do and no task is running (for tests).",
         )
+        parser.add_argument(
+            "--health-port",
+            type=int,
+            help="Answer GET /healthz on this port: 200 while the loop is alive and a pass"
+            " ended within twice the poll interval, else 503.",
+        )
+        parser.add_argument("--health-host", default="127.0.0.1")
 
-    def handle(self, *args, until_idle: bool = False, **options) -> None:
+    def handle(
+        self,
+        *args,
+        until_idle: bool = False,
+        health_port: int | None = None,
+        health_host: str = "127.0.0.1",
+        **options,
+    ) -> None:
+        health = (health_host, health_port) if health_port is not None else None
         try:
-            event_loop.run(run_worker(until_idle))
+            event_loop.run(run_worker(until_idle, health))
         except (OperationalError, InterfaceError) as exc:
             # Not reconnected: a database that crashed took the commits of this worker that
             # did not wait for its disk (an answer stored, a request sent), so what it holds
@@ -37,9 +53,16 @@ class Command(BaseCommand):
             raise SystemExit(1) from exc
 
 
-async def run_worker(until_idle: bool = False) -> None:
+async def run_worker(until_idle: bool = False, health: tuple[str, int] | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await Runtime().run(stop, until_idle=until_idle)
+    runtime = Runtime()
+    serving = asyncio.create_task(WorkerHealth(runtime).serve(*health)) if health else None
+    try:
+        await runtime.run(stop, until_idle=until_idle)
+    finally:
+        if serving is not None:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
