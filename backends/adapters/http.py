@@ -102,7 +102,9 @@ def classify(status: int, message: str, retry_after: float | None = None) -> Ada
         code = ErrorCode.NOT_FOUND
     elif status == 429 or (status == 503 and (retry_after is not None or _busy(lowered))):
         code = ErrorCode.BUSY
-    elif 400 <= status < 500:
+    elif 400 <= status < 500 or status == 501:
+        # 501: the server cannot do this at all (llama-server's embeddings without
+        # --embeddings): the same answer on every retry, and no fault of its health.
         code = ErrorCode.BAD_REQUEST
     else:
         code = ErrorCode.SERVER_ERROR
@@ -285,9 +287,12 @@ class HttpAdapter(Adapter):
         except TRANSPORT_ERRORS as exc:
             raise connection_error(exc) from exc
 
-    async def sse_messages(self, response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    async def sse_messages(
+        self, response: httpx.Response, stray: list[str] | None = None
+    ) -> AsyncIterator[tuple[str, str]]:
         """(event name, data) per SSE message: blank-line framed, `data:` with or without a
-        space, multi-line data joined, `:` comment pings ignored."""
+        space, multi-line data joined, `:` comment pings ignored. Lines that are no SSE field
+        go to `stray` (llama.cpp's router ends a stream it lost with a bare text line)."""
         event, data = "", []
         async for line in response.aiter_lines():
             if not line:
@@ -303,13 +308,16 @@ class HttpAdapter(Adapter):
                 data.append(value)
             elif field == "event":
                 event = value
+            elif stray is not None and field not in ("id", "retry"):
+                stray.append(line[:200])
         if data:
             yield event, "\n".join(data)
 
     async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         """The JSON payloads of an OpenAI SSE stream, up to `[DONE]`. An error event raises;
         a stream cut before `[DONE]` is a lost connection."""
-        messages = self.sse_messages(response)
+        stray: list[str] = []
+        messages = self.sse_messages(response, stray)
         async for _, data in messages:
             if data.strip() == "[DONE]":
                 await read_to_end(messages)
@@ -321,7 +329,8 @@ class HttpAdapter(Adapter):
             if isinstance(event, dict) and event.get("error") and not event.get("choices"):
                 raise error_from_event(event)
             yield event
-        raise AdapterError(ErrorCode.CONNECTION, "the stream ended before [DONE]")
+        said = f" (the server's last words: {stray[-1]})" if stray else ""
+        raise AdapterError(ErrorCode.CONNECTION, f"the stream ended before [DONE]{said}")
 
     # -- OpenAI-compatible inference -----------------------------------------------------
 

@@ -13,7 +13,9 @@ model answers "model is not loaded". The router takes no per-load options; conte
 the like are the model's preset arguments on the server.
 """
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from .base import AdapterError, ErrorCode, LoadTarget, ProgressCallback, ServerModel
@@ -42,22 +44,46 @@ def load_fraction(progress: dict[str, Any]) -> float | None:
     return float(value)
 
 
+def model_type(entry: dict[str, Any]) -> str:
+    """A router model started with `--embeddings` (a preset's `embeddings = true`) serves
+    only embeddings."""
+    args = (entry.get("status") or {}).get("args") or []
+    return "embedding" if "--embeddings" in args or "--embedding" in args else "llm"
+
+
+def size_mb(entry: dict[str, Any]) -> int | None:
+    size = (entry.get("meta") or {}).get("size")  # bytes; listed once the model is loaded
+    return round(size / 2**20) if isinstance(size, int) and size > 0 else None
+
+
 class LlamaCppAdapter(HttpAdapter):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.router: bool | None = None  # learnt from the first listing
+        self.listed: list[dict[str, Any]] = []  # the last listing a single-model server gave
 
     async def entries(self) -> list[dict[str, Any]]:
-        body = await self.json("GET", "/v1/models")
+        try:
+            body = await self.json("GET", "/v1/models")
+        except AdapterError as error:
+            # A single-model server answers 503 "Loading model" on every route, its listing
+            # too, while its model loads (after a start or a restart): it still has the model
+            # it listed before.
+            if error.code == ErrorCode.BUSY and self.router is False and self.listed:
+                return self.listed
+            raise
         data = body.get("data", [])
         self.router = any("status" in entry for entry in data)
+        if not self.router:
+            self.listed = data
         return data
 
     async def list_models(self) -> list[ServerModel]:
         data = await self.entries()
         if self.router:
-            return [ServerModel(id=e["id"], state=router_state(e)) for e in data]
-        return [ServerModel(id=e["id"], state=await self.single_state()) for e in data]
+            return [ServerModel(e["id"], router_state(e), model_type(e), size_mb(e)) for e in data]
+        state = await self.single_state()
+        return [ServerModel(e["id"], state, size_mb=size_mb(e)) for e in data]
 
     async def single_state(self) -> str:
         try:
@@ -76,7 +102,16 @@ class LlamaCppAdapter(HttpAdapter):
         raise AdapterError(ErrorCode.NOT_FOUND, f"llama-server has no model {server_model_id}")
 
     async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:
-        entry = await self.find(target.server_model_id)
+        try:
+            entry = await self.find(target.server_model_id)
+        except AdapterError as error:
+            if error.code != ErrorCode.BUSY:
+                raise
+            # A single-model server not yet listed by this worker, still loading its model.
+            await self.wait_until(
+                self.single_ready, "the model to finish loading", target.timeout_s
+            )
+            entry = await self.find(target.server_model_id)
         if not self.router:
             await self.wait_until(
                 self.single_ready, "the model to finish loading", target.timeout_s
@@ -87,6 +122,11 @@ class LlamaCppAdapter(HttpAdapter):
         async with self.open_stream("GET", "/models/sse", timeout=target.timeout_s) as events:
             if router_state(entry) != "loading":
                 await self.start_router_load(target.server_model_id)
+            # The stream tells only what happens after it opened: a load started by someone
+            # else may have ended before (a tiny model loads in a fraction of a second).
+            if router_state(await self.find(entry["id"])) in ("loaded", "sleeping"):
+                progress(1.0)
+                return
             await self.follow_load(events, entry["id"], progress)
 
     async def single_ready(self) -> bool:
@@ -100,15 +140,18 @@ class LlamaCppAdapter(HttpAdapter):
             if error.code != ErrorCode.BAD_REQUEST or "already" not in error.message:
                 raise
 
-    async def follow_load(self, events, model_id: str, progress: ProgressCallback) -> None:
+    async def statuses(self, events, model_id: str) -> AsyncIterator[dict[str, Any]]:
+        """The `data` of each status event about `model_id` on `/models/sse`."""
         async for _, data in self.sse_messages(events):
             try:
                 event = json.loads(data)
             except ValueError:
                 continue
-            if event.get("model") != model_id or event.get("event") not in STATUS_EVENTS:
-                continue
-            status = event.get("data") or {}
+            if event.get("model") == model_id and event.get("event") in STATUS_EVENTS:
+                yield event.get("data") or {}
+
+    async def follow_load(self, events, model_id: str, progress: ProgressCallback) -> None:
+        async for status in self.statuses(events, model_id):
             if status.get("status") == "loading" and status.get("progress"):
                 fraction = load_fraction(status["progress"])
                 if fraction is not None:
@@ -128,23 +171,32 @@ class LlamaCppAdapter(HttpAdapter):
         )
 
     async def unload(self, server_model_id: str) -> None:
-        await self.find(server_model_id)
+        model_id = (await self.find(server_model_id))["id"]
         if not self.router:
             raise AdapterError(
                 ErrorCode.BAD_REQUEST, "a single-model llama-server cannot unload its model"
             )
-        try:
-            await self.json("POST", "/models/unload", json={"model": server_model_id})
-        except AdapterError as error:
-            if "not running" not in error.message:
-                raise
-            return
-
-        # The child is asked to exit; it may stay listed for a moment.
-        async def gone() -> bool:
-            return router_state(await self.find(server_model_id)) == "unloaded"
-
-        await self.wait_until(gone, f"{server_model_id} to unload", UNLOAD_WAIT_S)
+        # The unload call returns at once; the child exits after its requests end (at most
+        # the preset's stop-timeout). Its `unloaded` event says when, without polling.
+        async with self.open_stream("GET", "/models/sse", timeout=UNLOAD_WAIT_S) as events:
+            try:
+                await self.json("POST", "/models/unload", json={"model": model_id})
+            except AdapterError as error:
+                if "not running" not in error.message:
+                    raise
+                return
+            if router_state(await self.find(model_id)) == "unloaded":
+                return
+            try:
+                async with asyncio.timeout(UNLOAD_WAIT_S):
+                    async for status in self.statuses(events, model_id):
+                        if status.get("status") == "unloaded":
+                            return
+            except TimeoutError:
+                raise AdapterError(
+                    ErrorCode.SERVER_ERROR, f"gave up waiting: {model_id} to unload"
+                ) from None
+        raise AdapterError(ErrorCode.CONNECTION, "/models/sse ended during the unload")
 
     def inference_params(self) -> dict[str, str] | None:
         return {"autoload": "false"} if self.router else None

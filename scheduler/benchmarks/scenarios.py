@@ -1,4 +1,4 @@
-"""The six scenarios. Each builds its fleet on the bench database, starts the processes,
+"""The seven scenarios. Each builds its fleet on the bench database, starts the processes,
 drives them with the load generator and returns an Outcome. Every comparison is measured in
 the same run (direct vs through Switchyard, baseline vs under load, shallow vs deep queue)."""
 
@@ -13,6 +13,7 @@ from scheduler.models import Priority, State
 from . import fleet, machine
 from .context import Context
 from .profiling import Profiler
+from .real import real
 from .stack import Stack, run_loadgen
 from .stats import Outcome, Target, ms, percentile, spread
 
@@ -706,4 +707,5 @@ SCENARIOS: dict[str, Callable[[Context], Outcome]] = {
     "depth": depth,
     "priority": priority,
     "thrash": thrash,
+    "real": real,
 }

@@ -133,6 +133,7 @@ async def test_router_load_follows_progress_on_the_event_stream(server, adapter)
         ("GET", "/v1/models"),
         ("GET", "/models/sse"),
         ("POST", "/models/load"),
+        ("GET", "/v1/models"),  # a load someone else ended before the stream opened?
     ]
 
 
@@ -184,17 +185,23 @@ async def test_router_load_of_an_unknown_model(server, adapter):
 
 
 async def test_router_unload_waits_for_the_child_to_exit(server, adapter):
+    """The call returns at once; the child's `unloaded` event says when it is gone."""
+    server.on("GET", "/v1/models", router({"value": "loaded", "args": ARGS}, {}))
+    server.on("POST", "/models/unload", Reply(200, {"success": True}))
+    events = [status_event("unloaded", exit_code=0)]
     server.on(
         "GET",
-        "/v1/models",
-        router({"value": "loaded", "args": ARGS}, {}),
-        router({"value": "loaded", "args": ARGS}, {}),
-        router({"value": "unloaded", "args": ARGS}, {}),
+        "/models/sse",
+        Stream(sse(*events, done=False), after=("POST", "/models/unload"), hold_open=True),
     )
-    server.on("POST", "/models/unload", Reply(200, {"success": True}))
-    await adapter.unload(GEMMA)
+    await adapter.unload("gemma")
     assert server.body_of("POST", "/models/unload") == {"model": GEMMA}
-    assert server.calls().count(("GET", "/v1/models")) == 3
+    assert server.calls() == [
+        ("GET", "/v1/models"),
+        ("GET", "/models/sse"),
+        ("POST", "/models/unload"),
+        ("GET", "/v1/models"),
+    ]
 
 
 async def test_router_unload_of_a_model_not_running_is_done(server, adapter):
@@ -203,6 +210,7 @@ async def test_router_unload_of_a_model_not_running_is_done(server, adapter):
         "error": {"code": 400, "message": "model is not running", "type": "invalid_request_error"}
     }
     server.on("POST", "/models/unload", Reply(400, error))
+    server.on("GET", "/models/sse", Stream([], hold_open=True))
     await adapter.unload(GEMMA)
 
 
@@ -262,3 +270,84 @@ async def test_embeddings(server, adapter):
 async def test_health_is_up_while_loading(server, adapter):
     server.on("GET", "/health", LOADING)
     await adapter.health()
+
+
+async def test_router_load_started_elsewhere_that_ended_before_the_stream_opened(server, adapter):
+    """The event stream tells only what happens after it opened: the listing settles it."""
+    server.on(
+        "GET",
+        "/v1/models",
+        router({"value": "loading", "args": ARGS}, {}),
+        router({"value": "loaded", "args": ARGS}, {}),
+    )
+    server.on("GET", "/models/sse", Stream([], hold_open=True))
+    seen: list[float] = []
+    await adapter.load(LoadTarget(GEMMA), seen.append)
+    assert seen == [1.0]
+    assert ("POST", "/models/load") not in server.calls()
+
+
+async def test_router_lists_embedding_presets_and_sizes(server, adapter):
+    embed_args = ["llama-server", "--embeddings", "--alias", "nomic"]
+    data = [
+        {"id": GEMMA, "status": {"value": "loaded", "args": ARGS}, "meta": {"size": 96534528}},
+        {"id": "nomic", "status": {"value": "unloaded", "args": embed_args}},
+    ]
+    server.on("GET", "/v1/models", Reply(200, {"object": "list", "data": data}))
+    listed = await adapter.list_models()
+    assert [(m.id, m.type, m.size_mb) for m in listed] == [
+        (GEMMA, "llm", 92),
+        ("nomic", "embedding", None),
+    ]
+
+
+async def test_single_mode_listing_while_its_model_loads(server, adapter):
+    """b11434 answers 503 "Loading model" on every route while loading, /v1/models too."""
+    model_id = SINGLE["data"][0]["id"]
+    server.on("GET", "/v1/models", Reply(200, SINGLE), LOADING)
+    server.on("GET", "/health", Reply(200, {"status": "ok"}), LOADING)
+    server.on("GET", "/props", Reply(200, {"is_sleeping": False}))
+    assert [m.state for m in await adapter.list_models()] == ["loaded"]
+    assert [(m.id, m.state) for m in await adapter.list_models()] == [(model_id, "loading")]
+
+
+async def test_single_mode_load_while_even_the_listing_says_loading(server, adapter):
+    server.on("GET", "/v1/models", LOADING, Reply(200, SINGLE))
+    server.on("GET", "/health", LOADING, Reply(200, {"status": "ok"}))
+    server.on("GET", "/props", Reply(200, {"is_sleeping": False}))
+    await adapter.load(LoadTarget(SINGLE["data"][0]["id"]), lambda f: None)
+
+
+async def test_router_stream_cut_by_an_unload_says_what_the_router_said(server, adapter):
+    """Unloaded mid-stream, the router ends the 200 stream with a bare text line after the
+    child's stop-timeout: no `data:`, no [DONE]."""
+    head = {"id": "c", "object": "text_completion", "created": 1, "model": GEMMA}
+    first = {**head, "choices": [{"index": 0, "text": " vepo", "finish_reason": None}]}
+    pieces = [*sse(first, done=False), "proxy error: Failed to read connection"]
+    server.on("GET", "/v1/models", router({"value": "loaded"}, {}))
+    server.on("POST", "/v1/completions", Stream(pieces))
+    call = InferenceCall("completion", GEMMA, {"prompt": "x", "stream": True}, True)
+    got = []
+    with pytest.raises(AdapterError) as raised:
+        async for chunk in adapter.stream(call):
+            got.append(chunk)
+    assert got == [first]
+    assert raised.value.code == ErrorCode.CONNECTION
+    assert "proxy error: Failed to read connection" in raised.value.message
+
+
+async def test_embeddings_on_a_server_started_without_them(server, adapter):
+    """501 `not_supported_error`: the request is wrong for this server, never retried."""
+    error = {
+        "error": {
+            "code": 501,
+            "message": "This server does not support embeddings. Start it with `--embeddings`",
+            "type": "not_supported_error",
+        }
+    }
+    server.on("GET", "/v1/models", Reply(200, SINGLE))
+    server.on("POST", "/v1/embeddings", Reply(501, error))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("embedding", "m", {"input": "x"}))
+    assert raised.value.code == ErrorCode.BAD_REQUEST
+    assert not raised.value.retryable and not raised.value.server_fault

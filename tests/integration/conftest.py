@@ -1,41 +1,86 @@
-"""A real llama-cpp-python server with tiny generated models, shared by the whole session."""
+"""The real llama.cpp `llama-server` (build b11434) with tiny generated models, and
+Switchyard's own processes in front of it."""
+
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("gguf", reason="needs the integration extra: pip install -e '.[integration]'")
-pytest.importorskip(
-    "llama_cpp.server", reason="needs the integration extra: pip install -e '.[integration]'"
-)
 
-from tests.support import tiny_gguf  # noqa: E402 (needs gguf, checked above)
-from tests.support.llama_server import LlamaServer  # noqa: E402
+from tests.support import real_llama, tiny_gguf  # noqa: E402 (needs gguf, checked above)
+from tests.support.switchyard_processes import Switchyard  # noqa: E402
+
+if not real_llama.binary().exists():
+    pytest.skip(
+        f"no llama-server at {real_llama.binary()}: `make llama-server` builds it",
+        allow_module_level=True,
+    )
+
+WAIT_S = 60.0
 
 
 @pytest.fixture(scope="session")
 def tiny_models(request, tmp_path_factory) -> dict[str, str]:
-    """The two tiny GGUF files by name, built on the first run and kept in pytest's cache
-    dir (in a temporary dir when the cache is turned off)."""
+    """The two tiny GGUF files by name, and a broken one ("broken": not a GGUF file), built
+    on the first run and kept in pytest's cache dir (in a temporary dir without a cache)."""
     cache = getattr(request.config, "cache", None)
     directory = cache.mkdir("tiny-gguf") if cache else tmp_path_factory.mktemp("tiny-gguf")
-    return {
+    files = {
         spec.name: str(tiny_gguf.build(spec, directory))
         for spec in (tiny_gguf.SMALL, tiny_gguf.LARGE)
     }
+    broken = Path(directory) / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(range(256)) * 4)  # a header, then nonsense
+    files["broken"] = str(broken)
+    return files
 
 
-@pytest.fixture(scope="session")
-def llama(tiny_models, tmp_path_factory):
-    """llama_cpp.server with both models, plus the small one again with embeddings on
-    (llama-cpp-python serves embeddings only from a model loaded with `embedding: true`).
-    Its aliases: "tiny-5mb", "tiny-100mb", "tiny-embed"."""
-    small, large = tiny_gguf.SMALL.name, tiny_gguf.LARGE.name
-    server = LlamaServer(
-        [
-            {"model": tiny_models[small], "model_alias": small},
-            {"model": tiny_models[large], "model_alias": large},
-            {"model": tiny_models[small], "model_alias": "tiny-embed", "embedding": True},
-        ],
-        tmp_path_factory.mktemp("llama-server"),
+@pytest.fixture
+def router(tiny_models, tmp_path):
+    """llama-server in router mode with room for one model (`--models-max 1`), from a preset:
+    "tiny" (5 MB), "large" (100 MB, slower: long enough streams), "embed" (the tiny model
+    with `embeddings = true`) and "broken". A short `stop-timeout` keeps unloads quick."""
+    sections = {
+        "*": {"c": 1024, "np": 2, "stop-timeout": 2},
+        "tiny": {"model": tiny_models[tiny_gguf.SMALL.name]},
+        "large": {"model": tiny_models[tiny_gguf.LARGE.name]},
+        "embed": {"model": tiny_models[tiny_gguf.SMALL.name], "embeddings": True},
+        "broken": {"model": tiny_models["broken"]},
+    }
+    preset = tmp_path / "models.ini"
+    preset.write_text(real_llama.preset(sections))
+    server = real_llama.RealLlamaServer(
+        ["--models-preset", str(preset), "--models-max", "1"], tmp_path
     )
     yield server
     server.stop()
+
+
+@pytest.fixture
+def switchyard(transactional_db):
+    """Start Switchyard's real processes on the test database (create servers and models
+    first): the web app and a worker in processes of their own on PostgreSQL with Redis,
+    or both in one (`manage.py serve`) on the embedded default."""
+    started: list[Switchyard] = []
+
+    def start(**knobs: str) -> Switchyard:
+        started.append(Switchyard(knobs))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def eventually(fact: Callable[[], object], timeout: float = WAIT_S, what: str = ""):
+    """fact()'s first truthy value: for facts another process makes true (a server's state,
+    a row a worker writes), asked again every 50 ms until the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if value := fact():
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {timeout}s: {what or fact}")
+        time.sleep(0.05)

@@ -1,0 +1,252 @@
+"""Switchyard's `llamacpp` kind in front of the real llama.cpp router (`llama-server
+--models-preset … --models-max 1`, build b11434): discovery, loads and unloads by the
+scheduler, every kind of call, failures the real router really has."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.core.management import call_command
+
+from backends.adapters.base import LoadTarget
+from backends.adapters.llamacpp import LlamaCppAdapter
+from backends.models import Deployment, DeploymentState, Model, ModelType, Server
+from scheduler.models import Request, State
+from tests.integration.conftest import eventually
+from tests.support import tiny_gguf
+
+pytestmark = pytest.mark.integration
+
+DS = DeploymentState
+CHAT = [{"role": "user", "content": "Say something."}]
+# The tiny models only ever generate whole words from their vocabulary (see tiny_gguf).
+WORDS = {piece.removeprefix("\u2581") for piece in tiny_gguf.word_pieces(tiny_gguf.SMALL.words)}
+
+
+def discovered(router, **capacity) -> Server:
+    """A `llamacpp` server row for the router, its models found by `manage.py sync_models`."""
+    server = Server.objects.create(
+        name="router", kind="llamacpp", base_url=router.url, slots=2, health="up", **capacity
+    )
+    call_command("sync_models", "router")
+    return server
+
+
+def chat(switchyard, model: str, **extra) -> dict:
+    answer = switchyard.post(
+        "/v1/chat/completions", {"model": model, "messages": CHAT, "max_tokens": 8, **extra}
+    )
+    assert answer.status_code == 200, (answer.text, switchyard.log())
+    return answer.json()
+
+
+def events(lines) -> list:
+    """The JSON of each `data:` event, and "[DONE]"."""
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def streamed(switchyard, path: str, body: dict) -> list:
+    with switchyard.stream(path, body) as response:
+        assert response.status_code == 200, response.read()
+        return events(response.iter_lines())
+
+
+def text_of(chunks: list) -> str:
+    parts = []
+    for chunk in chunks:
+        for choice in chunk.get("choices") or [] if isinstance(chunk, dict) else []:
+            parts.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+    return "".join(parts)
+
+
+def assert_words(text: str) -> None:
+    assert text.split() and set(text.split()) <= WORDS, text
+
+
+def states(server: Server) -> dict[str, str]:
+    return dict(server.deployments.values_list("server_model_id", "state"))
+
+
+def router_states(router) -> dict[str, str]:
+    return {e["id"]: e["status"]["value"] for e in router.api("GET", "/models").json()["data"]}
+
+
+def matches_router(server: Server, router) -> bool:
+    """Switchyard's deployments say what the router says (loaded or not)."""
+    ours = {k: v == DS.LOADED for k, v in states(server).items()}
+    theirs = {k: v == "loaded" for k, v in router_states(router).items()}
+    return ours == theirs
+
+
+@pytest.mark.django_db
+def test_discovery_finds_every_preset_with_its_type(router):
+    server = discovered(router)
+    assert states(server) == dict.fromkeys(["broken", "embed", "large", "tiny"], DS.UNLOADED)
+    types = dict(Model.objects.values_list("name", "type"))
+    assert types == {
+        "broken": ModelType.LLM,
+        "embed": ModelType.EMBEDDING,
+        "large": ModelType.LLM,
+        "tiny": ModelType.LLM,
+    }
+
+
+def test_alternating_models_swap_through_the_scheduler(router, switchyard):
+    server = discovered(router, max_llm=1)
+    live = switchyard()
+    assert_words(chat(live, "tiny")["choices"][0]["message"]["content"])
+    assert router_states(router)["tiny"] == "loaded"
+
+    chunks = streamed(
+        live,
+        "/v1/chat/completions",
+        {
+            "model": "large",
+            "messages": CHAT,
+            "max_tokens": 8,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    assert chunks[-1] == "[DONE]"
+    assert chunks[-2]["choices"] == [] and chunks[-2]["usage"]["completion_tokens"] == 8
+    assert_words(text_of(chunks))
+    assert router_states(router)["large"] == "loaded"
+    assert router_states(router)["tiny"] == "unloaded"
+
+    chunks = streamed(live, "/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 8})
+    assert chunks[-1] == "[DONE]"
+    assert_words(text_of(chunks))
+    answer = live.post("/v1/completions", {"model": "large", "prompt": "Once", "max_tokens": 8})
+    assert answer.status_code == 200, answer.text
+    assert_words(answer.json()["choices"][0]["text"])
+
+    eventually(lambda: matches_router(server, router), what="deployments match the router")
+    requests = list(Request.objects.order_by("created_at"))
+    assert [r.state for r in requests] == [State.COMPLETED] * 4
+    # Each swap was the scheduler's: it unloaded the other model before loading.
+    assert "unloaded" not in json.dumps([r.error for r in requests])
+
+
+def test_embeddings_from_an_embeddings_preset(router, switchyard):
+    discovered(router)
+    live = switchyard()
+    answer = live.post("/v1/embeddings", {"model": "embed", "input": ["hello", "world"]})
+    assert answer.status_code == 200, (answer.text, live.log())
+    data = answer.json()["data"]
+    assert [len(d["embedding"]) for d in data] == [tiny_gguf.SMALL.dim] * 2
+
+
+def test_a_model_the_router_does_not_have(router, switchyard):
+    server = discovered(router)
+    ghost = Model.objects.create(name="ghost")
+    Deployment.objects.create(server=server, model=ghost, server_model_id="not-on-the-router")
+    live = switchyard(LOAD_ATTEMPTS="1")
+    unknown = live.post("/v1/chat/completions", {"model": "nobody", "messages": CHAT})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+
+    answer = live.post("/v1/chat/completions", {"model": "ghost", "messages": CHAT})
+    assert answer.status_code == 404, answer.text
+    assert "not-on-the-router" in answer.json()["error"]["message"]
+    assert router_states(router)["tiny"] == "unloaded"  # nothing else was touched
+
+
+def test_a_broken_model_file_fails_its_load_and_the_eviction_it_caused_is_seen(router, switchyard):
+    """Switchyard thinks there is room for two models; the router has room for one and,
+    loading the broken file, evicts the loaded model before the load fails."""
+    server = discovered(router, max_llm=2)
+    live = switchyard(LOAD_ATTEMPTS="1")
+    chat(live, "tiny")
+    answer = live.post("/v1/chat/completions", {"model": "broken", "messages": CHAT})
+    assert answer.status_code == 503, answer.text
+    assert "exit code 1" in answer.json()["error"]["message"]
+    assert router_states(router)["tiny"] == "unloaded"
+    assert router.status("broken")["failed"] is True
+    eventually(lambda: matches_router(server, router), what="deployments match the router")
+    assert states(server)["broken"] in (DS.FAILED, DS.UNLOADED)
+
+    assert_words(chat(live, "tiny")["choices"][0]["message"]["content"])  # loads again
+
+
+def test_an_unload_behind_switchyards_back_is_seen_by_status_sync(router, switchyard):
+    server = discovered(router)
+    live = switchyard(STATUS_SYNC_S="0.5")
+    chat(live, "tiny")
+    assert states(server)["tiny"] == DS.LOADED
+    assert router.api("POST", "/models/unload", json={"model": "tiny"}).status_code == 200
+    eventually(lambda: states(server)["tiny"] == DS.UNLOADED, what="tiny seen unloaded")
+    assert_words(chat(live, "tiny")["choices"][0]["message"]["content"])
+
+
+def test_a_model_unloaded_mid_stream_ends_the_stream_with_an_error_event(router, switchyard):
+    """The router cuts the stream (a bare `proxy error` line, no [DONE]) once the child's
+    stop-timeout has passed: the caller gets an error event, then [DONE]."""
+    server = discovered(router)
+    live = switchyard()
+    body = {"model": "large", "prompt": "Once", "max_tokens": 400}
+    with live.stream("/v1/completions", body) as response:
+        lines = response.iter_lines()
+        first = []
+        for line in lines:
+            if line.startswith("data: "):
+                first.append(line)
+                break
+        assert router.api("POST", "/models/unload", json={"model": "large"}).status_code == 200
+        rest = events([*first, *lines])
+    assert rest[-1] == "[DONE]"
+    error = rest[-2]["error"]
+    assert error["code"] == "connection"
+    assert "proxy error" in error["message"]
+    assert all("choices" in chunk for chunk in rest[:-2])
+    request = Request.objects.get()
+    assert request.state == State.FAILED
+    eventually(lambda: states(server)["large"] == DS.UNLOADED, what="large seen unloaded")
+
+
+def test_the_server_killed_mid_request_and_restarted(router, switchyard):
+    server = discovered(router)
+    live = switchyard(
+        REQUEST_ATTEMPTS="20", BREAKER_FAILURES="2", BREAKER_COOLDOWN_S="1", STATUS_SYNC_S="1"
+    )
+    chat(live, "large")
+    with live.stream("/v1/completions", {"model": "large", "prompt": "x", "max_tokens": 8}):
+        pass
+    body = {"model": "large", "messages": CHAT, "max_tokens": 300}
+    with ThreadPoolExecutor(1) as caller:
+        answer = caller.submit(live.post, "/v1/chat/completions", body)
+        eventually(lambda: Request.objects.filter(state=State.PROCESSING).exists())
+        router.kill()
+        eventually(
+            lambda: Server.objects.get(pk=server.pk).health in ("down", "cooldown"),
+            what="the breaker opened",
+        )
+        router.start()
+        response = answer.result()
+    assert response.status_code == 200, (response.text, live.log())
+    assert_words(response.json()["choices"][0]["message"]["content"])
+    request = Request.objects.order_by("-created_at").first()
+    assert request.attempts >= 2
+    eventually(lambda: Server.objects.get(pk=server.pk).health == "up", what="server up again")
+
+
+async def test_load_progress_as_the_real_router_reports_it(router):
+    """b11434 reports a load's progress as `status_change` events (0.0, then 1.0 with the
+    default mmap load), then `loaded`."""
+    adapter = LlamaCppAdapter(router.url)
+    seen: list[float] = []
+    try:
+        await adapter.load(LoadTarget("large", timeout_s=60), seen.append)
+        assert seen[0] == 0.0 and seen[-1] == 1.0
+        assert seen == sorted(seen)
+        assert [(m.id, m.state) for m in await adapter.list_models() if m.state != "unloaded"] == [
+            ("large", "loaded")
+        ]
+        await adapter.unload("large")  # returns on the child's `unloaded` event
+        assert router.status("large")["value"] == "unloaded"
+    finally:
+        await adapter.close()

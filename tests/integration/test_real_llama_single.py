@@ -1,0 +1,136 @@
+"""The real `llama-server` (b11434) one model at a time: Switchyard's `openai` kind in front
+of a single-model server and of the router (which loads on demand and queues by itself),
+and the `llamacpp` kind's single-model mode (503 on every route while loading; sleeping)."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.core.management import call_command
+
+from backends.models import Deployment, DeploymentState, Model, ModelType, Server
+from scheduler.models import Request, State
+from tests.integration.conftest import eventually
+from tests.integration.test_real_llama_router import (
+    CHAT,
+    assert_words,
+    chat,
+    streamed,
+    text_of,
+)
+from tests.support import real_llama, tiny_gguf
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def single(tiny_models, tmp_path):
+    """Start a single-model llama-server: `single("tiny-5mb", "--sleep-idle-seconds", "1")`."""
+    started: list[real_llama.RealLlamaServer] = []
+
+    def start(name: str, *args: str, wait_loaded: bool = True) -> real_llama.RealLlamaServer:
+        argv = ["-m", tiny_models[name], "--alias", name, "-c", "512", "-np", "2", *args]
+        started.append(real_llama.RealLlamaServer(argv, tmp_path, wait_loaded=wait_loaded))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def deploy(server: Server, name: str, server_model_id: str, type: str = ModelType.LLM) -> None:
+    model = Model.objects.create(name=name, type=type)
+    Deployment.objects.create(server=server, model=model, server_model_id=server_model_id)
+
+
+def test_openai_kind_in_front_of_a_single_model_server(single, switchyard):
+    llama = single(tiny_gguf.SMALL.name)
+    server = Server.objects.create(name="one", kind="openai", base_url=llama.url, health="up")
+    call_command("sync_models", "one")  # the listing's id is the --alias
+    assert list(server.deployments.values_list("server_model_id", flat=True)) == ["tiny-5mb"]
+    live = switchyard()
+    assert_words(chat(live, "tiny-5mb")["choices"][0]["message"]["content"])
+    body = {"model": "tiny-5mb", "messages": CHAT, "max_tokens": 8}
+    chunks = streamed(
+        live, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}}
+    )
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"  # and content null
+    assert chunks[-2]["choices"] == [] and chunks[-2]["usage"]["completion_tokens"] == 8
+    assert chunks[-1] == "[DONE]"
+    assert_words(text_of(chunks))
+    answer = live.post("/v1/completions", {"model": "tiny-5mb", "prompt": "Once", "max_tokens": 4})
+    assert_words(answer.json()["choices"][0]["text"])
+
+    # Started without --embeddings it answers 501: the caller hears it, nothing is retried.
+    deploy(server, "no-embed", "tiny-5mb", ModelType.EMBEDDING)
+    refused = live.post("/v1/embeddings", {"model": "no-embed", "input": "x"})
+    assert refused.status_code >= 400
+    assert "--embeddings" in refused.json()["error"]["message"]
+    assert Request.objects.get(model_name="no-embed").attempts == 1
+
+
+def test_openai_kind_in_front_of_the_router_which_loads_and_queues_by_itself(router, switchyard):
+    """No load control: the router loads whatever a request names (room for one), and a
+    request for another model waits in the router's queue until the busy one is idle."""
+    server = Server.objects.create(
+        name="auto", kind="openai", base_url=router.url, slots=2, health="up"
+    )
+    call_command("sync_models", "auto")
+    live = switchyard()
+    assert_words(chat(live, "tiny")["choices"][0]["message"]["content"])
+    body = {"model": "large", "prompt": "Once", "max_tokens": 200}
+    with ThreadPoolExecutor(1) as caller, live.stream("/v1/completions", body) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):  # large is loaded and busy
+                break
+        queued = caller.submit(chat, live, "tiny")  # held by the router until large is idle
+        assert "data: [DONE]" in list(lines)
+        quick = queued.result()
+    assert_words(quick["choices"][0]["message"]["content"])
+    large, tiny = (
+        Request.objects.filter(model_name=m).latest("created_at") for m in ("large", "tiny")
+    )
+    assert large.state == tiny.state == State.COMPLETED
+    assert tiny.finished_at >= large.finished_at
+    assert router.status("tiny")["value"] == "loaded"
+    assert router.status("large")["value"] == "unloaded"
+    assert server.deployments.count() == 4
+
+
+def test_llamacpp_single_mode_while_loading_then_serving(single, switchyard):
+    """Every route, the listing too, answers 503 "Loading model" until the model is in:
+    discovery says so, a request waits for the load instead of failing."""
+    llama = single(tiny_gguf.LARGE.name, wait_loaded=False)
+    server = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
+    loading = llama.api("GET", "/v1/models")
+    if loading.status_code == 503:  # it may already be loaded on a fast day
+        assert loading.json()["error"] == {
+            "message": "Loading model",
+            "type": "unavailable_error",
+            "code": 503,
+        }
+    deploy(server, "big", tiny_gguf.LARGE.name)
+    live = switchyard()
+    assert_words(chat(live, "big")["choices"][0]["message"]["content"])
+    call_command("sync_models", "one")
+    assert list(server.deployments.values_list("server_model_id", "size_mb")) == [
+        (tiny_gguf.LARGE.name, 92)
+    ]
+
+
+def test_llamacpp_single_mode_sleeps_and_wakes(single, switchyard):
+    llama = single(tiny_gguf.SMALL.name, "--sleep-idle-seconds", "1")
+    server = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
+    call_command("sync_models", "one")
+    live = switchyard(STATUS_SYNC_S="0.5")
+    assert_words(chat(live, "tiny-5mb")["choices"][0]["message"]["content"])
+    eventually(lambda: llama.api("GET", "/props").json()["is_sleeping"], what="asleep")
+    assert llama.api("GET", "/health").status_code == 200  # asleep, still healthy
+    # Asleep its memory is free: the status sync counts it as not loaded...
+    eventually(
+        lambda: server.deployments.get().state == DeploymentState.UNLOADED,
+        what="the sleep seen by the status sync",
+    )
+    # ...and the next request wakes it.
+    assert_words(chat(live, "tiny-5mb")["choices"][0]["message"]["content"])
+    assert Request.objects.filter(state=State.COMPLETED).count() == 2
