@@ -12,6 +12,9 @@ from django.utils import timezone
 from backends.models import Deployment, DeploymentState, Health, Server
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 
+from . import charts, forecast
+from .models import EtaCheck
+
 WAITING_SHOWN = 100
 RUNNING_SHOWN = 100
 RECENT_SHOWN = 20
@@ -68,35 +71,13 @@ def load_progress(d: Deployment, now: datetime) -> dict | None:
     }
 
 
-def load_left_s(d: Deployment, now: datetime) -> float | None:
-    """Seconds until the model is loaded there: 0 when it is, None when nobody can say."""
-    if d.state == DeploymentState.LOADED:
-        return 0.0
-    if d.avg_load_s is None:
-        return None
-    if d.state == DeploymentState.LOADING and d.load_started_at:
-        return max(d.avg_load_s - (now - d.load_started_at).total_seconds(), 0.0)
-    return d.avg_load_s
-
-
-def eta_s(r: Request, ahead_on_deployment: int, slots: int, now: datetime) -> float | None:
-    """A rough estimate of the seconds until `r` finishes, from the deployment's moving
-    averages: what is left of the load, then one inference per round of `slots` requests
-    ahead of it (or running) on the same deployment. None when a figure is missing."""
+def run_left_s(r: Request, now: datetime) -> float | None:
+    """Seconds until a running request ends, by its deployment's moving average of run
+    time; None when there is none yet."""
     d = r.deployment
-    if d is None or d.avg_inference_s is None:
+    if r.state != State.PROCESSING or d is None or d.avg_inference_s is None or not r.started_at:
         return None
-    if r.state == State.PROCESSING:
-        if r.started_at is None:
-            return None
-        return seconds(max(d.avg_inference_s - (now - r.started_at).total_seconds(), 0.0))
-    if r.state not in WAITING_STATES:
-        return None
-    load_left = load_left_s(d, now)
-    if load_left is None:
-        return None
-    rounds = (ahead_on_deployment + d.in_flight) // max(slots, 1) + 1
-    return seconds(load_left + rounds * d.avg_inference_s)
+    return seconds(max(d.avg_inference_s - (now - r.started_at).total_seconds(), 0.0))
 
 
 def deployment_row(d: Deployment, now: datetime) -> dict:
@@ -148,28 +129,21 @@ def request_row(r: Request, now: datetime) -> dict:
 
 
 def waiting_rows(now: datetime) -> list[dict]:
-    """The head of the line in queue order, each with its place and an ETA. Rows further
-    back cannot be ahead of these, so the shown rows are enough to count who is ahead."""
+    """The head of the line in the policy's order, each with its place and the forecast's
+    ETA (seconds until it is sent). Rows further back cannot be ahead of these."""
+    line = forecast.head(now, WAITING_SHOWN, related=True)
     rows = []
-    ahead: dict[int, int] = {}
-    waiting = (
-        Request.objects.filter(state__in=WAITING_STATES)
-        .select_related("server", "deployment")
-        .order_by("priority", "created_at", "id")[:WAITING_SHOWN]
-    )
-    for position, r in enumerate(waiting, start=1):
-        slots = r.server.slots if r.server else 1
+    for position, r in enumerate(line.requests, start=1):
         row = request_row(r, now)
         row["position"] = position
-        row["eta_s"] = eta_s(r, ahead.get(r.deployment_id, 0), slots, now)
+        row["eta_s"] = seconds(line.etas.get(r.pk))
         rows.append(row)
-        if r.deployment_id is not None:
-            ahead[r.deployment_id] = ahead.get(r.deployment_id, 0) + 1
     return rows
 
 
 def overview(now: datetime | None = None) -> dict:
     now = now or timezone.now()
+    classes = charts.class_summary(now)
     shown = Deployment.objects.exclude(state=DeploymentState.UNLOADED).select_related("model")
     servers = Server.objects.prefetch_related(Prefetch("deployments", queryset=shown))
     running = (
@@ -186,9 +160,15 @@ def overview(now: datetime | None = None) -> dict:
         "at": iso(now),
         "servers": [server_row(s, now) for s in servers],
         "waiting": waiting_rows(now),
-        "waiting_total": Request.objects.filter(state__in=WAITING_STATES).count(),
+        "waiting_total": sum(c["waiting"] for c in classes),
+        "classes": classes,
+        "eta_accuracy": charts.eta_accuracy(now),
         "running": [
-            {**request_row(r, now), "eta_s": eta_s(r, 0, 1, now), "started_at": iso(r.started_at)}
+            {
+                **request_row(r, now),
+                "eta_s": run_left_s(r, now),
+                "started_at": iso(r.started_at),
+            }
             for r in running
         ],
         "recent": [
@@ -235,15 +215,19 @@ def request_detail(request_id, now: datetime | None = None) -> dict | None:
     if r.state in WAITING_STATES:
         position = Request.objects.filter(ahead_of(r)).count() + 1
         waiting_total = Request.objects.filter(state__in=WAITING_STATES).count()
-    if r.deployment is not None and (r.state in WAITING_STATES or r.state == State.PROCESSING):
-        same = Request.objects.filter(ahead_of(r), deployment=r.deployment).count()
-        eta = eta_s(r, same, r.server.slots if r.server else 1, now)
+        if position <= forecast.LINE_READ:
+            eta = seconds(forecast.head(now, position + 50).etas.get(r.pk))
+    elif r.state == State.PROCESSING and r.deployment is not None:
+        eta = run_left_s(r, now)
+    check = EtaCheck.objects.filter(request_id=r.pk).first()
     return {
         **request_row(r, now),
         "at": iso(now),
         "position": position,
         "waiting_total": waiting_total,
         "eta_s": eta,
+        "eta_first": eta_first(check),
+        "eta_accuracy": charts.eta_accuracy(now),
         "load": load_progress(r.deployment, now) if r.deployment else None,
         "started_at": iso(r.started_at),
         "finished_at": iso(r.finished_at),
@@ -260,4 +244,16 @@ def request_detail(request_id, now: datetime | None = None) -> dict | None:
             }
             for t in r.traces.all()
         ],
+    }
+
+
+def eta_first(check: EtaCheck | None) -> dict | None:
+    """The ETA the request was first given, and once it started, how far off it was."""
+    if check is None:
+        return None
+    return {
+        "given_at": iso(check.given_at),
+        "given_s": seconds(check.given_s),
+        "position": check.position,
+        "error_s": seconds(check.error_s),
     }

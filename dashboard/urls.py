@@ -5,6 +5,7 @@ from . import views
 urlpatterns = [
     path("", views.index, name="dashboard"),
     path("dashboard/state.json", views.overview_json, name="dashboard-state"),
+    path("dashboard/history.json", views.history_json, name="dashboard-history"),
     path("requests/<uuid:request_id>/", views.request_page, name="request-page"),
     path("requests/<uuid:request_id>/state.json", views.request_json, name="request-state"),
 ]

@@ -4,8 +4,9 @@ over a websocket; the JSON views let a page that missed a message re-read the tr
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import Http404, JsonResponse
 from django.shortcuts import render
+from django.utils import timezone
 
-from . import state
+from . import charts, state
 
 
 def detail_or_404(request_id) -> dict:
@@ -34,3 +35,22 @@ def overview_json(request):
 @staff_member_required
 def request_json(request, request_id):
     return JsonResponse(detail_or_404(request_id))
+
+
+@staff_member_required
+def history_json(request):
+    """The charts' figures for the last hour (or `?range=6h` / `24h`)."""
+    key = request.GET.get("range", "1h")
+    if key not in charts.RANGES:
+        return JsonResponse(
+            {
+                "error": {
+                    "message": f"range must be one of {', '.join(charts.RANGES)}",
+                    "type": "invalid_request_error",
+                    "param": "range",
+                    "code": "invalid_range",
+                }
+            },
+            status=400,
+        )
+    return JsonResponse(charts.history(key, timezone.now()))

@@ -41,7 +41,9 @@ from .decisions import (
     StartLoad,
     Unload,
 )
+from .eta import Accuracy
 from .policy import plan
+from .simulation_eta import EtaBook
 from .simulation_trace import INTERACTIVE, ModelSpec, Trace
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
 
@@ -68,6 +70,7 @@ class Result:
     loads: int = 0
     passes: int = 0
     dropped: int = 0  # decisions whose compare-and-set failed
+    eta: Accuracy = field(default_factory=Accuracy)  # the ETA given on arrival, checked
 
     @property
     def lost(self) -> int:
@@ -132,6 +135,9 @@ class _PolicySimulation:
         self.events: list[tuple[datetime, int, str, object]] = []
         self.seq = itertools.count()
         self.wakes: set[datetime] = set()
+        self.etas = EtaBook(config, trace.unload_s)
+        self.result.eta = self.etas.accuracy
+        self.arrived: list[UUID] = []
 
     def at(self, seconds: float) -> datetime:
         return self.trace.start + timedelta(seconds=seconds)
@@ -149,6 +155,9 @@ class _PolicySimulation:
             while self.events and self.events[0][0] == self.now:
                 _, _, kind, payload = heapq.heappop(self.events)
                 self.happen(kind, payload)
+            if self.arrived:
+                self.etas.give(self.arrived, self.now, self.servers, self.deployments, self.waiting)
+                self.arrived.clear()
             self.plan_until_settled()
         return self.result
 
@@ -181,6 +190,7 @@ class _PolicySimulation:
                 created_at=self.now,
                 expires_at=self.now + timedelta(seconds=self.trace.max_wait_s[spec.priority]),
             )
+            self.arrived.append(rid)
         elif kind == "wake":
             self.wakes.discard(self.now)
         elif kind == "unloaded":
@@ -196,6 +206,7 @@ class _PolicySimulation:
         elif kind == "finished":
             did = self.serving.pop(payload)
             d = self.deployments[did]
+            self.etas.finished(payload, d.model, self.now)
             self.update(did, in_flight=d.in_flight - 1, last_used_at=self.now)
             self.result.outcomes[self.index[payload]].state = "completed"
 
@@ -264,6 +275,7 @@ class _PolicySimulation:
         ):
             return self.drop()
         self.update(did, state="loading", last_used_at=self.now)
+        self.etas.load_started[did] = self.now
         for v in victims:
             self.update(v.id, state="unloading")
         done = self.now
@@ -285,6 +297,7 @@ class _PolicySimulation:
             used["last_interactive_at"] = self.now
         self.update(did, in_flight=d.in_flight + 1, **used)
         self.serving[rid] = did
+        self.etas.sent(rid, did, r.priority, self.now)
         self.finish(r, "processing")
         spec = self.trace.requests[self.index[rid]]
         self.schedule(self.now + timedelta(seconds=spec.duration_s), "finished", rid)

@@ -9,29 +9,16 @@ import httpx
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from backends.models import Server
 from tests import factories
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 LOAD_S = 2.0
 # Long enough to open the request's page while its model still loads, on a busy machine.
 OTHER_LOAD_S = 3.0
-
-
-@pytest.fixture
-def browser_page():
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        yield page
-        browser.close()
-    assert errors == [], "the page's JavaScript failed"
 
 
 @pytest.fixture

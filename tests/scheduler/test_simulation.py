@@ -163,7 +163,11 @@ def test_command_prints_the_table_for_a_trace_file(tmp_path):
     rows = [line.split() for line in out.getvalue().splitlines()]
     assert rows[1] == ["policy", "FIFO"]
     assert ["interactive", "wait", "p95", "3.0", "s", "3.0", "s"] in rows
-    assert rows[-1] == ["lost", "0", "0"]
+    assert rows[-2] == ["lost", "0", "0"]
+    # The one request was told the default load time (no load seen yet), and waited 3 s.
+    assert out.getvalue().splitlines()[-1] == (
+        "ETA given on arrival, checked when sent: 0% within ±20% (or 1 s) of 1, median error 7.0 s"
+    )
 
 
 def test_command_generates_the_default_day_and_can_save_it(tmp_path):

@@ -21,13 +21,23 @@ const Switchyard = (() => {
 
   const secs = (s) => (s === null || s === undefined ? "–" : s < 60 ? `${s.toFixed(1)} s`
     : `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`);
-  const clock = (iso) => (iso ? new Date(iso).toLocaleTimeString() : "–");
+  // One time format everywhere: ISO-like, in this browser's zone, the zone shown.
+  const pad = (n) => String(n).padStart(2, "0");
+  const zone = (d) => (new Intl.DateTimeFormat("en", {timeZoneName: "short"})
+    .formatToParts(d).find((p) => p.type === "timeZoneName") || {value: ""}).value;
+  const stamp = (d) => `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} `
+    + `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())} ${zone(d)}`;
+  const clock = (iso) => (iso ? el("time", {datetime: iso}, stamp(new Date(iso))) : "–");
   // A clock that counts up from `iso` (server time) on every tick.
   const since = (iso, cls = "since") => el("span", {class: cls, "data-since": iso},
     iso ? secs((serverNow() - Date.parse(iso)) / 1000) : "–");
   const eta = (s) => (s === null || s === undefined ? el("span", {class: "muted"}, "unknown")
-    : el("span", {}, s > 0 ? `~${secs(s)} ` : "any moment ",
+    : el("span", {class: "eta"}, s > 0 ? `~${secs(s)} ` : "any moment ",
       el("span", {class: "tag estimate"}, "estimate")));
+  // Why a request waits: the policy's reason when it gives one, else what its state says.
+  const STATE_REASONS = {pending: "not routed yet", needs_loading: "its model is loading",
+    ready: "waiting for a free slot"};
+  const reason = (r) => el("span", {class: "reason"}, r.reason || STATE_REASONS[r.state] || "–");
   const pill = (state) => el("span", {class: `pill state-${state}`}, state.replace("_", " "));
 
   function progress(p) {
@@ -73,7 +83,7 @@ const Switchyard = (() => {
     if (s.status === "cooldown" && s.cooldown_until) {
       const left = el("span", {"data-until": s.cooldown_until});
       tickUntil(left);
-      node.append(` until ${clock(s.cooldown_until)} (`, left, ")");
+      node.append(" until ", clock(s.cooldown_until), " (", left, ")");
     }
     return node;
   }
@@ -123,12 +133,26 @@ const Switchyard = (() => {
     document.getElementById("waiting-total").textContent = `${state.waiting_total}${more}`;
     fillTable("waiting", state.waiting, "Nobody is waiting.", (r) => [
       r.position, requestLink(r), r.model, r.priority, pill(r.state), r.server || "–",
-      since(r.created_at), eta(r.eta_s)]);
+      since(r.created_at), eta(r.eta_s), reason(r)]);
+    if (state.classes) {
+      fillTable("classes", state.classes, "", (c) => [c.class, c.waiting, c.processing,
+        c.oldest_wait_s === null ? "–" : secs(c.oldest_wait_s), secs(c.p95_wait_15m_s),
+        c.max_wait_s ? secs(c.max_wait_s) : "–", c.max_queue || "no limit of its own"]);
+    }
+    if (state.eta_accuracy) {
+      document.getElementById("eta-accuracy").textContent = accuracyText(state.eta_accuracy);
+    }
     fillTable("running", state.running, "Nothing is running.", (r) => [
       requestLink(r), r.model, r.priority, r.server || "–", since(r.started_at), eta(r.eta_s)]);
     fillTable("recent", state.recent, "Nothing has finished yet.", (r) => [
       requestLink(r), r.model, pill(r.state), r.server || "–", clock(r.finished_at),
       secs(r.took_s), r.error ? el("span", {class: "error"}, r.error) : ""]);
+  }
+
+  function accuracyText(a) {
+    if (!a.checked) return "ETA accuracy (last hour): no request given an ETA has started yet.";
+    return `ETA accuracy (last hour): ${Math.round(a.share_within * 100)}% of ${a.checked} `
+      + `requests were sent within ±20% of the ETA first given; median error ${secs(a.median_error_s)}.`;
   }
 
   function renderRequest(r) {
@@ -139,10 +163,15 @@ const Switchyard = (() => {
     }
     syncClock(r.at);
     const waiting = r.position !== null;
+    const first = r.eta_first;
     const facts = [
       ["state", pill(r.state)],
       ["position", waiting ? `${r.position} of ${r.waiting_total} waiting` : "–"],
-      ["ETA", waiting || r.state === "processing" ? eta(r.eta_s) : "–"],
+      [waiting ? "sent in" : "ends in", waiting || r.state === "processing" ? eta(r.eta_s) : "–"],
+      ["why", waiting ? reason(r) : "–"],
+      ["first ETA", first ? `${secs(first.given_s)} at place ${first.position}`
+        + (first.error_s === null ? "" : `, off by ${secs(Math.abs(first.error_s))}`
+          + (first.error_s > 0 ? " (later)" : " (sooner)")) : "–"],
       ["model", r.model], ["priority", r.priority], ["server", r.server || "not routed yet"],
       ["waited", waiting ? since(r.created_at) : secs(r.waited_s)],
       ["created", clock(r.created_at)], ["finished", clock(r.finished_at)],
@@ -150,27 +179,41 @@ const Switchyard = (() => {
     ];
     if (r.error) facts.push(["error", el("span", {class: "error"}, r.error)]);
     box.replaceChildren(el("dl", {class: "facts"}, ...facts.flatMap(([k, v]) =>
-      [el("dt", {}, k), el("dd", {id: "request-" + k.toLowerCase()}, v)])));
+      [el("dt", {}, k), el("dd", {id: "request-" + k.toLowerCase().replace(" ", "-")}, v)])));
     document.getElementById("load").replaceChildren(
       r.load ? el("p", {}, "Its model is loading: ", progress(r.load)) : "");
     document.getElementById("answer").replaceChildren(
       r.answer ? el("blockquote", {}, r.answer) : "");
     fillTable("trace", r.trace, "No state changes yet.", (t) => [
-      el("span", {title: t.at}, clock(t.at)), (t.from || "·").replace("_", " "), pill(t.to),
+      clock(t.at), (t.from || "·").replace("_", " "), pill(t.to),
       t.server || "–", t.reason]);
+  }
+
+  // Disconnected, the page greys out and says since when: its figures are stale.
+  let lostAt = null;
+  function offline(text) {
+    const live = document.getElementById("live");
+    lostAt = lostAt || new Date();
+    document.body.classList.add("disconnected");
+    live.className = "live off";
+    live.replaceChildren(`${text} since ${stamp(lostAt)}`);
   }
 
   function connect(path, onState) {
     const live = document.getElementById("live");
     const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + path);
-    ws.onopen = () => { live.textContent = "live"; live.className = "live on"; };
+    ws.onopen = () => {
+      lostAt = null;
+      document.body.classList.remove("disconnected");
+      live.textContent = "live"; live.className = "live on";
+    };
     ws.onmessage = (e) => onState(JSON.parse(e.data).state);
     ws.onclose = (e) => {
       if (e.code === 4403) {
-        live.textContent = "signed out"; live.className = "live off";
+        offline("signed out");
         return;
       }
-      live.textContent = "reconnecting…"; live.className = "live off";
+      offline("disconnected, reconnecting");
       setTimeout(() => connect(path, onState), 2000);
     };
   }
@@ -184,5 +227,6 @@ const Switchyard = (() => {
   return {
     overview(path) { start(path, renderOverview); },
     request(path) { start(path, renderRequest); },
+    el, secs, stamp, clock,
   };
 })();

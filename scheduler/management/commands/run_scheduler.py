@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand
 from django.db import InterfaceError, OperationalError
 
 from config import event_loop
+from dashboard.history import record_forever
 from scheduler.runtime import Runtime
 from scheduler.worker_health import WorkerHealth
 
@@ -60,9 +61,14 @@ async def run_worker(until_idle: bool = False, health: tuple[str, int] | None = 
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime()
     serving = asyncio.create_task(WorkerHealth(runtime).serve(*health)) if health else None
+    # The dashboard's history (load spans, per-minute figures, ETA checks) beside the loop:
+    # a fixed cost per worker, none per open dashboard.
+    history = asyncio.create_task(record_forever(stop), name="history")
     try:
         await runtime.run(stop, until_idle=until_idle)
     finally:
+        stop.set()
+        await history
         if serving is not None:
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand
 
 from config import event_loop
 from config.asgi import application
+from dashboard.history import record_forever
 from scheduler.runtime import Runtime
 
 log = logging.getLogger("scheduler")
@@ -28,7 +29,9 @@ class Command(BaseCommand):
 
         def start_scheduler() -> None:
             if not no_scheduler:
-                tasks.append(asyncio.get_event_loop().create_task(Runtime().run(stop)))
+                loop = asyncio.get_event_loop()
+                tasks.append(loop.create_task(Runtime().run(stop)))
+                tasks.append(loop.create_task(record_forever(stop), name="history"))
             loop = event_loop.name(asyncio.get_event_loop())
             self.stdout.write(f"Switchyard is serving on http://{host}:{port}/ ({loop})")
 

@@ -49,6 +49,7 @@ class Command(BaseCommand):
             f"{len(trace.models)} models\n"
         )
         self.stdout.write(comparison_table([policy, fifo]))
+        self.stdout.write(f"ETA given on arrival, checked when sent: {policy.eta.summary()}\n")
 
 
 def comparison_table(results: list[Result]) -> str:

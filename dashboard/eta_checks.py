@@ -1,0 +1,88 @@
+"""The ETA measured live. Each tick of the history task gives every request in the head of
+the line that has none its first ETA (with its place), records a new ETA for those shown
+on the dashboard whose place changed, and, for the requests sent since, the error of the
+first ETA. `accuracy()` is what the dashboard and /metrics show."""
+
+from datetime import datetime, timedelta
+
+from django.core.cache import cache
+
+from scheduler.eta import Accuracy
+from scheduler.models import TERMINAL_STATES, Request, State
+
+from . import forecast
+from .models import EtaCheck
+
+FOLLOWED = 100  # the places whose changes are recorded: those the dashboard lists
+LOOKBACK = timedelta(seconds=10)  # requests that ended this recently may have started unseen
+WINDOW = timedelta(hours=1)
+CACHE_S = 10
+
+
+def record(now: datetime) -> None:
+    line = forecast.head(now)
+    ids = [r.pk for r in line.requests]
+    known = dict(
+        EtaCheck.objects.filter(request_id__in=ids).values_list("request_id", "last_position")
+    )
+    new, moved = [], []
+    for position, r in enumerate(line.requests, start=1):
+        eta = line.etas.get(r.pk)
+        if eta is None:
+            continue
+        if r.pk not in known:
+            new.append(
+                EtaCheck(
+                    request_id=r.pk,
+                    priority=r.priority,
+                    given_at=now,
+                    given_s=eta,
+                    position=position,
+                    last_at=now,
+                    last_s=eta,
+                    last_position=position,
+                )
+            )
+        elif position <= FOLLOWED and known[r.pk] != position:
+            moved.append(EtaCheck(request_id=r.pk, last_at=now, last_s=eta, last_position=position))
+    EtaCheck.objects.bulk_create(new, ignore_conflicts=True)
+    EtaCheck.objects.bulk_update(moved, ["last_at", "last_s", "last_position"])
+    record_starts(now)
+
+
+def record_starts(now: datetime) -> int:
+    """The error of the first ETA of each request sent since the last look: those running
+    now, and those that ended a moment ago (read by the state and finished indexes)."""
+    running = Request.objects.filter(state=State.PROCESSING)
+    ended = Request.objects.filter(state__in=TERMINAL_STATES, finished_at__gte=now - LOOKBACK)
+    started = {
+        pk: at
+        for rows in (running, ended)
+        for pk, at in rows.filter(started_at__isnull=False).values_list("id", "started_at")
+    }
+    if not started:
+        return 0
+    open_checks = EtaCheck.objects.filter(request_id__in=started, started_at__isnull=True)
+    checked = []
+    for check in open_checks.only("request_id", "given_at", "given_s"):
+        at = started[check.request_id]
+        check.started_at = at
+        check.error_s = (at - check.given_at).total_seconds() - check.given_s
+        checked.append(check)
+    EtaCheck.objects.bulk_update(checked, ["started_at", "error_s"])
+    return len(checked)
+
+
+def accuracy(now: datetime, window: timedelta = WINDOW) -> Accuracy:
+    """Of the requests sent in the last `window`: the first ETA's error (cached a few
+    seconds per process: every open dashboard and every scrape asks)."""
+    key = f"switchyard:eta-accuracy:{int(window.total_seconds())}"
+    found = cache.get(key)
+    if found is not None:
+        return found
+    result = Accuracy()
+    errors = EtaCheck.objects.filter(started_at__gte=now - window, error_s__isnull=False)
+    for given_s, error_s in errors.values_list("given_s", "error_s"):
+        result.add(given_s, given_s + error_s)
+    cache.set(key, result, CACHE_S)
+    return result

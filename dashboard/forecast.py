@@ -1,0 +1,96 @@
+"""The live ETA: the database's picture fed to the pure forecast (`scheduler/eta.py`).
+
+A fixed number of reads: servers, deployments, the requests running now, and the head of
+the line (at most `limit` rows, in the policy's order). Rows further back are never ahead
+of these, so the head's ETAs do not depend on them."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+
+from backends.models import Deployment, Server
+from scheduler.eta import Host, Place, Waiter, forecast, line_order
+from scheduler.models import WAITING_STATES, Request, State
+
+DEFAULT_LOAD_S = 10.0  # the policy's default, for a model never loaded here
+DEFAULT_RUN_S = 5.0  # for a model that never ran here
+LINE_READ = 1000
+
+
+def available(s: Server, now: datetime) -> bool:
+    if not s.enabled or s.health == "down":
+        return False
+    return s.cooldown_until is None or s.cooldown_until <= now
+
+
+def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
+    busy: dict[int, list[datetime]] = {}
+    running = Request.objects.filter(state=State.PROCESSING).values_list(
+        "deployment_id", "started_at"
+    )
+    for deployment_id, started_at in running:
+        busy.setdefault(deployment_id, []).append(started_at or now)
+    hosts = [
+        Host(
+            s.pk,
+            s.slots,
+            {"llm": s.max_llm, "embedding": s.max_embedding, "reranking": s.max_reranking},
+            available(s, now),
+        )
+        for s in Server.objects.all()
+    ]
+    places = []
+    for d in Deployment.objects.select_related("model"):
+        load_s = d.avg_load_s or DEFAULT_LOAD_S
+        run_s = d.avg_inference_s or DEFAULT_RUN_S
+        left = 0.0
+        if d.state == "loading" and d.load_started_at:
+            left = max(load_s - (now - d.load_started_at).total_seconds(), 0.0)
+        places.append(
+            Place(
+                id=d.pk,
+                server_id=d.server_id,
+                model=d.model_id,
+                state=d.state,
+                load_s=load_s,
+                run_s=run_s,
+                model_type=d.model.type,
+                load_left_s=left,
+                busy_s=tuple(
+                    max(run_s - (now - at).total_seconds(), 0.0) for at in busy.get(d.pk, ())
+                ),
+                idle_s=(now - d.last_used_at).total_seconds() if d.last_used_at else 1e9,
+            )
+        )
+    return hosts, places
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """The head of the line in the policy's order, with each one's place and ETA."""
+
+    requests: list[Request]
+    etas: dict
+    total: int | None = None
+
+    def position(self, r: Request) -> int:
+        return self.requests.index(r) + 1
+
+
+def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
+    rows = Request.objects.filter(state__in=WAITING_STATES).order_by("priority", "created_at", "id")
+    if related:
+        rows = rows.select_related("server", "deployment")
+    step = settings.SWITCHYARD["AGING_STEP_S"]
+    requests = sorted(
+        rows[:limit],
+        key=lambda r: (
+            line_order(r.priority, (now - r.created_at).total_seconds(), step),
+            r.created_at,
+            str(r.pk),
+        ),
+    )
+    hosts, places = hosts_and_places(now)
+    line = [Waiter(r.pk, r.model_id, r.deployment_id) for r in requests]
+    return Line(requests, forecast(hosts, places, line))

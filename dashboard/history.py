@@ -1,0 +1,204 @@
+"""The worker's history task: once a second it follows each deployment's state into load
+spans and stamps ETAs (`dashboard/eta_checks.py`); once a minute it rolls the minute just
+ended up into `MinuteStat` rows; now and then it prunes what is older than `KEEP`.
+
+Its cost is fixed (a few small reads a second), whatever the number of dashboards open.
+Several workers may run it at once: each row it creates is unique by its key and created
+with `ignore_conflicts`, and its updates write the same values whoever writes them."""
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Max
+from django.utils import timezone
+
+from backends.models import Deployment
+from backends.models import DeploymentState as DS
+from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request
+from scheduler.pool_threads import released
+
+from .models import EtaCheck, LoadSpan, MinuteStat
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0
+KEEP = timedelta(days=2)
+PRUNE_EVERY = timedelta(hours=1)
+BACKFILL = timedelta(hours=24)  # minutes missed while no worker ran, rolled up after
+BACKFILL_STEP = 60  # minutes rolled up in one tick at most
+MINUTE = timedelta(minutes=1)
+PRESENT = (DS.LOADING, DS.LOADED, DS.UNLOADING)
+
+
+def floor_minute(at: datetime) -> datetime:
+    return at.replace(second=0, microsecond=0)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest rank, as the simulation and the bench count it."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
+
+
+def waited_s(created_at: datetime, started_at: datetime | None, finished_at: datetime) -> float:
+    """Arrival to start; a request that never started waited until its end."""
+    return max(((started_at or finished_at) - created_at).total_seconds(), 0.0)
+
+
+# -- load spans ------------------------------------------------------------------------------
+
+
+def span_start(d: Deployment) -> datetime:
+    """When this stay began: the load's start, unless that is an older load's (a model found
+    loaded by a status sync keeps the last load's start)."""
+    if d.state == DS.LOADING or d.loaded_at is None:
+        return d.load_started_at or d.state_changed_at
+    took = (d.loaded_at - d.load_started_at).total_seconds() if d.load_started_at else -1
+    return d.load_started_at if 0 <= took <= d.model.load_timeout_s + 60 else d.loaded_at
+
+
+def record_loads(now: datetime) -> None:
+    """Open a span for each model that arrived on a server, mark when it was loaded, close
+    it when it left (at the time its state changed)."""
+    open_spans = {s.deployment_id: s for s in LoadSpan.objects.filter(ended_at__isnull=True)}
+    new: list[LoadSpan] = []
+    for d in Deployment.objects.select_related("server", "model"):
+        span = open_spans.pop(d.pk, None)
+        if d.state not in PRESENT:
+            if span is not None:
+                close(span, d.state_changed_at, failed=span.loaded_at is None)
+            continue
+        start = span_start(d)
+        if span is not None and span.started_at != start:
+            close(span, start, failed=span.loaded_at is None)  # it left and came back
+            span = None
+        loaded_at = d.loaded_at if d.state != DS.LOADING else None
+        if span is None:
+            new.append(
+                LoadSpan(
+                    deployment_id=d.pk,
+                    server=d.server.name,
+                    model=d.model.name,
+                    started_at=start,
+                    loaded_at=loaded_at,
+                )
+            )
+        elif span.loaded_at is None and loaded_at is not None:
+            LoadSpan.objects.filter(pk=span.pk).update(loaded_at=loaded_at)
+    for span in open_spans.values():  # its deployment was deleted
+        close(span, now, failed=span.loaded_at is None)
+    LoadSpan.objects.bulk_create(new, ignore_conflicts=True)
+
+
+def close(span: LoadSpan, at: datetime, failed: bool) -> None:
+    LoadSpan.objects.filter(pk=span.pk).update(ended_at=max(at, span.started_at), failed=failed)
+
+
+# -- minutes ---------------------------------------------------------------------------------
+
+
+def minute_rows(since: datetime, until: datetime) -> dict[tuple[datetime, int], list[float]]:
+    """The waits of the requests that finished in [since, until), by minute and class
+    (read through the index of finished requests)."""
+    waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
+    rows = Request.objects.filter(
+        state__in=TERMINAL_STATES, finished_at__gte=since, finished_at__lt=until
+    ).values_list("priority", "created_at", "started_at", "finished_at")
+    for priority, created_at, started_at, finished_at in rows:
+        waits[(floor_minute(finished_at), priority)].append(
+            waited_s(created_at, started_at, finished_at)
+        )
+    return waits
+
+
+def count_waiting() -> dict[int, int]:
+    """How many wait in each class now (one read of the index of waiting requests)."""
+    counts = dict.fromkeys(Priority.values, 0)
+    rows = Request.objects.filter(state__in=WAITING_STATES).values("priority")
+    for row in rows.annotate(n=Count("id")).order_by():
+        counts[row["priority"]] = row["n"]
+    return counts
+
+
+def roll_up(now: datetime) -> int:
+    """Write the minutes that ended since the last rolled up (at most BACKFILL back,
+    BACKFILL_STEP at a time). The minute just ended also gets the line's length now."""
+    this_minute = floor_minute(now)
+    last = MinuteStat.objects.aggregate(last=Max("minute"))["last"]
+    first = this_minute - MINUTE if last is None else max(last + MINUTE, this_minute - BACKFILL)
+    until = min(this_minute, first + BACKFILL_STEP * MINUTE)
+    if first >= until:
+        return 0
+    waits = minute_rows(first, until)
+    waiting = count_waiting() if until == this_minute else {}
+    stats = []
+    minute = first
+    while minute < until:
+        for priority in Priority.values:
+            values = waits.get((minute, priority), [])
+            stats.append(
+                MinuteStat(
+                    minute=minute,
+                    priority=priority,
+                    finished=len(values),
+                    wait_p50_s=percentile(values, 50),
+                    wait_p95_s=percentile(values, 95),
+                    waiting=waiting.get(priority) if minute == this_minute - MINUTE else None,
+                )
+            )
+        minute += MINUTE
+    MinuteStat.objects.bulk_create(stats, ignore_conflicts=True)
+    return len(stats)
+
+
+# -- the task --------------------------------------------------------------------------------
+
+
+def prune(now: datetime) -> None:
+    before = now - KEEP
+    MinuteStat.objects.filter(minute__lt=before).delete()
+    LoadSpan.objects.filter(ended_at__lt=before).delete()
+    EtaCheck.objects.filter(given_at__lt=before).delete()
+
+
+class Recorder:
+    """One tick's work, and when the once-a-minute and once-an-hour parts are next due."""
+
+    def __init__(self) -> None:
+        self.next_minute: datetime | None = None
+        self.next_prune: datetime | None = None
+
+    def tick(self, now: datetime | None = None) -> None:
+        from . import eta_checks  # noqa: PLC0415 (it imports the estimator, which imports us)
+
+        now = now or timezone.now()
+        record_loads(now)
+        eta_checks.record(now)
+        due = self.next_minute is None or now >= self.next_minute
+        # A backfill goes on at the next tick until it has caught up.
+        if due and roll_up(now) < BACKFILL_STEP * len(Priority.values):
+            self.next_minute = floor_minute(now) + MINUTE
+        if self.next_prune is None or now >= self.next_prune:
+            prune(now)
+            self.next_prune = now + PRUNE_EVERY
+
+
+async def record_forever(stop: asyncio.Event, tick_s: float = TICK_S) -> None:
+    """The worker's side task: a tick a second until `stop` (a failing tick is logged and
+    the next one tries again: history must never stop the worker)."""
+    recorder = Recorder()
+    tick = released(recorder.tick)
+    while not stop.is_set():
+        try:
+            await tick()
+        except Exception:
+            log.exception("could not record the dashboard's history")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(tick_s):
+                await stop.wait()

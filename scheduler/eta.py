@@ -1,0 +1,215 @@
+"""The ETA: how many seconds until a waiting request is sent to a server. Pure, like the
+policy: the dashboard feeds it the database's picture, the simulation its own.
+
+The forecast plays the line forward in the order given (the policy's order: class, aged,
+then arrival): each request goes where it would start first among its model's deployments
+(or the one it is routed to), after what is left of a load under way, or after a load of
+its own (one at a time per server, evicting the least recently used model of its type when
+the server is full, once that model's requests are done), and after a slot frees. A slot
+frees when a request's expected run ends. Expected times come from history: a deployment's
+moving average of load time and of run time.
+
+How good it is gets measured, not assumed: `Accuracy` counts the share of requests sent
+within TOLERANCE of the ETA they were first given (`dashboard/eta_checks.py` live,
+`scheduler/simulation.py` on a simulated day)."""
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+TOLERANCE = 0.20
+FLOOR_S = 1.0  # an ETA of a second or less is right within a second
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A deployment as the forecast sees it. `busy_s`: what is left of each request it
+    runs now; `idle_s`: seconds since it was last used (the eviction order)."""
+
+    id: int
+    server_id: int
+    model: Hashable  # its name, or any key the waiters use too
+    state: str  # loaded, loading, unloading, unloaded, failed
+    load_s: float
+    run_s: float
+    model_type: str = "llm"
+    load_left_s: float = 0.0
+    busy_s: tuple[float, ...] = ()
+    idle_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    id: int
+    slots: int = 1
+    capacity: dict[str, int] = field(default_factory=lambda: {"llm": 1})
+    available: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    id: Hashable
+    model: Hashable
+    deployment_id: int | None = None
+    run_s: float | None = None  # its expected run, if known better than its model's
+
+
+def line_order(priority: int, waited_s: float, aging_step_s: float) -> int:
+    """The class a request waits in after aging (one class up per step waited), as the
+    policy ranks it; sort by this, then by arrival."""
+    if aging_step_s <= 0:
+        return priority
+    return max(priority - int(waited_s // aging_step_s), 0)
+
+
+class _Server:
+    def __init__(self, host: Host, places: list[Place]) -> None:
+        self.host = host
+        busy = sorted(b for p in places for b in p.busy_s)[: host.slots]
+        self.slots = busy + [0.0] * max(host.slots - len(busy), 0)
+        heapq.heapify(self.slots)
+        loading = [p.load_left_s for p in places if p.state == "loading"]
+        self.load_free = max(loading, default=0.0)
+        self.resident = {p.id for p in places if p.state in ("loaded", "loading")}
+        # When the work placed here so far would be done, spread over its slots.
+        self.backlog = sum(self.slots) / host.slots
+
+
+def forecast(
+    hosts: Iterable[Host], places: Iterable[Place], line: Iterable[Waiter], unload_s: float = 0.0
+) -> dict[Hashable, float | None]:
+    """Seconds from now until each request in `line` (in line order) is sent; None for one
+    that no available server can serve.
+
+    Two steps. Where: in line order, each request goes to its routed deployment, else to
+    the deployment of its model where it would start first: when the model is ready there
+    or the work already placed on that server is done, whichever is later. Only where the
+    model is (loaded or loading) if it is anywhere; else after a load of its own (one at
+    a time per server). When: per server, as each slot frees, the best placed
+    request whose model is ready by then is sent (a loaded model's requests go ahead of
+    those waiting for a load, as the policy sends them)."""
+    hosts = {h.id: h for h in hosts if h.available}
+    places = {p.id: p for p in places if p.server_id in hosts and p.state != "failed"}
+    by_model: dict[Hashable, list[Place]] = {}
+    for p in places.values():
+        by_model.setdefault(p.model, []).append(p)
+    servers = {
+        h.id: _Server(h, [p for p in places.values() if p.server_id == h.id])
+        for h in hosts.values()
+    }
+    ready_at = {
+        p.id: (0.0 if p.state == "loaded" else p.load_left_s)
+        for p in places.values()
+        if p.state in ("loaded", "loading")
+    }
+    work: dict[int, float] = {p.id: max(p.busy_s, default=0.0) for p in places.values()}
+    queues: dict[int, list[tuple[int, Hashable, int, float]]] = {h: [] for h in servers}
+    etas: dict[Hashable, float | None] = {}
+    for rank, w in enumerate(line):
+        etas[w.id] = None
+        routed = places.get(w.deployment_id) if w.deployment_id is not None else None
+        options = [routed] if routed else by_model.get(w.model, [])
+        # The policy loads a model elsewhere only when it must: where it is, it waits.
+        options = [p for p in options if p.id in ready_at] or options
+        best = None
+        for p in options:
+            server = servers[p.server_id]
+            plan = _ready(p, server, ready_at, work, places, unload_s)
+            if plan is None:
+                continue
+            start = max(plan[0], server.backlog)
+            if best is None or start < best[0]:
+                best = (start, *plan, p)
+        if best is None:
+            continue
+        start, ready, victim, p = best
+        server = servers[p.server_id]
+        if p.id not in ready_at:
+            ready_at[p.id] = server.load_free = ready
+            server.resident.add(p.id)
+            if victim is not None:
+                server.resident.discard(victim)
+                ready_at.pop(victim, None)
+        # Rough: its share of the server's slots, for an eviction's wait on this model.
+        run_s = p.run_s if w.run_s is None else w.run_s
+        work[p.id] = max(work[p.id], ready) + run_s / server.host.slots
+        server.backlog = start + run_s / server.host.slots
+        queues[p.server_id].append((rank, w.id, run_s, ready_at[p.id]))
+    for server_id, queue in queues.items():
+        _send(servers[server_id], queue, etas)
+    return etas
+
+
+def _ready(p: Place, server: _Server, ready_at: dict, work: dict, places: dict, unload_s):
+    """(ready, victim): when `p` can serve (after a load if it needs one, evicting the
+    least recently used of its type once its work is done), or None if it cannot."""
+    if p.id in ready_at:
+        return ready_at[p.id], None
+    same = [v for v in server.resident if places[v].model_type == p.model_type]
+    victim = None
+    begin = server.load_free
+    if len(same) >= server.host.capacity.get(p.model_type, 1):
+        if not same:
+            return None  # the server holds no model of this type
+        victim = min(same, key=lambda v: (work[v], -places[v].idle_s))  # LRU
+        begin = max(begin, work[victim]) + unload_s
+    return begin + p.load_s, victim
+
+
+def _send(server: _Server, queue: list, etas: dict) -> None:
+    """Each time a slot frees, the best ranked request whose model is ready by then goes
+    (queue: rank, request, its expected run, when its model is ready there). Requests are kept
+    in one line per moment of readiness, so a deep line costs a pass over it."""
+    lines: dict[float, deque] = {}
+    for q in sorted(queue):
+        lines.setdefault(q[3], deque()).append(q)
+    while lines:
+        free = server.slots[0]
+        ready = [t for t in lines if t <= free] or [min(lines)]
+        free = max(free, min(ready))
+        t = min(ready, key=lambda t: lines[t][0][0])
+        _, request_id, run_s, _ = lines[t].popleft()
+        if not lines[t]:
+            del lines[t]
+        etas[request_id] = free
+        heapq.heapreplace(server.slots, free + run_s)
+
+
+def within(eta_s: float, actual_s: float) -> bool:
+    return abs(actual_s - eta_s) <= max(TOLERANCE * eta_s, FLOOR_S)
+
+
+@dataclass
+class Accuracy:
+    """Of the requests given an ETA and since sent: how many within tolerance, and the
+    median of |error| relative to the ETA."""
+
+    checked: int = 0
+    within: int = 0
+    errors: list[float] = field(default_factory=list)  # seconds, > 0: later than said
+
+    def add(self, eta_s: float, actual_s: float) -> None:
+        self.checked += 1
+        self.within += within(eta_s, actual_s)
+        self.errors.append(actual_s - eta_s)
+
+    @property
+    def share(self) -> float | None:
+        return self.within / self.checked if self.checked else None
+
+    @property
+    def median_error_s(self) -> float | None:
+        if not self.errors:
+            return None
+        ordered = sorted(abs(e) for e in self.errors)
+        return ordered[max(math.ceil(len(ordered) / 2) - 1, 0)]
+
+    def summary(self) -> str:
+        if not self.checked:
+            return "no ETA checked"
+        return (
+            f"{self.share:.0%} within ±{TOLERANCE:.0%} (or {FLOOR_S:g} s) of {self.checked}, "
+            f"median error {self.median_error_s:.1f} s"
+        )

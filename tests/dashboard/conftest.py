@@ -1,0 +1,25 @@
+import pytest
+from django.core.cache import cache
+from playwright.sync_api import sync_playwright
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    """The dashboard caches its figures a few seconds per process: not across tests."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def browser_page():
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        yield page
+        browser.close()
+    assert errors == [], "the page's JavaScript failed"

@@ -1,0 +1,115 @@
+"""The dashboard's history in a real Chromium: charts drawn from the per-minute figures,
+the load timeline, the per-class summary, the range choice; the admin and login pages in the
+same look. Screenshots of each page go to test-artifacts/screenshots/."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from dashboard.history import floor_minute
+from dashboard.models import LoadSpan, MinuteStat
+from scheduler.models import Priority
+from tests import factories
+from tests.dashboard.screens import screenshot
+from tests.dashboard.test_browser import sign_in
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def with_history(served):
+    User.objects.create_superuser("operator", "op@example.com", "a-long-password")
+    gpu = factories.server("gpu-1", kind="simulated", slots=2)
+    factories.deployment(gpu, "qwen3-8b")
+    factories.server("gpu-2", kind="simulated")
+    now = timezone.now()
+    minute = floor_minute(now)
+    stats = []
+    for i in range(1, 50):
+        for priority in Priority.values:
+            stats.append(
+                MinuteStat(
+                    minute=minute - timedelta(minutes=i),
+                    priority=priority,
+                    finished=(i * (priority + 1)) % 13,
+                    wait_p50_s=0.5 * (priority + 1),
+                    wait_p95_s=2.0 * (priority + 1) + i % 5,
+                    waiting=(i + priority) % 7,
+                )
+            )
+    MinuteStat.objects.bulk_create(stats)
+    for i, (model, start, stay) in enumerate(
+        (("qwen3-8b", 45, 20), ("llama-70b", 25, 12), ("qwen3-8b", 13, None))
+    ):
+        began = now - timedelta(minutes=start)
+        LoadSpan.objects.create(
+            deployment_id=100 + i,
+            server="gpu-2",
+            model=model,
+            started_at=began,
+            loaded_at=began + timedelta(seconds=40),
+            ended_at=began + timedelta(minutes=stay) if stay else None,
+        )
+    for _ in range(3):  # rows for the admin's lists
+        factories.request(
+            "qwen3-8b",
+            state="failed",
+            server=gpu,
+            finished_at=now,
+            error="the server answered 500: " + "a long upstream error message " * 4,
+        )
+    return served()
+
+
+def test_charts_timeline_and_classes_render_with_data(with_history, browser_page):
+    page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 900})
+    sign_in(page, with_history.url)
+    expect(page.locator("#user")).to_have_text("operator")
+    expect(page.get_by_role("button", name="Log out")).to_be_visible()
+
+    charts = page.locator(".charts")
+    expect(charts).to_have_attribute("data-loaded", "1h")
+    for name in ("finished", "waiting", "p50", "p95"):
+        chart = page.locator(f"#chart-{name}")
+        expect(chart.locator("canvas")).to_have_count(1)
+        expect(chart).to_have_attribute("data-points", "60")
+        expect(chart.locator(".u-legend")).to_contain_text("interactive")
+    lane = page.locator('.lane[data-server="gpu-2"]')
+    expect(lane.locator(".span")).to_have_count(3)
+    expect(lane.locator(".span").first).to_have_attribute(
+        "title", re.compile(r"qwen3-8b: on 20 min 0 s, loaded in 40\.0 s \(from \d{4}-")
+    )
+    expect(page.locator('.lane[data-server="gpu-1"] .span')).to_have_count(0)
+    rows = page.locator("#classes tbody tr")
+    expect(rows).to_have_count(4)
+    expect(rows.first).to_contain_text("interactive")
+    expect(rows.first).to_contain_text("2 min 0 s")  # the class's max wait
+    expect(page.locator("#eta-accuracy")).to_contain_text("ETA accuracy (last hour)")
+    screenshot(page, "dashboard")
+
+    page.get_by_label("24 h").check()
+    expect(charts).to_have_attribute("data-loaded", "24h")
+    expect(page.locator("#chart-finished")).to_have_attribute("data-points", str(24 * 60))
+
+    # The admin in the same time format, with the way back to the dashboard.
+    page.goto(f"{with_history.url}/admin/backends/server/")
+    expect(page.locator("#site-name")).to_have_text("Switchyard")
+    expect(page.get_by_role("link", name="Dashboard")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    screenshot(page, "admin-servers")
+    page.goto(f"{with_history.url}/admin/scheduler/request/")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    screenshot(page, "admin-requests")
+
+
+def test_the_login_page_says_switchyard(with_history, browser_page):
+    page = browser_page
+    page.goto(f"{with_history.url}/admin/login/?next=/")
+    expect(page).to_have_title(re.compile("Switchyard"))
+    expect(page.locator("#site-name")).to_have_text("Switchyard")
+    screenshot(page, "login")

@@ -1,0 +1,158 @@
+"""The history task's writes, at fixed times: load spans followed from deployments' states,
+minutes rolled up, ETAs stamped and checked; and the charts' read of them."""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from backends.models import DeploymentState as DS
+from dashboard import charts, eta_checks, history
+from dashboard.models import EtaCheck, LoadSpan, MinuteStat
+from scheduler.models import Priority, State
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now().replace(second=30, microsecond=0)
+
+
+def at(seconds: float):
+    return NOW + timedelta(seconds=seconds)
+
+
+def test_a_models_stay_is_followed_from_load_to_unload():
+    d = factories.deployment(factories.server("gpu-1"), "m", state=DS.UNLOADED)
+    history.record_loads(at(0))
+    assert not LoadSpan.objects.exists()
+
+    d.state, d.load_started_at, d.state_changed_at = DS.LOADING, at(1), at(1)
+    d.save()
+    history.record_loads(at(2))
+    history.record_loads(at(3))  # nothing new: the same span
+    span = LoadSpan.objects.get()
+    assert (span.server, span.model, span.started_at, span.loaded_at) == ("gpu-1", "m", at(1), None)
+
+    d.state, d.loaded_at, d.state_changed_at = DS.LOADED, at(5), at(5)
+    d.save()
+    history.record_loads(at(6))
+    span.refresh_from_db()
+    assert (span.loaded_at, span.ended_at) == (at(5), None)
+
+    d.state, d.loaded_at, d.state_changed_at = DS.UNLOADED, None, at(60)
+    d.save()
+    history.record_loads(at(61))
+    span.refresh_from_db()
+    assert (span.ended_at, span.failed) == (at(60), False)
+
+
+def test_a_load_seen_only_once_loaded_and_a_failed_load():
+    srv = factories.server("gpu-1")
+    quick = factories.deployment(
+        srv, "quick", state=DS.LOADED, load_started_at=at(0), loaded_at=at(0.5)
+    )
+    failing = factories.deployment(srv, "bad", state=DS.LOADING, load_started_at=at(0))
+    history.record_loads(at(1))
+    failing.state, failing.state_changed_at = DS.FAILED, at(2)
+    failing.save()
+    history.record_loads(at(3))
+    spans = {s.model: s for s in LoadSpan.objects.all()}
+    assert (spans["quick"].started_at, spans["quick"].loaded_at) == (at(0), at(0.5))
+    assert (spans["bad"].ended_at, spans["bad"].failed) == (at(2), True)
+    assert quick.pk == spans["quick"].deployment_id
+
+
+def test_minutes_are_rolled_up_once_with_finished_counts_waits_and_the_line():
+    minute = history.floor_minute(NOW)
+    for wait in (1, 2, 3, 10):
+        factories.request(
+            "m",
+            Priority.INTERACTIVE,
+            state=State.COMPLETED,
+            created_at=minute - timedelta(seconds=40 + wait),
+            started_at=minute - timedelta(seconds=40),
+            finished_at=minute - timedelta(seconds=30),
+        )
+    factories.request("m", Priority.BACKGROUND)  # waiting now
+    assert history.roll_up(NOW) == 4  # the minute just ended, each class
+    assert history.roll_up(NOW) == 0  # not twice
+    stats = {s.priority: s for s in MinuteStat.objects.all()}
+    top = stats[Priority.INTERACTIVE]
+    assert (top.minute, top.finished, top.wait_p50_s, top.wait_p95_s) == (
+        minute - timedelta(minutes=1),
+        4,
+        2.0,
+        10.0,
+    )
+    assert (top.waiting, stats[Priority.BACKGROUND].waiting) == (0, 1)
+
+    # After a gap, the missed minutes are rolled up without a line's length.
+    assert history.roll_up(NOW + timedelta(minutes=3)) == 3 * 4
+    assert MinuteStat.objects.filter(waiting__isnull=True).count() == 2 * 4
+
+
+def test_etas_are_stamped_for_the_head_and_checked_when_sent():
+    srv = factories.server("gpu-1", slots=1)
+    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=4.0)
+    first = factories.request("m", created_at=at(-2))
+    second = factories.request("m", created_at=at(-1))
+    eta_checks.record(at(0))
+    checks = {c.request_id: c for c in EtaCheck.objects.all()}
+    assert (checks[first.pk].given_s, checks[first.pk].position) == (0.0, 1)
+    assert (checks[second.pk].given_s, checks[second.pk].position) == (4.0, 2)
+
+    # The first is sent at once; the second moves up, and is sent 5 s after it was told 4.
+    first.state, first.started_at, first.server, first.deployment = (
+        State.PROCESSING,
+        at(0.5),
+        srv,
+        d,
+    )
+    first.save()
+    eta_checks.record(at(1))
+    second_check = EtaCheck.objects.get(pk=second.pk)
+    assert (second_check.last_position, second_check.position) == (1, 2)
+    second.state, second.started_at = State.PROCESSING, at(5)
+    second.save()
+    first.state, first.finished_at = State.COMPLETED, at(4.9)
+    first.save()
+    eta_checks.record(at(6))
+    checks = {c.request_id: c for c in EtaCheck.objects.all()}
+    assert checks[first.pk].error_s == 0.5
+    assert checks[second.pk].error_s == 1.0
+    accuracy = eta_checks.accuracy(at(7))
+    assert (accuracy.checked, accuracy.within) == (2, 2)  # within 1 s, and 25% of 4 s
+
+
+def test_history_json_has_every_minute_of_the_range_and_the_timeline(client):
+    User.objects.create_superuser("op", "op@example.com", "pw-long-enough")
+    client.login(username="op", password="pw-long-enough")
+    factories.server("gpu-1")
+    LoadSpan.objects.create(
+        deployment_id=1, server="gpu-1", model="m", started_at=timezone.now() - timedelta(minutes=5)
+    )
+    body = client.get("/dashboard/history.json?range=6h").json()
+    assert len(body["minutes"]) == 360
+    assert body["classes"] == ["interactive", "high", "normal", "background"]
+    assert len(body["finished"]["normal"]) == 360
+    assert body["timeline"][0]["server"] == "gpu-1"
+    assert body["timeline"][0]["spans"][0]["model"] == "m"
+    bad = client.get("/dashboard/history.json?range=7d")
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "range"
+
+
+def test_history_json_is_for_staff_only(client):
+    response = client.get("/dashboard/history.json")
+    assert response.status_code == 302
+
+
+def test_the_class_summary_counts_and_limits():
+    factories.request("m", Priority.HIGH, created_at=NOW - timedelta(seconds=30))
+    factories.request("m", Priority.HIGH, state=State.PROCESSING)
+    rows = {r["class"]: r for r in charts.class_summary(NOW)}
+    assert (rows["high"]["waiting"], rows["high"]["processing"]) == (1, 1)
+    assert rows["high"]["oldest_wait_s"] == 30.0
+    assert rows["high"]["max_wait_s"] == 300.0
+    assert rows["normal"]["oldest_wait_s"] is None

@@ -1,0 +1,65 @@
+"""The ETA forecast, pure: snapshots by hand, seconds out."""
+
+from scheduler.eta import Accuracy, Host, Place, Waiter, forecast, line_order, within
+
+
+def place(id, server, model, state="loaded", **fields) -> Place:
+    fields.setdefault("load_s", 10.0)
+    fields.setdefault("run_s", 2.0)
+    return Place(id=id, server_id=server, model=model, state=state, **fields)
+
+
+def test_a_loaded_model_with_free_slots_is_sent_at_once_then_rounds_of_its_run():
+    etas = forecast([Host(1, slots=2)], [place(1, 1, "a")], [Waiter(i, "a") for i in range(5)])
+    assert etas == {0: 0.0, 1: 0.0, 2: 2.0, 3: 2.0, 4: 4.0}
+
+
+def test_a_load_under_way_does_not_hold_up_a_loaded_models_requests():
+    places = [place(1, 1, "a"), place(2, 1, "b", state="loading", load_left_s=6.0, run_s=3.0)]
+    line = [Waiter("b1", "b", 2), Waiter("a1", "a"), Waiter("a2", "a"), Waiter("a3", "a")]
+    etas = forecast([Host(1, capacity={"llm": 2})], places, line)
+    assert etas == {"b1": 6.0, "a1": 0.0, "a2": 2.0, "a3": 4.0}
+
+
+def test_a_model_nowhere_is_loaded_evicting_the_least_recently_used_once_idle():
+    places = [
+        place(1, 1, "a", busy_s=(3.0,), idle_s=0.0),
+        place(2, 1, "b", idle_s=50.0),
+        place(3, 1, "c", state="unloaded", load_s=8.0),
+    ]
+    etas = forecast([Host(1, slots=2, capacity={"llm": 2})], places, [Waiter("c1", "c")], 1.0)
+    assert etas == {"c1": 1.0 + 8.0}  # b goes (idle, unused longest): unload 1 s, load 8 s
+
+
+def test_requests_go_where_their_model_is_rather_than_start_a_load():
+    places = [place(1, 1, "a"), place(2, 2, "a", state="unloaded")]
+    etas = forecast([Host(1), Host(2)], places, [Waiter(i, "a") for i in range(3)])
+    assert etas == {0: 0.0, 1: 2.0, 2: 4.0}
+
+
+def test_no_available_server_means_no_eta():
+    places = [place(1, 1, "a")]
+    etas = forecast([Host(1, available=False)], places, [Waiter("x", "a"), Waiter("y", "z")])
+    assert etas == {"x": None, "y": None}
+
+
+def test_a_waiters_own_expected_run_counts_for_those_behind_it():
+    etas = forecast([Host(1)], [place(1, 1, "a")], [Waiter(1, "a", run_s=30.0), Waiter(2, "a")])
+    assert etas == {1: 0.0, 2: 30.0}
+
+
+def test_aging_moves_a_request_up_one_class_per_step():
+    assert line_order(3, 299.0, 150.0) == 2
+    assert line_order(3, 1000.0, 150.0) == 0
+    assert line_order(2, 1000.0, 0.0) == 2
+
+
+def test_accuracy_counts_within_twenty_percent_or_a_second():
+    assert within(10.0, 12.0) and within(10.0, 8.0) and not within(10.0, 12.5)
+    assert within(0.0, 0.9) and not within(0.0, 1.5)
+    a = Accuracy()
+    for eta, actual in ((10, 11), (10, 20), (0, 0), (100, 70)):
+        a.add(eta, actual)
+    assert (a.checked, a.within, a.share) == (4, 2, 0.5)
+    assert a.median_error_s == 1.0  # |errors| 0, 1, 10, 30: the lower middle
+    assert a.summary() == "50% within ±20% (or 1 s) of 4, median error 1.0 s"
