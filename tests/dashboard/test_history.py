@@ -132,7 +132,22 @@ def test_history_json_has_every_minute_of_the_range_and_the_timeline(client):
     LoadSpan.objects.create(
         deployment_id=1, server="gpu-1", model="m", started_at=timezone.now() - timedelta(minutes=5)
     )
+    now = timezone.now()
+    factories.request(
+        "m",
+        Priority.HIGH,
+        state=State.COMPLETED,
+        created_at=now - timedelta(seconds=12),
+        started_at=now - timedelta(seconds=4),
+        finished_at=now - timedelta(seconds=1),
+    )
     body = client.get("/dashboard/history.json?range=6h").json()
+    assert body["p95_wait_15m_s"] == {
+        "interactive": None,
+        "high": 8.0,
+        "normal": None,
+        "background": None,
+    }
     assert len(body["minutes"]) == 360
     assert body["classes"] == ["interactive", "high", "normal", "background"]
     assert len(body["finished"]["normal"]) == 360

@@ -77,6 +77,7 @@ const SwitchyardCharts = (() => {
         chart("chart-p50", history.wait_p50_s, "p50", history, "s");
         chart("chart-p95", history.wait_p95_s, "p95", history, "s");
         timeline(history);
+        Switchyard.setRecentP95(history.p95_wait_15m_s);
         document.getElementById("history-at").textContent = `as of ${stamp(new Date(history.at))}`;
         document.querySelector(".charts").dataset.loaded = range;
       }

@@ -134,11 +134,8 @@ const Switchyard = (() => {
     fillTable("waiting", state.waiting, "Nobody is waiting.", (r) => [
       r.position, requestLink(r), r.model, r.priority, pill(r.state), r.server || "–",
       since(r.created_at), eta(r.eta_s), reason(r)]);
-    if (state.classes) {
-      fillTable("classes", state.classes, "", (c) => [c.class, c.waiting, c.processing,
-        c.oldest_wait_s === null ? "–" : secs(c.oldest_wait_s), secs(c.p95_wait_15m_s),
-        c.max_wait_s ? secs(c.max_wait_s) : "–", c.max_queue || "no limit of its own"]);
-    }
+    lastClasses = state.classes || [];
+    renderClasses();
     if (state.eta_accuracy) {
       document.getElementById("eta-accuracy").textContent = accuracyText(state.eta_accuracy);
     }
@@ -147,6 +144,16 @@ const Switchyard = (() => {
     fillTable("recent", state.recent, "Nothing has finished yet.", (r) => [
       requestLink(r), r.model, pill(r.state), r.server || "–", clock(r.finished_at),
       secs(r.took_s), r.error ? el("span", {class: "error"}, r.error) : ""]);
+  }
+
+  // The p95 waits come with the history (every few seconds), the counts with each push.
+  let lastClasses = [];
+  let recentP95 = {};
+  function renderClasses() {
+    if (!document.getElementById("classes")) return;
+    fillTable("classes", lastClasses, "", (c) => [c.class, c.waiting, c.processing,
+      c.oldest_wait_s === null ? "–" : secs(c.oldest_wait_s), secs(recentP95[c.class] ?? null),
+      c.max_wait_s ? secs(c.max_wait_s) : "–", c.max_queue || "no limit of its own"]);
   }
 
   function accuracyText(a) {
@@ -228,5 +235,6 @@ const Switchyard = (() => {
     overview(path) { start(path, renderOverview); },
     request(path) { start(path, renderRequest); },
     el, secs, stamp, clock,
+    setRecentP95(values) { recentP95 = values; renderClasses(); },
   };
 })();
