@@ -86,3 +86,12 @@ def accuracy(now: datetime, window: timedelta = WINDOW) -> Accuracy:
         result.add(given_s, given_s + error_s)
     cache.set(key, result, CACHE_S)
     return result
+
+
+def accuracy_of(request_ids: list, using: str = "default") -> Accuracy:
+    """The first ETA's error for these requests, those of them checked (for the bench)."""
+    result = Accuracy()
+    rows = EtaCheck.objects.using(using).filter(request_id__in=request_ids, error_s__isnull=False)
+    for given_s, error_s in rows.values_list("given_s", "error_s"):
+        result.add(given_s, given_s + error_s)
+    return result

@@ -78,7 +78,11 @@ class _Server:
 
 
 def forecast(
-    hosts: Iterable[Host], places: Iterable[Place], line: Iterable[Waiter], unload_s: float = 0.0
+    hosts: Iterable[Host],
+    places: Iterable[Place],
+    line: Iterable[Waiter],
+    unload_s: float = 0.0,
+    parallel_load_queue: int = 2,
 ) -> dict[Hashable, float | None]:
     """Seconds from now until each request in `line` (in line order) is sent; None for one
     that no available server can serve.
@@ -87,7 +91,9 @@ def forecast(
     the deployment of its model where it would start first: when the model is ready there
     or the work already placed on that server is done, whichever is later. Only where the
     model is (loaded or loading) if it is anywhere; else after a load of its own (one at
-    a time per server). When: per server, as each slot frees, the best placed
+    a time per server), or also where it can be loaded without evicting anything once that
+    many queue for it and the servers that hold it are busy (`parallel_load_queue`), as the
+    policy does. When: per server, as each slot frees, the best placed
     request whose model is ready by then is sent (a loaded model's requests go ahead of
     those waiting for a load, as the policy sends them)."""
     hosts = {h.id: h for h in hosts if h.available}
@@ -105,14 +111,24 @@ def forecast(
         if p.state in ("loaded", "loading")
     }
     work: dict[int, float] = {p.id: max(p.busy_s, default=0.0) for p in places.values()}
-    queues: dict[int, list[tuple[int, Hashable, int, float]]] = {h: [] for h in servers}
+    queues: dict[int, list[tuple[int, Hashable, float, float]]] = {h: [] for h in servers}
+    queued = dict.fromkeys(places, 0)
     etas: dict[Hashable, float | None] = {}
     for rank, w in enumerate(line):
         etas[w.id] = None
         routed = places.get(w.deployment_id) if w.deployment_id is not None else None
         options = [routed] if routed else by_model.get(w.model, [])
-        # The policy loads a model elsewhere only when it must: where it is, it waits.
-        options = [p for p in options if p.id in ready_at] or options
+        # The policy loads a model elsewhere only when it must, or where there is free room
+        # once a queue builds for it: otherwise it waits where the model is.
+        resident = [p for p in options if p.id in ready_at]
+        if resident and not routed:
+            crowded = all(
+                queued[p.id] >= parallel_load_queue and servers[p.server_id].backlog > 0
+                for p in resident
+            )
+            loading = any(ready_at[p.id] > 0 for p in resident)
+            roomy = [p for p in options if p.id not in ready_at and _room(p, servers, places)]
+            options = resident + (roomy if crowded and not loading else [])
         best = None
         for p in options:
             server = servers[p.server_id]
@@ -137,9 +153,17 @@ def forecast(
         work[p.id] = max(work[p.id], ready) + run_s / server.host.slots
         server.backlog = start + run_s / server.host.slots
         queues[p.server_id].append((rank, w.id, run_s, ready_at[p.id]))
+        queued[p.id] += 1
     for server_id, queue in queues.items():
         _send(servers[server_id], queue, etas)
     return etas
+
+
+def _room(p: Place, servers: dict, places: dict) -> bool:
+    """Can `p` be loaded without evicting anything?"""
+    server = servers[p.server_id]
+    same = [v for v in server.resident if places[v].model_type == p.model_type]
+    return len(same) < server.host.capacity.get(p.model_type, 1)
 
 
 def _ready(p: Place, server: _Server, ready_at: dict, work: dict, places: dict, unload_s):

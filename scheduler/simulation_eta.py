@@ -67,6 +67,7 @@ class EtaBook:
                 for r in line
             ],
             self.unload_s,
+            self.config.parallel_load_queue,
         )
         for rid in arrived:
             if etas.get(rid) is not None:

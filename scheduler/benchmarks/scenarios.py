@@ -8,14 +8,16 @@ import statistics
 from collections import Counter
 from collections.abc import Callable
 
+from dashboard.eta_checks import accuracy_of
 from scheduler.models import Priority, State
 
 from . import fleet, machine
 from .context import Context
 from .profiling import Profiler
 from .real import real
-from .stack import Stack, run_loadgen
+from .stack import BENCH, Stack, run_loadgen
 from .stats import Outcome, Target, ms, percentile, spread
+from .viewers import with_dashboards
 
 PRIORITY_NAMES = {p.value: p.label for p in Priority}
 
@@ -383,6 +385,42 @@ def depth(ctx: Context) -> Outcome:
         fleet.deploy(parked, ids["parked"])
 
     rows, series = [], {"enqueue p50": ([], []), "dispatch p50": ([], [])}
+    viewers = ctx.pick(20, 20)
+    watched: dict[str, object] = {}
+
+    def probe_row(level: int) -> list:
+        group = {
+            "name": "probe",
+            "model": "fast",
+            "stream": True,
+            "priority": "interactive",
+            "concurrency": 1,
+            "count": probes,
+        }
+        group["duration_s"] = ctx.pick(1.5, 30)
+        (out,) = run_loadgen({"base_url": stack.base_url, "warmup": 2, "groups": [group]})
+        ok = _ok(out["results"])
+        stamps = fleet.timestamps([r["id"] for r in ok])
+        enqueue = spread(_durations(ok, "first_byte"))
+        sent = spread(_waits(stamps))
+        total = spread(_durations(ok))
+        rss = stack.peak_rss()
+        worker_rss = rss.get(worker) or rss.get("serve (web+worker)")
+        return [
+            level,
+            len(ok),
+            ms(enqueue["p50"]),
+            ms(enqueue["p95"]),
+            ms(sent["p50"]),
+            ms(sent["p95"]),
+            ms(total["p50"]),
+            round(worker_rss or 0, 1),
+        ]
+
+    def worker_cpu_s() -> float:
+        used = stack.cpu()
+        return used.get(worker) or used.get("web") or 0.0
+
     with ctx.stack("depth", setup) as stack:
         fleet.wait_loaded(ids["fast"])
         worker = "worker-1" if "worker-1" in stack.procs else "web"
@@ -392,39 +430,13 @@ def depth(ctx: Context) -> Outcome:
             have = level
             fleet.nudge_workers(ctx.db.postgres)
             fleet.settle(1.5)  # let the worker plan over the new depth once
-            group = {
-                "name": "probe",
-                "model": "fast",
-                "stream": True,
-                "priority": "interactive",
-                "concurrency": 1,
-                "count": probes,
-            }
-            group["duration_s"] = ctx.pick(1.5, 30)
-            (out,) = run_loadgen({"base_url": stack.base_url, "warmup": 2, "groups": [group]})
-            ok = _ok(out["results"])
-            stamps = fleet.timestamps([r["id"] for r in ok])
-            enqueue = spread(_durations(ok, "first_byte"))
-            sent = spread(_waits(stamps))
-            total = spread(_durations(ok))
-            rss = stack.peak_rss()
-            worker_rss = rss.get(worker) or rss.get("serve (web+worker)")
-            rows.append(
-                [
-                    level,
-                    len(ok),
-                    ms(enqueue["p50"]),
-                    ms(enqueue["p95"]),
-                    ms(sent["p50"]),
-                    ms(sent["p95"]),
-                    ms(total["p50"]),
-                    round(worker_rss or 0, 1),
-                ]
-            )
+            row = probe_row(level)
+            rows.append(row)
             series["enqueue p50"][0].append(level)
-            series["enqueue p50"][1].append(ms(enqueue["p50"]))
+            series["enqueue p50"][1].append(row[2])
             series["dispatch p50"][0].append(level)
-            series["dispatch p50"][1].append(ms(sent["p50"]))
+            series["dispatch p50"][1].append(row[4])
+        watched = with_dashboards(stack.base_url, viewers, lambda: probe_row(level), worker_cpu_s)
     first, last = rows[0], rows[-1]
     ratio = lambda a, b: round(a / b, 2) if a and b else None  # noqa: E731
     return Outcome(
@@ -446,6 +458,18 @@ def depth(ctx: Context) -> Outcome:
                 f"dispatch p50 at {last[0]:,} / at {first[0]}", ratio(last[4], first[4]), 2, "×"
             ),
             Target(f"worker peak RSS at {last[0]:,}", last[7], 300, "MB"),
+            Target(
+                f"pushes per dashboard a second, {viewers} open",
+                watched.get("max_messages_per_dashboard_per_s"),
+                4,
+                "/s",
+            ),
+            Target(
+                f"worker CPU with {viewers} dashboards / without",
+                watched.get("worker_cpu_ratio"),
+                1.25,
+                "×",
+            ),
         ],
         panels=[
             {
@@ -457,7 +481,12 @@ def depth(ctx: Context) -> Outcome:
                 "series": series,
             }
         ],
-        notes=["enqueue: time to the first byte of a streamed response (the row is committed)."],
+        notes=[
+            "enqueue: time to the first byte of a streamed response (the row is committed).",
+            f"dashboards: the deepest line probed again with {viewers} open over websockets "
+            f"(signed in as staff): {watched}",
+        ],
+        data={"dashboards": watched},
     )
 
 
@@ -617,13 +646,15 @@ def thrash(ctx: Context) -> Outcome:
     # second of the host is half a minute of the trace, so the runtime never replays it
     # exactly, and how far the loads move with the timing alone is part of the result.
     fifo = simulate_fifo(trace)
-    simulated = simulate_policy(trace).loads
+    on_clock = simulate_policy(trace)
+    simulated = on_clock.loads
     copies = [jittered(trace, seed) for seed in range(1, 40)]
     shaken = [(simulate_policy(c).loads, simulate_fifo(c).loads) for c in copies]
     policy_loads, fifo_loads = sorted(p for p, _ in shaken), sorted(f for _, f in shaken)
     ids = [r["id"] for r in out["results"] if r.get("id")]
     stamps = fleet.timestamps(ids)
     loads = Counter(m.group(1) for m in LOAD_LINE.finditer(log))
+    eta = accuracy_of(ids, BENCH)
     rows = []
     for level, name in CLASS_NAMES.items():
         mine = [s for s in stamps.values() if s["priority"] == level]
@@ -681,6 +712,12 @@ def thrash(ctx: Context) -> Outcome:
             "simulated_loads": simulated,
             "jittered_loads": [{"policy": p, "fifo": f} for p, f in shaken],
             "requests": len(trace.requests),
+            "eta": {
+                "live_checked": eta.checked,
+                "live_within": eta.share,
+                "live_median_error_s": eta.median_error_s,
+                "virtual_clock_within": on_clock.eta.share,
+            },
         },
         notes=[
             f"trace: scheduler.simulation_trace.generate_day(seed=7), "
@@ -696,6 +733,8 @@ def thrash(ctx: Context) -> Outcome:
             f" more than FIFO on {sum(p > f for p, f in shaken)} copies, as many on "
             f"{sum(p == f for p, f in shaken)}",
             f"HTTP statuses: {dict(Counter(r.get('status') for r in out['results']))}",
+            f"ETA (first given, checked when sent; live seconds, so ×{speed:g} in trace time): "
+            f"{eta.summary()}; on the virtual clock: {on_clock.eta.summary()}",
         ],
     )
 

@@ -1,0 +1,117 @@
+"""Open dashboards during a scenario: a staff user signs in over HTTP, then `n` websockets
+follow /ws/dashboard/ as a browser does, counting what each one receives."""
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import httpx
+from django.contrib.auth.models import User
+
+from .stack import BENCH
+
+USER, PASSWORD = "bench-operator", "bench-operator-password"
+
+
+def staff_cookies(base_url: str) -> dict[str, str]:
+    """Sign in through the admin's login form, as an operator's browser does."""
+    if not User.objects.using(BENCH).filter(username=USER).exists():
+        User.objects.db_manager(BENCH).create_superuser(USER, "bench@example.com", PASSWORD)
+    with httpx.Client(base_url=base_url) as client:
+        client.get("/admin/login/")
+        response = client.post(
+            "/admin/login/?next=/",
+            data={
+                "username": USER,
+                "password": PASSWORD,
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+                "next": "/",
+            },
+            headers={"Referer": f"{base_url}/admin/login/"},
+        )
+        if "sessionid" not in client.cookies:
+            raise RuntimeError(f"the bench could not sign in: {response.status_code}")
+        return dict(client.cookies)
+
+
+@dataclass
+class Watching:
+    """Dashboards open in a thread of their own until `close()`; then what they received."""
+
+    base_url: str
+    n: int
+    messages: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.cookies = staff_cookies(self.base_url)
+        self.stop = threading.Event()
+        self.opened = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.watch()), daemon=True)
+        self.thread.start()
+        if not self.opened.wait(30):
+            raise RuntimeError("the dashboards did not connect")
+
+    async def watch(self) -> None:
+        url = self.base_url.replace("http://", "ws://") + "/ws/dashboard/"
+        counts = [0] * self.n
+        async with aiohttp.ClientSession(cookies=self.cookies) as session:
+            sockets = [await session.ws_connect(url, origin=self.base_url) for _ in range(self.n)]
+
+            async def read(i: int, ws) -> None:
+                async for message in ws:
+                    counts[i] += 1
+                    self.sizes.append(len(message.data))
+
+            readers = [asyncio.create_task(read(i, ws)) for i, ws in enumerate(sockets)]
+            began = time.monotonic()
+            self.opened.set()
+            while not self.stop.is_set():
+                await asyncio.sleep(0.1)  # a poll of the main thread's flag, not a wait on work
+            self.seconds = time.monotonic() - began
+            for ws in sockets:
+                await ws.close()
+            await asyncio.gather(*readers, return_exceptions=True)
+        self.messages = counts
+
+    def close(self) -> dict[str, float | int | None]:
+        self.stop.set()
+        self.thread.join(30)
+        per_s = [m / self.seconds for m in self.messages] if self.seconds else []
+        return {
+            "dashboards": self.n,
+            "seconds": round(self.seconds, 1),
+            "messages_per_dashboard_per_s": round(sum(per_s) / len(per_s), 2) if per_s else None,
+            "max_messages_per_dashboard_per_s": round(max(per_s), 2) if per_s else None,
+            "message_kb_avg": round(sum(self.sizes) / len(self.sizes) / 1024, 1)
+            if self.sizes
+            else None,
+        }
+
+
+def with_dashboards(
+    base_url: str, n: int, probe: Callable[[], list], worker_cpu_s: Callable[[], float]
+) -> dict:
+    """Probe once alone and once with `n` dashboards open: what they received, and the
+    worker's CPU a second of probing without and with them (a probe row's [4] is its
+    dispatch p50 in ms)."""
+
+    def timed() -> tuple[list, float]:
+        began, t0 = worker_cpu_s(), time.monotonic()
+        row = probe()
+        return row, (worker_cpu_s() - began) / (time.monotonic() - t0)
+
+    alone, alone_cpu = timed()
+    watching = Watching(base_url, n)
+    viewed, viewed_cpu = timed()
+    return watching.close() | {
+        "worker_cpu_per_s_without": round(alone_cpu, 3),
+        "worker_cpu_per_s_with": round(viewed_cpu, 3),
+        "worker_cpu_ratio": round(viewed_cpu / alone_cpu, 2) if alone_cpu else None,
+        "dispatch_p50_ms_without": alone[4],
+        "dispatch_p50_ms_with": viewed[4],
+    }
