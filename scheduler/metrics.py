@@ -7,6 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from backends.models import Deployment, Server
+from dashboard.metrics import EtaCollector
 from scheduler.models import Priority, Request, Worker
 
 
@@ -54,4 +55,5 @@ class DatabaseCollector:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector())
+    registry.register(EtaCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -1,6 +1,7 @@
 """The history task's writes, at fixed times: load spans followed from deployments' states,
 minutes rolled up, ETAs stamped and checked; and the charts' read of them."""
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -171,3 +172,23 @@ def test_the_class_summary_counts_and_limits():
     assert rows["high"]["oldest_wait_s"] == 30.0
     assert rows["high"]["max_wait_s"] == 300.0
     assert rows["normal"]["oldest_wait_s"] is None
+
+
+def test_the_eta_accuracy_is_in_metrics(client):
+    for given_s, error_s in ((10.0, 1.0), (10.0, 5.0), (0.0, 0.5)):
+        EtaCheck.objects.create(
+            request_id=uuid.uuid4(),
+            priority=Priority.NORMAL,
+            given_at=at(-100),
+            given_s=given_s,
+            position=1,
+            last_at=at(-100),
+            last_s=given_s,
+            last_position=1,
+            started_at=timezone.now() - timedelta(minutes=5),
+            error_s=error_s,
+        )
+    text = client.get("/metrics").content.decode()
+    assert "switchyard_eta_checked 3.0" in text
+    assert "switchyard_eta_within_ratio 0.6666" in text
+    assert "switchyard_eta_median_error_seconds 1.0" in text
