@@ -5,9 +5,11 @@ the line (at most `limit` rows, in the policy's order). Rows further back are ne
 of these, so the head's ETAs do not depend on them."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
+from django.db.models import Avg, DurationField, ExpressionWrapper, F
 
 from backends.models import Deployment, Server
 from scheduler.eta import Host, Place, Waiter, forecast, line_order
@@ -16,6 +18,8 @@ from scheduler.models import WAITING_STATES, Request, State
 DEFAULT_LOAD_S = 10.0  # the policy's default, for a model never loaded here
 DEFAULT_RUN_S = 5.0  # for a model that never ran here
 LINE_READ = 1000
+RUNS_WINDOW = timedelta(minutes=10)
+RUNS_CACHE_S = 10
 
 
 def available(s: Server, now: datetime) -> bool:
@@ -66,6 +70,34 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
     return hosts, places
 
 
+def expected_runs(now: datetime) -> dict[tuple[int, int], float]:
+    """Mean run time per model and class over the requests that finished in the last
+    RUNS_WINDOW: a class's requests run longer or shorter than the model's average (a
+    burst of short background jobs, long interactive chats). Cached per process."""
+
+    def build() -> dict[tuple[int, int], float]:
+        ran = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+        rows = (
+            Request.objects.filter(
+                state=State.COMPLETED,
+                finished_at__gte=now - RUNS_WINDOW,
+                started_at__isnull=False,
+                model__isnull=False,
+            )
+            .values("model_id", "priority")
+            .annotate(mean=Avg(ran))
+            .order_by()
+        )
+        return {(r["model_id"], r["priority"]): r["mean"].total_seconds() for r in rows}
+
+    key = "switchyard:expected-runs"
+    found = cache.get(key)
+    if found is None:
+        found = build()
+        cache.set(key, found, RUNS_CACHE_S)
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class Line:
     """The head of the line in the policy's order, with each one's place and ETA."""
@@ -92,5 +124,10 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
         ),
     )
     hosts, places = hosts_and_places(now)
-    line = [Waiter(r.pk, r.model_id, r.deployment_id) for r in requests]
-    return Line(requests, forecast(hosts, places, line))
+    runs = expected_runs(now)
+    line = [
+        Waiter(r.pk, r.model_id, r.deployment_id, runs.get((r.model_id, r.priority)))
+        for r in requests
+    ]
+    parallel = settings.SWITCHYARD["PARALLEL_LOAD_QUEUE"]
+    return Line(requests, forecast(hosts, places, line, parallel_load_queue=parallel))

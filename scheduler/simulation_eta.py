@@ -11,6 +11,7 @@ from .eta import Accuracy, Host, Place, Waiter, forecast, line_order
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView
 
 DEFAULT_RUN_S = 5.0  # before any request of any model has finished
+RECENT_WEIGHT = 0.3
 
 
 class EtaBook:
@@ -102,6 +103,9 @@ class EtaBook:
     def finished(self, rid: UUID, model: str, now: datetime) -> None:
         at, _ = self.sent_at.pop(rid)
         took = (now - at).total_seconds()
-        for key, book in ((model, self.runs), ((model, self.priority.pop(rid)), self.class_runs)):
-            n, mean = book.get(key, (0, 0.0))
-            book[key] = (n + 1, mean + (took - mean) / (n + 1))
+        n, mean = self.runs.get(model, (0, 0.0))
+        self.runs[model] = (n + 1, mean + (took - mean) / (n + 1))
+        # Per model and class, a moving average: a burst of short jobs is learned quickly.
+        key = (model, self.priority.pop(rid))
+        n, mean = self.class_runs.get(key, (0, took))
+        self.class_runs[key] = (n + 1, mean + RECENT_WEIGHT * (took - mean))

@@ -417,10 +417,6 @@ def depth(ctx: Context) -> Outcome:
             round(worker_rss or 0, 1),
         ]
 
-    def worker_cpu_s() -> float:
-        used = stack.cpu()
-        return used.get(worker) or used.get("web") or 0.0
-
     with ctx.stack("depth", setup) as stack:
         fleet.wait_loaded(ids["fast"])
         worker = "worker-1" if "worker-1" in stack.procs else "web"
@@ -436,7 +432,9 @@ def depth(ctx: Context) -> Outcome:
             series["enqueue p50"][1].append(row[2])
             series["dispatch p50"][0].append(level)
             series["dispatch p50"][1].append(row[4])
-        watched = with_dashboards(stack.base_url, viewers, lambda: probe_row(level), worker_cpu_s)
+        watched = with_dashboards(
+            stack.base_url, viewers, lambda: probe_row(level), stack.cpu, worker
+        )
     first, last = rows[0], rows[-1]
     ratio = lambda a, b: round(a / b, 2) if a and b else None  # noqa: E731
     return Outcome(

@@ -94,24 +94,29 @@ class Watching:
 
 
 def with_dashboards(
-    base_url: str, n: int, probe: Callable[[], list], worker_cpu_s: Callable[[], float]
+    base_url: str, n: int, probe: Callable[[], list], cpu: Callable[[], dict], worker: str
 ) -> dict:
-    """Probe once alone and once with `n` dashboards open: what they received, and the
-    worker's CPU a second of probing without and with them (a probe row's [4] is its
-    dispatch p50 in ms)."""
+    """Probe once alone and once with `n` dashboards open: what they received, and the CPU
+    a second of probing of the worker and of the web process without and with them (a
+    probe row's [4] is its dispatch p50 in ms)."""
 
-    def timed() -> tuple[list, float]:
-        began, t0 = worker_cpu_s(), time.monotonic()
+    def timed() -> tuple[list, dict[str, float]]:
+        began, t0 = cpu(), time.monotonic()
         row = probe()
-        return row, (worker_cpu_s() - began) / (time.monotonic() - t0)
+        ended, seconds = cpu(), time.monotonic() - t0
+        return row, {k: (ended[k] - began[k]) / seconds for k in ("web", worker) if k in began}
 
     alone, alone_cpu = timed()
     watching = Watching(base_url, n)
     viewed, viewed_cpu = timed()
-    return watching.close() | {
-        "worker_cpu_per_s_without": round(alone_cpu, 3),
-        "worker_cpu_per_s_with": round(viewed_cpu, 3),
-        "worker_cpu_ratio": round(viewed_cpu / alone_cpu, 2) if alone_cpu else None,
+    per_viewer = watching.close()
+    worker_ratio = (
+        round(viewed_cpu[worker] / alone_cpu[worker], 2) if alone_cpu.get(worker) else None
+    )
+    return per_viewer | {
+        "cpu_per_s_without": {k: round(v, 3) for k, v in alone_cpu.items()},
+        "cpu_per_s_with": {k: round(v, 3) for k, v in viewed_cpu.items()},
+        "worker_cpu_ratio": worker_ratio,
         "dispatch_p50_ms_without": alone[4],
         "dispatch_p50_ms_with": viewed[4],
     }
