@@ -385,7 +385,7 @@ def depth(ctx: Context) -> Outcome:
         fleet.deploy(parked, ids["parked"])
 
     rows, series = [], {"enqueue p50": ([], []), "dispatch p50": ([], [])}
-    viewers = ctx.pick(20, 20)
+    viewers = 20
     watched: dict[str, object] = {}
 
     def probe_row(level: int) -> list:
@@ -433,7 +433,7 @@ def depth(ctx: Context) -> Outcome:
             series["dispatch p50"][0].append(level)
             series["dispatch p50"][1].append(row[4])
         watched = with_dashboards(
-            stack.base_url, viewers, lambda: probe_row(level), stack.cpu, worker
+            stack.base_url, viewers, lambda: probe_row(level), stack.cpu, worker, ctx.pick(3, 15)
         )
     first, last = rows[0], rows[-1]
     ratio = lambda a, b: round(a / b, 2) if a and b else None  # noqa: E731

@@ -94,15 +94,22 @@ class Watching:
 
 
 def with_dashboards(
-    base_url: str, n: int, probe: Callable[[], list], cpu: Callable[[], dict], worker: str
+    base_url: str,
+    n: int,
+    probe: Callable[[], list],
+    cpu: Callable[[], dict],
+    worker: str,
+    min_s: float = 10.0,
 ) -> dict:
-    """Probe once alone and once with `n` dashboards open: what they received, and the CPU
-    a second of probing of the worker and of the web process without and with them (a
-    probe row's [4] is its dispatch p50 in ms)."""
+    """Probe alone and with `n` dashboards open (each for at least `min_s`): what they
+    received, and the CPU a second of probing of the worker and of the web process without
+    and with them (a probe row's [4] is its dispatch p50 in ms)."""
 
     def timed() -> tuple[list, dict[str, float]]:
         began, t0 = cpu(), time.monotonic()
         row = probe()
+        while time.monotonic() - t0 < min_s:
+            row = probe()
         ended, seconds = cpu(), time.monotonic() - t0
         return row, {k: (ended[k] - began[k]) / seconds for k in ("web", worker) if k in began}
 

@@ -118,3 +118,16 @@ async def test_a_burst_of_hints_is_one_more_read_of_the_final_state():
     release.set()
     await coalescer.task
     assert seen == [0, 20]
+
+
+def test_pages_in_one_process_share_a_fresh_read_until_the_next_hint():
+    from dashboard.consumers import SharedRead
+
+    reads = []
+    shared = SharedRead(lambda: reads.append(1) or len(reads))
+    shared.hinted()
+    assert [shared.get() for _ in range(20)] == [1] * 20  # twenty pages, one read
+    shared.hinted()
+    assert shared.get() == 2  # something moved since: read again
+    shared.started -= 1  # a read older than max_age_s is not handed out
+    assert shared.get() == 3
