@@ -83,6 +83,7 @@ def _history(minutes: int, now: datetime) -> dict:
         "classes": list(CLASSES.values()),
         **series,
         "timeline": timeline(since, now),
+        "eta_accuracy": eta_accuracy(now),
         "p95_wait_15m_s": {
             CLASSES[p]: None if v is None else round(v, 1) for p, v in recent_p95(now).items()
         },

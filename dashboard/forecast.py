@@ -5,21 +5,19 @@ the line (at most `limit` rows, in the policy's order). Rows further back are ne
 of these, so the head's ETAs do not depend on them."""
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
-from django.core.cache import cache
-from django.db.models import Avg, DurationField, ExpressionWrapper, F
 
 from backends.models import Deployment, Server
 from scheduler.eta import Host, Place, Waiter, forecast, line_order
 from scheduler.models import WAITING_STATES, Request, State
 
+from .models import RunStat
+
 DEFAULT_LOAD_S = 10.0  # the policy's default, for a model never loaded here
 DEFAULT_RUN_S = 5.0  # for a model that never ran here
 LINE_READ = 1000
-RUNS_WINDOW = timedelta(minutes=10)
-RUNS_CACHE_S = 10
 
 
 def available(s: Server, now: datetime) -> bool:
@@ -70,32 +68,16 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
     return hosts, places
 
 
-def expected_runs(now: datetime) -> dict[tuple[int, int], float]:
-    """Mean run time per model and class over the requests that finished in the last
-    RUNS_WINDOW: a class's requests run longer or shorter than the model's average (a
-    burst of short background jobs, long interactive chats). Cached per process."""
-
-    def build() -> dict[tuple[int, int], float]:
-        ran = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
-        rows = (
-            Request.objects.filter(
-                state=State.COMPLETED,
-                finished_at__gte=now - RUNS_WINDOW,
-                started_at__isnull=False,
-                model__isnull=False,
-            )
-            .values("model_id", "priority")
-            .annotate(mean=Avg(ran))
-            .order_by()
+def expected_runs() -> dict[tuple[int, int], float]:
+    """Expected run time per model and class, as the history task keeps it (a class's
+    requests run longer or shorter than the model's average: a burst of short background
+    jobs, long interactive chats). A few rows."""
+    return {
+        (model_id, priority): run_s
+        for model_id, priority, run_s in RunStat.objects.values_list(
+            "model_id", "priority", "run_s"
         )
-        return {(r["model_id"], r["priority"]): r["mean"].total_seconds() for r in rows}
-
-    key = "switchyard:expected-runs"
-    found = cache.get(key)
-    if found is None:
-        found = build()
-        cache.set(key, found, RUNS_CACHE_S)
-    return found
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +106,7 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
         ),
     )
     hosts, places = hosts_and_places(now)
-    runs = expected_runs(now)
+    runs = expected_runs()
     line = [
         Waiter(r.pk, r.model_id, r.deployment_id, runs.get((r.model_id, r.priority)))
         for r in requests

@@ -18,10 +18,10 @@ from django.utils import timezone
 
 from backends.models import Deployment
 from backends.models import DeploymentState as DS
-from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request
+from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State
 from scheduler.pool_threads import released
 
-from .models import EtaCheck, LoadSpan, MinuteStat
+from .models import EtaCheck, LoadSpan, MinuteStat, RunStat
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ PRUNE_EVERY = timedelta(hours=1)
 BACKFILL = timedelta(hours=24)  # minutes missed while no worker ran, rolled up after
 BACKFILL_STEP = 60  # minutes rolled up in one tick at most
 MINUTE = timedelta(minutes=1)
+RUN_WEIGHT = 0.3  # of each rolled-up minute's mean run time in the expected one
 PRESENT = (DS.LOADING, DS.LOADED, DS.UNLOADING)
 
 
@@ -103,18 +104,43 @@ def close(span: LoadSpan, at: datetime, failed: bool) -> None:
 # -- minutes ---------------------------------------------------------------------------------
 
 
-def minute_rows(since: datetime, until: datetime) -> dict[tuple[datetime, int], list[float]]:
+def minute_rows(
+    since: datetime, until: datetime, runs: dict | None = None
+) -> dict[tuple[datetime, int], list[float]]:
     """The waits of the requests that finished in [since, until), by minute and class
-    (read through the index of finished requests)."""
+    (read through the index of finished requests); and into `runs`, if given, the run
+    times of those completed, by model and class."""
     waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
     rows = Request.objects.filter(
         state__in=TERMINAL_STATES, finished_at__gte=since, finished_at__lt=until
-    ).values_list("priority", "created_at", "started_at", "finished_at")
-    for priority, created_at, started_at, finished_at in rows:
+    ).values_list("priority", "created_at", "started_at", "finished_at", "state", "model_id")
+    for priority, created_at, started_at, finished_at, state, model_id in rows:
         waits[(floor_minute(finished_at), priority)].append(
             waited_s(created_at, started_at, finished_at)
         )
+        if runs is not None and state == State.COMPLETED and started_at and model_id:
+            runs[(model_id, priority)].append((finished_at - started_at).total_seconds())
     return waits
+
+
+def update_runs(runs: dict[tuple[int, int], list[float]], now: datetime) -> None:
+    """Move each model and class's expected run time toward the mean of the minutes just
+    rolled up (a few rows: one per model and class that ran)."""
+    known = {
+        (r.model_id, r.priority): r
+        for r in RunStat.objects.filter(model_id__in=[m for m, _ in runs])
+    }
+    for (model_id, priority), values in runs.items():
+        mean = sum(values) / len(values)
+        stat = known.get((model_id, priority))
+        if stat is None:
+            RunStat.objects.bulk_create(
+                [RunStat(model_id=model_id, priority=priority, run_s=mean, updated_at=now)],
+                ignore_conflicts=True,
+            )
+        else:
+            stat.run_s += RUN_WEIGHT * (mean - stat.run_s)
+            RunStat.objects.filter(pk=stat.pk).update(run_s=stat.run_s, updated_at=now)
 
 
 def count_waiting() -> dict[int, int]:
@@ -135,7 +161,9 @@ def roll_up(now: datetime) -> int:
     until = min(this_minute, first + BACKFILL_STEP * MINUTE)
     if first >= until:
         return 0
-    waits = minute_rows(first, until)
+    runs: dict[tuple[int, int], list[float]] = defaultdict(list)
+    waits = minute_rows(first, until, runs)
+    update_runs(runs, now)
     waiting = count_waiting() if until == this_minute else {}
     stats = []
     minute = first

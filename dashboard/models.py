@@ -29,6 +29,24 @@ class MinuteStat(models.Model):
         return f"{self.minute:%Y-%m-%d %H:%M} class {self.priority}: {self.finished} finished"
 
 
+class RunStat(models.Model):
+    """How long a model's requests of one class run, as a moving average over the minutes
+    rolled up (each minute's mean weighs `history.RUN_WEIGHT`): what the ETA expects."""
+
+    model_id = models.BigIntegerField()
+    priority = models.PositiveSmallIntegerField()
+    run_s = models.FloatField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["model_id", "priority"], name="one_run_stat")
+        ]
+
+    def __str__(self) -> str:
+        return f"model {self.model_id} class {self.priority}: {self.run_s:.1f} s"
+
+
 class LoadSpan(models.Model):
     """One model's stay on a server: its load's start, when it was loaded, and when it left
     (unloaded, evicted or failed); `ended_at` is None while it is still there."""

@@ -162,7 +162,6 @@ def overview(now: datetime | None = None) -> dict:
         "waiting": waiting_rows(now),
         "waiting_total": sum(c["waiting"] for c in classes),
         "classes": classes,
-        "eta_accuracy": charts.eta_accuracy(now),
         "running": [
             {
                 **request_row(r, now),

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from backends.models import DeploymentState as DS
 from dashboard import charts, eta_checks, forecast, history
-from dashboard.models import EtaCheck, LoadSpan, MinuteStat
+from dashboard.models import EtaCheck, LoadSpan, MinuteStat, RunStat
 from scheduler.models import Priority, State
 from tests import factories
 
@@ -194,20 +194,34 @@ def test_the_eta_accuracy_is_in_metrics(client):
     assert "switchyard_eta_median_error_seconds 1.0" in text
 
 
-def test_the_forecast_uses_the_recent_run_time_of_the_requests_class():
+def test_the_forecast_uses_the_run_time_of_the_requests_class():
     srv = factories.server("gpu-1", slots=1)
     d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=2.0)
-    for _ in range(2):  # background jobs of this model ran 30 s each a moment ago
+    minute = history.floor_minute(NOW)
+    for _ in range(2):  # background jobs of this model ran 30 s each in the last minute
         factories.request(
             "m",
             Priority.BACKGROUND,
             state=State.COMPLETED,
             server=srv,
             deployment=d,
-            started_at=NOW - timedelta(seconds=90),
-            finished_at=NOW - timedelta(seconds=60),
+            started_at=minute - timedelta(seconds=50),
+            finished_at=minute - timedelta(seconds=20),
         )
+    history.roll_up(NOW)
+    assert RunStat.objects.get().run_s == 30.0
     jobs = [factories.request("m", Priority.BACKGROUND, created_at=at(-i)) for i in (3, 2)]
     chat = factories.request("m", Priority.INTERACTIVE, created_at=at(-1))
     line = forecast.head(NOW)
     assert [line.etas[r.pk] for r in (chat, *jobs)] == [0.0, 2.0, 32.0]
+
+    # The next minute's 10 s jobs move it by RUN_WEIGHT of the way.
+    factories.request(
+        "m",
+        Priority.BACKGROUND,
+        state=State.COMPLETED,
+        started_at=minute + timedelta(seconds=10),
+        finished_at=minute + timedelta(seconds=20),
+    )
+    history.roll_up(NOW + timedelta(minutes=1))
+    assert RunStat.objects.get().run_s == 30.0 - history.RUN_WEIGHT * 20

@@ -78,6 +78,7 @@ const SwitchyardCharts = (() => {
         chart("chart-p95", history.wait_p95_s, "p95", history, "s");
         timeline(history);
         Switchyard.setRecentP95(history.p95_wait_15m_s);
+        Switchyard.setAccuracy(history.eta_accuracy);
         document.getElementById("history-at").textContent = `as of ${stamp(new Date(history.at))}`;
         document.querySelector(".charts").dataset.loaded = range;
       }

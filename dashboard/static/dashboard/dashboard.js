@@ -136,9 +136,7 @@ const Switchyard = (() => {
       since(r.created_at), eta(r.eta_s), reason(r)]);
     lastClasses = state.classes || [];
     renderClasses();
-    if (state.eta_accuracy) {
-      document.getElementById("eta-accuracy").textContent = accuracyText(state.eta_accuracy);
-    }
+
     fillTable("running", state.running, "Nothing is running.", (r) => [
       requestLink(r), r.model, r.priority, r.server || "–", since(r.started_at), eta(r.eta_s)]);
     fillTable("recent", state.recent, "Nothing has finished yet.", (r) => [
@@ -236,5 +234,6 @@ const Switchyard = (() => {
     request(path) { start(path, renderRequest); },
     el, secs, stamp, clock,
     setRecentP95(values) { recentP95 = values; renderClasses(); },
+    setAccuracy(a) { document.getElementById("eta-accuracy").textContent = accuracyText(a); },
   };
 })();
