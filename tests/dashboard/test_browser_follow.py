@@ -11,10 +11,10 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from dashboard.history import floor_minute
-from dashboard.models import LoadSpan, MinuteStat
+from dashboard.models import MinuteStat
 from scheduler.models import Priority
 from tests import factories
-from tests.dashboard.screens import screenshot
+from tests.dashboard.screens import add_spans, screenshot
 from tests.dashboard.test_browser import sign_in
 
 pytestmark = pytest.mark.browser
@@ -39,18 +39,11 @@ def history() -> None:
         for i in range(1, 60)
         for p in Priority.values
     )
-    for i, (model, start, stay) in enumerate(
-        (("qwen3-8b", 58, 22), ("llama3.3-70b", 34, 15), ("qwen3-8b", 18, 9))
-    ):
-        began = now - timedelta(minutes=start)
-        LoadSpan.objects.create(
-            deployment_id=900 + i,
-            server="gpu-box",
-            model=model,
-            started_at=began,
-            loaded_at=began + timedelta(seconds=[12, 90, 12][i]),
-            ended_at=began + timedelta(minutes=stay),
-        )
+    add_spans(
+        "gpu-box",
+        now,
+        [("qwen3-8b", 58, 22, 12), ("llama3.3-70b", 34, 15, 90), ("qwen3-8b", 18, 9, 12)],
+    )
 
 
 @pytest.fixture

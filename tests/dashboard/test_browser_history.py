@@ -11,10 +11,10 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from dashboard.history import floor_minute
-from dashboard.models import LoadSpan, MinuteStat
+from dashboard.models import MinuteStat
 from scheduler.models import Priority
 from tests import factories
-from tests.dashboard.screens import screenshot
+from tests.dashboard.screens import add_spans, screenshot
 from tests.dashboard.test_browser import sign_in
 
 pytestmark = pytest.mark.browser
@@ -42,18 +42,11 @@ def with_history(served):
                 )
             )
     MinuteStat.objects.bulk_create(stats)
-    for i, (model, start, stay) in enumerate(
-        (("qwen3-8b", 45, 20), ("llama-70b", 25, 12), ("qwen3-8b", 13, None))
-    ):
-        began = now - timedelta(minutes=start)
-        LoadSpan.objects.create(
-            deployment_id=100 + i,
-            server="gpu-2",
-            model=model,
-            started_at=began,
-            loaded_at=began + timedelta(seconds=40),
-            ended_at=began + timedelta(minutes=stay) if stay else None,
-        )
+    add_spans(
+        "gpu-2",
+        now,
+        [("qwen3-8b", 45, 20, 40), ("llama-70b", 25, 12, 40), ("qwen3-8b", 13, None, 40)],
+    )
     for _ in range(3):  # rows for the admin's lists
         factories.request(
             "qwen3-8b",
