@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "backends",
     "scheduler",
     "dashboard",
+    "access",
 ]
 
 MIDDLEWARE = [
@@ -167,6 +168,14 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
 }
 
+# API keys (docs/operating.md, "API keys and limits"): `required`, or `off` for one person
+# on a laptop (anyone who reaches the port then sees and does everything).
+SWITCHYARD_AUTH = env.str("SWITCHYARD_AUTH", default="required").strip().lower()
+if SWITCHYARD_AUTH not in ("required", "off"):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"SWITCHYARD_AUTH must be required or off, not {SWITCHYARD_AUTH!r}")
+
 # Scheduler knobs; the unit is in the name.
 SWITCHYARD = {
     "POLL_INTERVAL_S": env.float("SWITCHYARD_POLL_INTERVAL_S", default=5.0),
@@ -199,6 +208,8 @@ SWITCHYARD = {
     "SIM_SPEED": env.float("SWITCHYARD_SIM_SPEED", default=1.0),
     "CONNECT_TIMEOUT_S": env.float("SWITCHYARD_CONNECT_TIMEOUT_S", default=5.0),
     "READ_TIMEOUT_S": env.float("SWITCHYARD_READ_TIMEOUT_S", default=600.0),
+    # How long a web process trusts a key it checked: a revoked key stops within it.
+    "AUTH_CACHE_S": env.float("SWITCHYARD_AUTH_CACHE_S", default=2.0),
 }
 
 LOGGING = {

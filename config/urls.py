@@ -12,5 +12,6 @@ urlpatterns = [
     path("", include("scheduler.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("metrics", metrics_view, name="metrics"),
+    path("", include("access.urls")),
     path("", include("dashboard.urls")),
 ]

@@ -83,6 +83,16 @@ class Request(models.Model):
     worker = models.ForeignKey(
         Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests"
     )
+    # Who sent it (None with SWITCHYARD_AUTH=off): only that key sees it. Indexed with
+    # created_at below, for the key's requests per minute.
+    api_key = models.ForeignKey(
+        "access.ApiKey",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="requests",
+        db_index=False,
+    )
 
     class Meta:
         ordering = ["priority", "created_at", "id"]
@@ -112,6 +122,7 @@ class Request(models.Model):
                 condition=models.Q(state__in=["completed", "failed", "cancelled", "expired"]),
             ),
             models.Index(fields=["state"], name="request_state"),
+            models.Index(fields=["api_key", "created_at"], name="requests_by_key"),
         ]
 
     def __str__(self) -> str:

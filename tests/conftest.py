@@ -12,6 +12,10 @@ from scheduler.api.inbox import close_inbox
 from tests.support.manage_process import ManageProcess
 from tests.support.openai_upstream import Upstream
 
+# Tests run without API keys unless they are about them (marked `auth`, or starting
+# processes with SWITCHYARD_AUTH=required): processes they start inherit this.
+os.environ["SWITCHYARD_AUTH"] = "off"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -55,6 +59,12 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if asyncio.iscoroutinefunction(getattr(item, "function", None)):
             item.fixturenames.append("inbox_closed")
+
+
+@pytest.fixture(autouse=True)
+def auth_mode(request, settings):
+    """API keys off, except in tests marked `auth` (see access's tests)."""
+    settings.SWITCHYARD_AUTH = "required" if request.node.get_closest_marker("auth") else "off"
 
 
 @pytest.fixture(autouse=True)

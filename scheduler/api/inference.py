@@ -9,6 +9,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
+from access import auth
+from access.watch import watch_url
 from backends.models import Model
 
 from ..models import Request, State
@@ -85,22 +87,23 @@ class Reply:
         return cls(error.status, headers, error.body())
 
 
-async def answer(kind: str, raw: bytes, priority: str | None) -> Reply:
+async def answer(kind: str, raw: bytes, priority: str | None, api_key=None) -> Reply:
     """Store the request, then wait for its end (or relay its events as they come)."""
     try:
         body = parse_json(raw)
         sub = await Subscription().open()
         try:
             request = await released(intake.accept)(
-                kind, body, priority, sub.request_id, caller_waits=True
+                kind, body, priority, sub.request_id, caller_waits=True, api_key=api_key
             )
         except BaseException:
             await sub.close()
             raise
     except ApiError as error:
         return Reply.error(error)
+    accepted = accepted_headers(request)
     if request.stream:
-        headers = {"Cache-Control": "no-cache", "X-Request-Id": str(request.pk)}
+        headers = {"Cache-Control": "no-cache", **accepted}
         return Reply(200, headers, events=relay_sse(sub))
     try:
         finished = await until_finished(sub, settings.SWITCHYARD["WAITING_COMMENT_S"])
@@ -112,11 +115,22 @@ async def answer(kind: str, raw: bytes, priority: str | None) -> Reply:
         raise
     else:
         if finished.state == State.COMPLETED:
-            reply = Reply(200, {"X-Request-Id": str(finished.pk)}, finished.result)
+            reply = Reply(200, accepted, finished.result)
         else:
             reply = Reply.error(error_of(finished), finished.pk)
+            reply.headers.update(accepted)
     reply.then = sub.close  # a round trip to the channel layer: after the answer
     return reply
+
+
+def accepted_headers(request: Request) -> dict[str, str]:
+    """What every answer to an accepted request says: its id, the class it ran at and
+    where its caller (or whoever they give the link to) can watch it."""
+    return {
+        "X-Request-Id": str(request.pk),
+        "X-Switchyard-Priority": request.priority_name,
+        "X-Switchyard-Watch-Url": watch_url(request.pk),
+    }
 
 
 async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
@@ -159,9 +173,17 @@ async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
 
 @require_GET
 async def list_models(http: HttpRequest) -> HttpResponse:
+    """The models the caller may use (all, for a key with no list of models)."""
+    try:
+        api_key = await auth.acaller(http.headers.get("Authorization"))
+    except ApiError as error:
+        return error.as_json_response()
     data = []
     async for model in Model.objects.order_by("name"):
-        for name in [model.name, *(model.aliases or [])]:
+        names = [model.name, *(model.aliases or [])]
+        if api_key is not None and not any(api_key.allows_model(n) for n in names):
+            continue
+        for name in names:
             data.append(
                 {
                     "id": name,

@@ -9,10 +9,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from access import limits
+from access.models import ApiKey
 from backends.models import Model, ModelType
 
 from .. import sql, wakeup
-from ..models import WAITING_STATES, Priority, Request, RequestKind
+from ..models import WAITING_STATES, Priority, Request, RequestKind, State, Trace
 from . import fields
 from .errors import ApiError
 from .queue_bound import queue_bound
@@ -57,9 +59,18 @@ def model_not_found(name: str) -> ApiError:
     )
 
 
-def parse_priority(value: Any) -> int:
+def names_of(name: str) -> list[str]:
+    """The names of the model called `name` or that has it as an alias ([] if none)."""
+    model = Model.objects.filter(name=name).first() or next(
+        (m for m in Model.objects.all() if name in (m.aliases or [])), None
+    )
+    return [model.name, *(model.aliases or [])] if model else []
+
+
+def parse_priority(value: Any) -> int | None:
+    """The class asked for; None if none was."""
     if value is None or value == "":
-        return Priority.NORMAL
+        return None
     if isinstance(value, str) and value.lower() in PRIORITY_NAMES:
         return PRIORITY_NAMES[value.lower()]
     raise ApiError(
@@ -91,7 +102,13 @@ def max_wait_s(priority: int) -> float:
 
 
 def accept(
-    kind: str, body: Any, priority: Any = None, request_id=None, *, caller_waits: bool = False
+    kind: str,
+    body: Any,
+    priority: Any = None,
+    request_id=None,
+    *,
+    caller_waits: bool = False,
+    api_key: ApiKey | None = None,
 ) -> Request:
     """Validate and store a new request. Raises ApiError (and stores nothing) on bad input.
 
@@ -103,23 +120,31 @@ def accept(
     if len(body["model"]) > MODEL_NAME_MAX:  # no model's, nor a name a request can keep
         raise model_not_found(body["model"])
     body_priority = body.pop("priority", None)
-    level = parse_priority(priority if priority not in (None, "") else body_priority)
+    asked = parse_priority(priority if priority not in (None, "") else body_priority)
+    level, capped = limits.capped_priority(api_key, asked, Priority.NORMAL)
+    limits.check_model(api_key, body["model"], names_of)
     stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
     fields = {"id": request_id} if request_id else {}
     request = Request(
-        kind=kind, model_name=body["model"], payload=body, stream=stream, priority=level, **fields
+        kind=kind,
+        model_name=body["model"],
+        payload=body,
+        stream=stream,
+        priority=level,
+        api_key=api_key,
+        **fields,
     )
     # The model's id is looked up by the insert itself: a round trip less. A name that no
     # model has stores nothing, and is then looked up among the aliases.
-    if not store(request, caller_waits, body["model"], by_name=True):
+    if not store(request, caller_waits, body["model"], by_name=True, note=capped):
         queue_bound.withdraw(level)
         model = resolve(body["model"], kind)
         request.model_id = model.pk
-        store(request, caller_waits, model.name, by_name=False)
+        store(request, caller_waits, model.name, by_name=False, note=capped)
     return request
 
 
-def store(request: Request, caller_waits: bool, model: str, by_name: bool) -> bool:
+def store(request: Request, caller_waits: bool, model: str, by_name: bool, note: str = "") -> bool:
     """Insert the request and wake the workers on commit, telling them its `model`'s name.
     With `by_name`, its model is the one of that name that serves its kind, found by the
     insert itself: False, and nothing stored (nor anyone woken), if none is."""
@@ -127,11 +152,14 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool) -> bo
     with sql.atomic():
         if caller_waits:
             sql.without_waiting_for_disk()
+        limits.admit(request.api_key)
         queue_bound.admit(request.priority)
         # Stamped with the connection in hand, as near the commit as the row can tell.
         request.created_at = timezone.now()
         request.expires_at = request.created_at + timedelta(seconds=max_wait_s(request.priority))
         inserted = sql.insert(request, found_by)
+        if note:  # the key's cap changed its class: its trace says so
+            note_in_trace(request, note)
         arrival = wakeup.Arrival(request.priority, request.id, model)
         wakeup.notify_in_transaction(arrival)
 
@@ -144,6 +172,23 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool) -> bo
     if found_by is not None:
         request.model_id = inserted.rows[0][0]
     return True
+
+
+def note_in_trace(request: Request, note: str) -> None:
+    """A trace row for the request as it is stored, written with its insert."""
+    values = [
+        sql.db_value(Request, "id", request.id),
+        sql.db_value(Trace, "at", request.created_at),
+        State.PENDING,
+        note,
+    ]
+    sql.write_later(
+        sql.prepared(
+            f"INSERT INTO {Trace._meta.db_table} (request_id, at, from_state, to_state, server,"
+            " reason) VALUES (%s, %s, '', %s, '', %s)"
+        ),
+        values,
+    )
 
 
 def position_in_line(request: Request) -> int | None:

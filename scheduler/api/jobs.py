@@ -12,6 +12,10 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access import auth
+from access.models import ApiKey
+from access.watch import watch_url
+
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..transitions import move
 from . import intake
@@ -38,6 +42,7 @@ class RequestSerializer(serializers.ModelSerializer):
     priority = serializers.CharField(source="priority_name")
     server = serializers.CharField(source="server.name", default=None)
     position = serializers.SerializerMethodField()
+    watch_url = serializers.SerializerMethodField()
     trace = TraceSerializer(source="traces", many=True)
 
     class Meta:
@@ -49,6 +54,7 @@ class RequestSerializer(serializers.ModelSerializer):
             "priority",
             "state",
             "position",
+            "watch_url",
             "server",
             "created_at",
             "routed_at",
@@ -66,10 +72,15 @@ class RequestSerializer(serializers.ModelSerializer):
     def get_position(self, obj: Request) -> int | None:
         return intake.position_in_line(obj)
 
+    def get_watch_url(self, obj: Request) -> str:
+        return watch_url(obj.pk)
 
-def get_request(request_id) -> Request:
+
+def get_request(request_id, api_key: ApiKey | None) -> Request:
+    """The request, if the caller's key sent it (any, with auth off): another key's answers
+    exactly as an unknown id."""
     found = stored(request_id)
-    if found is None:
+    if found is None or (api_key is not None and found.api_key_id != api_key.pk):
         raise ApiError(404, f"No request with id {request_id}.", code="request_not_found")
     return found
 
@@ -77,22 +88,35 @@ def get_request(request_id) -> Request:
 class RequestList(APIView):
     @extend_schema(request=SubmitSerializer, responses={202: RequestSerializer})
     def post(self, http):
+        api_key = auth.caller(http.headers.get("Authorization"))
         submit = SubmitSerializer(data=http.data)
         submit.is_valid(raise_exception=True)
         data = submit.validated_data
         priority = http.headers.get("X-Priority") or data.get("priority")
-        created = intake.accept(data["kind"], data["body"], priority)
+        created = intake.accept(data["kind"], data["body"], priority, api_key=api_key)
         url = reverse("request-detail", args=[created.pk])
-        body = {"id": str(created.pk), "state": created.state, "url": url}
-        return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": url})
+        watch = watch_url(created.pk)
+        body = {
+            "id": str(created.pk),
+            "state": created.state,
+            "priority": created.priority_name,
+            "url": url,
+            "watch_url": watch,
+        }
+        headers = {
+            "Location": url,
+            "X-Switchyard-Priority": created.priority_name,
+            "X-Switchyard-Watch-Url": watch,
+        }
+        return Response(body, status=status.HTTP_202_ACCEPTED, headers=headers)
 
 
-def detail_body(request_id) -> dict:
-    return dict(RequestSerializer(get_request(request_id)).data)
+def detail_body(request_id, api_key: ApiKey | None) -> dict:
+    return dict(RequestSerializer(get_request(request_id, api_key)).data)
 
 
-def cancel(request_id) -> dict:
-    found = get_request(request_id)
+def cancel(request_id, api_key: ApiKey | None) -> dict:
+    found = get_request(request_id, api_key)
     if not move(found.pk, WAITING_STATES, State.CANCELLED, "cancelled through the API"):
         found.refresh_from_db()
         raise ApiError(
@@ -100,7 +124,7 @@ def cancel(request_id) -> dict:
             f"The request is {found.state} and can no longer be cancelled.",
             code="not_cancellable",
         )
-    return detail_body(request_id)
+    return detail_body(request_id, api_key)
 
 
 async def wait_until_finished(request_id, wait_s: float) -> None:
@@ -139,11 +163,12 @@ async def request_detail(http, request_id) -> JsonResponse:
     """GET: state, position, trace and result (`?wait_s=N` waits up to N s for the end).
     DELETE: cancel if not yet processing."""
     try:
+        api_key = await auth.acaller(http.headers.get("Authorization"))
         if http.method == "DELETE":
-            return JsonResponse(await sync_to_async(cancel)(request_id))
-        await sync_to_async(get_request)(request_id)
+            return JsonResponse(await sync_to_async(cancel)(request_id, api_key))
+        await sync_to_async(get_request)(request_id, api_key)
         if wait_s := http.GET.get("wait_s"):
             await wait_until_finished(request_id, parse_wait_s(wait_s))
-        return JsonResponse(await sync_to_async(detail_body)(request_id))
+        return JsonResponse(await sync_to_async(detail_body)(request_id, api_key))
     except ApiError as error:
         return error.as_json_response()

@@ -15,6 +15,8 @@ from typing import Any
 
 from django.conf import settings
 
+from access import auth
+
 from ..models import RequestKind
 from .errors import ApiError, request_too_large
 from .inference import Reply, answer
@@ -41,6 +43,7 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         await send_reply(send, refused)
         return
     try:
+        api_key = await auth.acaller(header(scope, b"authorization"))
         raw = await read_body(receive)
     except ApiError as error:
         await send_reply(send, Reply.error(error))
@@ -48,7 +51,7 @@ async def app(scope: dict[str, Any], receive, send) -> None:
     if raw is None:
         return
     kind, priority = KINDS[scope["path"]], header(scope, b"x-priority")
-    replying = asyncio.create_task(reply(kind, raw, priority, send))
+    replying = asyncio.create_task(reply(kind, raw, priority, send, api_key))
     hang_up = asyncio.create_task(receive())  # all that can come now is http.disconnect
     try:
         await asyncio.wait([replying, hang_up], return_when=asyncio.FIRST_COMPLETED)
@@ -80,9 +83,9 @@ def header(scope: dict[str, Any], name: bytes) -> str | None:
     return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
-async def reply(kind: str, raw: bytes, priority: str | None, send) -> None:
+async def reply(kind: str, raw: bytes, priority: str | None, send, api_key=None) -> None:
     try:
-        found = await answer(kind, raw, priority)
+        found = await answer(kind, raw, priority, api_key)
     except Exception:
         log.exception("answering a %s request failed", kind)
         error = ApiError(

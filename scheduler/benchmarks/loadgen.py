@@ -9,10 +9,13 @@ A group is closed-loop (`concurrency` callers, each sending its next request whe
 one finished) unless it has `interval_s` (one arrival every interval) or `arrivals` (a list of
 `{"at": s, ...overrides}`). It stops after `count` requests or `duration_s`, whichever first.
 Every request records wall-clock start, first byte, first data event, end, status, id.
+It is sent with the API key `api_key` of its group, else SWITCHYARD_API_KEY of the
+environment (`Authorization: Bearer`).
 """
 
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -24,6 +27,12 @@ from backends.adapters.http import transport
 from config import event_loop
 
 PATHS = {"chat": "/v1/chat/completions", "embedding": "/v1/embeddings"}
+
+
+def auth_headers(key: str | None = None) -> dict[str, str]:
+    """The bench's key (`key`, else SWITCHYARD_API_KEY) as a Bearer header."""
+    key = key or os.environ.get("SWITCHYARD_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _body(req: dict[str, Any]) -> dict[str, Any]:
@@ -45,7 +54,8 @@ async def one(client: httpx.AsyncClient, base_url: str, req: dict[str, Any]) -> 
     first_byte = first_data = None
     try:
         url = base_url + PATHS[req.get("kind", "chat")]
-        async with client.stream("POST", url, json=_body(req)) as response:
+        headers = auth_headers(req.get("api_key"))
+        async with client.stream("POST", url, json=_body(req), headers=headers) as response:
             seen = b""
             async for raw in response.aiter_raw():
                 now = time.perf_counter() - t0

@@ -14,6 +14,7 @@ import httpx
 
 from . import fleet
 from .context import Context
+from .loadgen import auth_headers
 from .stack import Stack, run_loadgen
 from .stats import Outcome, Target, ms, spread
 
@@ -90,7 +91,7 @@ def swap_through_switchyard(base_url: str, n: int) -> tuple[list[float], list[fl
     """Each call for the other model: Switchyard unloads one and loads the other, then
     sends. A second call right after finds its model loaded (the same call without swap)."""
     swapped, warm = [], []
-    with httpx.Client(base_url=base_url, timeout=120) as client:
+    with httpx.Client(base_url=base_url, timeout=120, headers=auth_headers()) as client:
         for i in range(n):
             model = MODELS[(i + 1) % 2]
             swapped.append(chat(client, model))

@@ -95,6 +95,7 @@ class BenchDatabase:
             env={**os.environ, "DATABASE_URL": self.url},
             check=True,
         )
+        self.create_api_key()
         config = environ.Env.db_url_config(self.url)
         if not self.postgres:
             config["OPTIONS"] = settings.DATABASES["default"]["OPTIONS"]
@@ -102,6 +103,22 @@ class BenchDatabase:
             {"default": settings.DATABASES["default"], BENCH: config}
         )
         connections.settings[BENCH] = configured[BENCH]
+
+    def create_api_key(self, name: str = "bench", *options: str) -> str:
+        """A key made as an operator makes one; the first is the load generator's default
+        (SWITCHYARD_API_KEY in its environment): the bench measures with a key checked."""
+        made = subprocess.run(
+            [PYTHON, "manage.py", "create_api_key", name, *options],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": self.url},
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        secret = made.stdout.strip().splitlines()[-1]
+        if name == "bench":
+            os.environ["SWITCHYARD_API_KEY"] = secret
+        return secret
 
     def empty(self) -> None:
         tables = [m._meta.db_table for m in (Trace, Request, Deployment, Model, Server, Worker)]

@@ -7,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from access.models import ApiKey
 from backends.models import Server
 
 DEMO_FILE = settings.BASE_DIR / "config" / "demo.yaml"
@@ -15,7 +16,7 @@ DEMO_FILE = settings.BASE_DIR / "config" / "demo.yaml"
 class Command(BaseCommand):
     help = (
         "Migrate, load the demo data when the database has no servers, and create an admin "
-        "user with a random password (printed once) when there is no superuser."
+        "user with a random password and a demo API key (each printed once) when there are none."
     )
 
     def handle(self, *args, **options) -> None:
@@ -25,6 +26,19 @@ class Command(BaseCommand):
         else:
             call_command("apply_config", str(DEMO_FILE), stdout=self.stdout)
         self.create_admin()
+        self.create_demo_key()
+
+    def create_demo_key(self) -> None:
+        if ApiKey.objects.exists():
+            return
+        api_key, secret = ApiKey.generate("demo")
+        api_key.save()
+        self.stdout.write(
+            self.style.WARNING(
+                f"Created the demo API key: {secret}  (shown only this once; send it as"
+                " `Authorization: Bearer <key>`, or the OpenAI clients' api_key)"
+            )
+        )
 
     def create_admin(self) -> None:
         users = get_user_model()

@@ -1,0 +1,108 @@
+"""Who is calling: the Bearer key of an API call, checked against a short per-process cache.
+
+A verified key is kept for SWITCHYARD_AUTH_CACHE_S (2 s) so that the hot path pays a SHA-256
+and a constant-time compare (a few microseconds), not a database read; a key revoked, edited
+or expired in the admin is therefore refused on every process within that time. With
+SWITCHYARD_AUTH=off every call is anonymous (None) and sees everything."""
+
+import hmac
+import threading
+import time
+from typing import NamedTuple
+
+from django.conf import settings
+from django.utils import timezone
+
+from scheduler.api.errors import ApiError
+from scheduler.pool_threads import released
+
+from .models import ApiKey, hash_key, split_key
+
+MAX_CACHED = 10_000  # distinct prefixes; beyond, the cache starts afresh
+
+
+class Cached(NamedTuple):
+    key: ApiKey | None  # None: no key has this prefix
+    read_at: float
+
+
+_cache: dict[str, Cached] = {}
+_lock = threading.Lock()
+
+
+def invalid_api_key() -> ApiError:
+    """The one answer for a key missing, malformed, unknown, revoked or expired."""
+    return ApiError(
+        401,
+        "Incorrect or missing API key: send `Authorization: Bearer <key>`. An operator"
+        " creates keys (python manage.py create_api_key NAME).",
+        code="invalid_api_key",
+    )
+
+
+def required() -> bool:
+    return settings.SWITCHYARD_AUTH != "off"
+
+
+def bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+def _fresh(prefix: str) -> Cached | None:
+    found = _cache.get(prefix)
+    if found is not None and time.monotonic() - found.read_at < settings.SWITCHYARD["AUTH_CACHE_S"]:
+        return found
+    return None
+
+
+def _read(prefix: str) -> Cached:
+    found = Cached(ApiKey.objects.filter(prefix=prefix).first(), time.monotonic())
+    with _lock:
+        if len(_cache) >= MAX_CACHED:
+            _cache.clear()
+        _cache[prefix] = found
+    return found
+
+
+def _verified(found: Cached, key: str) -> ApiKey:
+    api_key = found.key
+    # Compared even for an unknown prefix, so that the answer takes the same time.
+    stored = api_key.hashed_key if api_key is not None else "0" * 64
+    if not hmac.compare_digest(hash_key(key), stored) or api_key is None:
+        raise invalid_api_key()
+    if not api_key.is_usable(timezone.now()):
+        raise invalid_api_key()
+    return api_key
+
+
+def caller(header: str | None) -> ApiKey | None:
+    """The key of an `Authorization` header (sync; may read the database). None when auth
+    is off; ApiError 401 if the key is not good."""
+    if not required():
+        return None
+    parts = split_key(bearer(header) or "")
+    if parts is None:
+        raise invalid_api_key()
+    prefix, key = parts
+    return _verified(_fresh(prefix) or _read(prefix), key)
+
+
+async def acaller(header: str | None) -> ApiKey | None:
+    """`caller` for async code: a key in the cache costs no thread hop."""
+    if not required():
+        return None
+    parts = split_key(bearer(header) or "")
+    if parts is None:
+        raise invalid_api_key()
+    prefix, key = parts
+    found = _fresh(prefix) or await released(_read)(prefix)
+    return _verified(found, key)
+
+
+def forget() -> None:
+    """Empty this process's cache (tests)."""
+    with _lock:
+        _cache.clear()

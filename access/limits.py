@@ -1,0 +1,88 @@
+"""A key's limits at the door: its models, its class, its pace and its line.
+
+Checked inside the transaction that stores the request, after locking the key's row, so two
+web processes cannot both let through the request that crosses a limit. A refused request
+stores nothing."""
+
+import math
+from datetime import timedelta
+
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from scheduler.api.errors import ApiError
+from scheduler.models import WAITING_STATES, Priority, Request
+
+from .models import ApiKey
+
+RATE_WINDOW_S = 60
+WAITING_RETRY_S = 5  # a guess: a line moves by then, and the caller can ask again
+
+
+def check_model(api_key: ApiKey | None, name: str, aliases_of) -> None:
+    """403 unless the key may use the model called `name` (or an alias of one it may use).
+    `aliases_of(name)` gives the model's names if it exists: read only when `name` is not
+    itself on the key's list. A model that does not exist answers the same as one not
+    allowed: a key learns nothing of models it may not use."""
+    if api_key is None or api_key.allows_model(name):
+        return
+    if not any(api_key.allows_model(n) for n in aliases_of(name)):
+        raise ApiError(
+            403,
+            f"This API key may not use the model `{name}`.",
+            param="model",
+            code="model_not_allowed",
+        )
+
+
+def capped_priority(api_key: ApiKey | None, asked: int | None, default: int) -> tuple[int, str]:
+    """The class a request runs at, and a note for its trace if the key's cap lowered it."""
+    if api_key is None:
+        return (default if asked is None else asked), ""
+    level = api_key.default_priority if asked is None else asked
+    if level < api_key.max_priority:
+        asked_name, cap = Priority(level).label, Priority(api_key.max_priority).label
+        return api_key.max_priority, (
+            f"asked for {asked_name}; runs at {cap}, the highest class its API key"
+            f" ({api_key.name}) may use"
+        )
+    return level, ""
+
+
+def admit(api_key: ApiKey | None) -> None:
+    """429 if the key sent `rpm` requests in the last minute or has `max_waiting` waiting.
+    Call inside the transaction that stores the request."""
+    if api_key is None or (api_key.rpm is None and api_key.max_waiting is None):
+        return
+    # Serializes this key's arrivals (on PostgreSQL; SQLite's writers are serial anyway).
+    list(ApiKey.objects.select_for_update().filter(pk=api_key.pk).values_list("pk"))
+    now = timezone.now()
+    window_start = now - timedelta(seconds=RATE_WINDOW_S)
+    mine = Request.objects.filter(api_key=api_key.pk)
+    counts = mine.filter(Q(created_at__gte=window_start) | Q(state__in=WAITING_STATES)).aggregate(
+        recent=Count("pk", filter=Q(created_at__gte=window_start)),
+        waiting=Count("pk", filter=Q(state__in=WAITING_STATES)),
+    )
+    if api_key.rpm is not None and counts["recent"] >= api_key.rpm:
+        # The minute frees a place when the oldest request that counts in it leaves it.
+        oldest = (
+            mine.filter(created_at__gte=window_start)
+            .order_by("-created_at")
+            .values_list("created_at", flat=True)[max(api_key.rpm, 1) - 1 : max(api_key.rpm, 1)]
+        )
+        first = next(iter(oldest), now)
+        retry = max(1, math.ceil(RATE_WINDOW_S - (now - first).total_seconds()))
+        raise ApiError(
+            429,
+            f"This API key may send {api_key.rpm} requests a minute; try again in {retry} s.",
+            code="rate_limited",
+            retry_after_s=retry,
+        )
+    if api_key.max_waiting is not None and counts["waiting"] >= api_key.max_waiting:
+        raise ApiError(
+            429,
+            f"This API key already has {counts['waiting']} requests waiting, its most"
+            f" (max_waiting {api_key.max_waiting}); send more as they are served.",
+            code="too_many_waiting",
+            retry_after_s=WAITING_RETRY_S,
+        )

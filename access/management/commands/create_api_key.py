@@ -1,0 +1,55 @@
+"""python manage.py create_api_key NAME [limits]: prints the new key alone on its last line."""
+
+from django.core.management.base import BaseCommand, CommandError
+
+from access.models import ApiKey
+from scheduler.models import Priority
+
+CLASSES = [p.label for p in Priority]
+
+
+def positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Create an API key and print it (shown once; only its hash is kept)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("name", help="who or what uses it")
+        parser.add_argument("--max-priority", choices=CLASSES, default="interactive")
+        parser.add_argument("--default-priority", choices=CLASSES, default="normal")
+        parser.add_argument(
+            "--models", default="", help="comma-separated model names; default: all"
+        )
+        parser.add_argument("--rpm", type=int, help="requests per minute")
+        parser.add_argument("--max-waiting", type=int, help="most requests waiting at once")
+        parser.add_argument("--max-processing", type=int, help="most processing at once")
+        parser.add_argument("--weight", type=positive, default=1, help="fair-share weight")
+        parser.add_argument("--operator", action="store_true", help="may use the operator API")
+
+    def handle(self, *args, **options) -> None:
+        for limit in ("rpm", "max_waiting", "max_processing"):
+            if options[limit] is not None and options[limit] < 0:
+                raise CommandError(f"--{limit.replace('_', '-')} must be 0 or more")
+        models = [m.strip() for m in options["models"].split(",") if m.strip()]
+        api_key, secret = ApiKey.generate(
+            options["name"],
+            max_priority=CLASSES.index(options["max_priority"]),
+            default_priority=CLASSES.index(options["default_priority"]),
+            allowed_models=models,
+            rpm=options["rpm"],
+            max_waiting=options["max_waiting"],
+            max_processing=options["max_processing"],
+            weight=options["weight"],
+            operator=options["operator"],
+        )
+        api_key.save()
+        self.stdout.write(
+            f"Created API key {api_key} (shown once; only its hash is kept). Send it as"
+            " `Authorization: Bearer <key>`:"
+        )
+        self.stdout.write(secret)

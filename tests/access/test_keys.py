@@ -1,0 +1,120 @@
+"""Checking a key: what is refused, the one answer it gets, and what a check costs."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from access import auth
+from access.models import ApiKey, hash_key
+from scheduler.api.errors import ApiError
+
+pytestmark = pytest.mark.auth
+
+
+def refused(header: str | None) -> dict:
+    with pytest.raises(ApiError) as err:
+        auth.caller(header)
+    assert err.value.status == 401
+    return err.value.body()
+
+
+def test_a_key_is_random_shown_once_and_stored_hashed(make_key):
+    api_key, secret = make_key("alice")
+    other, other_secret = make_key("bob")
+    assert secret != other_secret and len(secret) > 40
+    assert secret.startswith(f"sy-{api_key.prefix}.")
+    stored = ApiKey.objects.get(pk=api_key.pk)
+    assert stored.hashed_key == hash_key(secret) and secret not in str(stored.__dict__)
+    assert auth.caller(f"Bearer {secret}").pk == api_key.pk
+    assert auth.caller(f"bearer  {other_secret} ").pk == other.pk
+
+
+def test_every_bad_key_gets_the_same_401(make_key):
+    api_key, secret = make_key("alice")
+    revoked, revoked_secret = make_key("gone", revoked=True)
+    expired, expired_secret = make_key("old", expires_at=timezone.now() - timedelta(seconds=1))
+    wrong = secret[:-4] + ("aaaa" if not secret.endswith("aaaa") else "bbbb")
+    unknown = "sy-00000000." + secret.split(".", 1)[1]
+    answers = [
+        refused(h)
+        for h in [
+            None,
+            "",
+            "Basic abc",
+            f"Bearer {secret[3:]}",
+            f"Bearer {wrong}",
+            f"Bearer {unknown}",
+            f"Bearer {revoked_secret}",
+            f"Bearer {expired_secret}",
+        ]
+    ]
+    assert all(a == answers[0] for a in answers)
+    assert answers[0]["error"]["code"] == "invalid_api_key"
+
+
+def test_a_revoked_key_is_refused_once_the_cache_has_aged(make_key, knobs):
+    api_key, secret = make_key("alice")
+    knobs(AUTH_CACHE_S=3600.0)
+    assert auth.caller(f"Bearer {secret}")  # cached
+    ApiKey.objects.filter(pk=api_key.pk).update(revoked=True)
+    assert auth.caller(f"Bearer {secret}")  # trusted for AUTH_CACHE_S
+    knobs(AUTH_CACHE_S=0.0)
+    refused(f"Bearer {secret}")
+
+
+def test_auth_off_lets_everyone_in_as_no_one(make_key, settings):
+    settings.SWITCHYARD_AUTH = "off"
+    assert auth.caller(None) is None
+
+
+def test_a_cached_check_costs_a_few_microseconds(make_key):
+    _, secret = make_key("alice")
+    header = f"Bearer {secret}"
+    auth.caller(header)
+    runs = 2000
+    began = time.perf_counter()
+    for _ in range(runs):
+        auth.caller(header)
+    per_check_ms = (time.perf_counter() - began) / runs * 1000
+    assert per_check_ms < 0.1, per_check_ms  # measured about 0.005 ms here
+
+
+def test_create_api_key_prints_the_key_alone_on_its_last_line(db, capsys):
+    call_command(
+        "create_api_key",
+        "batch-jobs",
+        "--max-priority=high",
+        "--default-priority=background",
+        "--models=qwen,llama",
+        "--rpm=60",
+        "--max-waiting=10",
+        "--max-processing=2",
+        "--weight=3",
+    )
+    secret = capsys.readouterr().out.strip().splitlines()[-1]
+    api_key = auth.caller(f"Bearer {secret}")
+    assert (api_key.name, api_key.max_priority, api_key.default_priority) == ("batch-jobs", 1, 3)
+    assert api_key.allowed_models == ["qwen", "llama"]
+    assert (api_key.rpm, api_key.max_waiting, api_key.max_processing, api_key.weight) == (
+        60,
+        10,
+        2,
+        3,
+    )
+    assert not api_key.operator
+
+
+def test_bootstrap_prints_a_demo_key_beside_the_admin_password(
+    transactional_db, capsys, fast_passwords
+):
+    call_command("bootstrap")
+    out = capsys.readouterr().out
+    assert "admin user" in out and "demo API key" in out
+    secret = next(w for w in out.split() if w.startswith("sy-"))
+    assert auth.caller(f"Bearer {secret}").name == "demo"
+    call_command("bootstrap")
+    assert "demo API key" not in capsys.readouterr().out
+    assert ApiKey.objects.count() == 1
