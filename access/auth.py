@@ -78,15 +78,19 @@ def _verified(found: Cached, key: str) -> ApiKey:
     return api_key
 
 
+def _parts(header: str | None) -> tuple[str, str]:
+    parts = split_key(bearer(header) or "")
+    if parts is None:
+        raise invalid_api_key()
+    return parts
+
+
 def caller(header: str | None) -> ApiKey | None:
     """The key of an `Authorization` header (sync; may read the database). None when auth
     is off; ApiError 401 if the key is not good."""
     if not required():
         return None
-    parts = split_key(bearer(header) or "")
-    if parts is None:
-        raise invalid_api_key()
-    prefix, key = parts
+    prefix, key = _parts(header)
     return _verified(_fresh(prefix) or _read(prefix), key)
 
 
@@ -94,10 +98,7 @@ async def acaller(header: str | None) -> ApiKey | None:
     """`caller` for async code: a key in the cache costs no thread hop."""
     if not required():
         return None
-    parts = split_key(bearer(header) or "")
-    if parts is None:
-        raise invalid_api_key()
-    prefix, key = parts
+    prefix, key = _parts(header)
     found = _fresh(prefix) or await released(_read)(prefix)
     return _verified(found, key)
 
