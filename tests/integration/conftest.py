@@ -7,16 +7,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("gguf", reason="needs the integration extra: pip install -e '.[integration]'")
-
-from tests.support import real_llama, tiny_gguf  # noqa: E402 (needs gguf, checked above)
-from tests.support.switchyard_processes import Switchyard  # noqa: E402
-
-if not real_llama.binary().exists():
-    pytest.skip(
-        f"no llama-server at {real_llama.binary()}: `make llama-server` builds it",
-        allow_module_level=True,
-    )
+from tests.support import real_llama
+from tests.support.switchyard_processes import Switchyard
 
 WAIT_S = 60.0
 
@@ -25,6 +17,11 @@ WAIT_S = 60.0
 def tiny_models(request, tmp_path_factory) -> dict[str, str]:
     """The two tiny GGUF files by name, and a broken one ("broken": not a GGUF file), built
     on the first run and kept in pytest's cache dir (in a temporary dir without a cache)."""
+    pytest.importorskip(
+        "gguf", reason="needs the integration extra: pip install -e '.[integration]'"
+    )
+    from tests.support import tiny_gguf
+
     cache = getattr(request.config, "cache", None)
     directory = cache.mkdir("tiny-gguf") if cache else tmp_path_factory.mktemp("tiny-gguf")
     files = {
@@ -37,16 +34,22 @@ def tiny_models(request, tmp_path_factory) -> dict[str, str]:
     return files
 
 
+@pytest.fixture(scope="session")
+def llama_server_binary() -> None:
+    if not real_llama.binary().exists():
+        pytest.skip(f"no llama-server at {real_llama.binary()}: `make llama-server` builds it")
+
+
 @pytest.fixture
-def router(tiny_models, tmp_path):
+def router(llama_server_binary, tiny_models, tmp_path):
     """llama-server in router mode with room for one model (`--models-max 1`), from a preset:
     "tiny" (5 MB), "large" (100 MB, slower: long enough streams), "embed" (the tiny model
     with `embeddings = true`) and "broken". A short `stop-timeout` keeps unloads quick."""
     sections = {
         "*": {"c": 1024, "np": 2, "stop-timeout": 2},
-        "tiny": {"model": tiny_models[tiny_gguf.SMALL.name]},
-        "large": {"model": tiny_models[tiny_gguf.LARGE.name]},
-        "embed": {"model": tiny_models[tiny_gguf.SMALL.name], "embeddings": True},
+        "tiny": {"model": tiny_models["tiny-5mb"]},
+        "large": {"model": tiny_models["tiny-100mb"]},
+        "embed": {"model": tiny_models["tiny-5mb"], "embeddings": True},
         "broken": {"model": tiny_models["broken"]},
     }
     preset = tmp_path / "models.ini"

@@ -13,7 +13,9 @@ from backends.adapters.llamacpp import LlamaCppAdapter
 from backends.models import Deployment, DeploymentState, Model, ModelType, Server
 from scheduler.models import Request, State
 from tests.integration.conftest import eventually
-from tests.support import tiny_gguf
+
+pytest.importorskip("gguf", reason="needs the integration extra: pip install -e '.[integration]'")
+from tests.support import tiny_gguf  # noqa: E402 (needs gguf)
 
 pytestmark = pytest.mark.integration
 
@@ -216,9 +218,11 @@ def test_the_server_killed_mid_request_and_restarted(router, switchyard):
     chat(live, "large")
     with live.stream("/v1/completions", {"model": "large", "prompt": "x", "max_tokens": 8}):
         pass
-    body = {"model": "large", "messages": CHAT, "max_tokens": 300}
+    # Long enough to be killed mid-way (a few seconds), short enough to run again on a busy
+    # machine within the call's time.
+    body = {"model": "large", "messages": CHAT, "max_tokens": 100}
     with ThreadPoolExecutor(1) as caller:
-        answer = caller.submit(live.post, "/v1/chat/completions", body)
+        answer = caller.submit(live.http.post, "/v1/chat/completions", json=body, timeout=300)
         eventually(lambda: Request.objects.filter(state=State.PROCESSING).exists())
         router.kill()
         eventually(

@@ -17,13 +17,16 @@ from tests.integration.test_real_llama_router import (
     streamed,
     text_of,
 )
-from tests.support import real_llama, tiny_gguf
+from tests.support import real_llama
+
+pytest.importorskip("gguf", reason="needs the integration extra: pip install -e '.[integration]'")
+from tests.support import tiny_gguf  # noqa: E402 (needs gguf)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def single(tiny_models, tmp_path):
+def single(llama_server_binary, tiny_models, tmp_path):
     """Start a single-model llama-server: `single("tiny-5mb", "--sleep-idle-seconds", "1")`."""
     started: list[real_llama.RealLlamaServer] = []
 
