@@ -80,7 +80,7 @@ def test_openai_kind_in_front_of_the_router_which_loads_and_queues_by_itself(rou
     call_command("sync_models", "auto")
     live = switchyard()
     assert_words(chat(live, "tiny")["choices"][0]["message"]["content"])
-    body = {"model": "large", "prompt": "Once", "max_tokens": 200}
+    body = {"model": "large", "prompt": "Once", "max_tokens": 60}
     with ThreadPoolExecutor(1) as caller, live.stream("/v1/completions", body) as response:
         lines = response.iter_lines()
         for line in lines:

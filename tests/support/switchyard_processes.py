@@ -36,7 +36,7 @@ class Switchyard:
         if self.split:
             worker = ManageProcess(["run_scheduler"], env, lambda line: " started" in line)
             self.processes.append(worker)
-        self.http = httpx.Client(base_url=self.url, timeout=120)
+        self.http = httpx.Client(base_url=self.url, timeout=300)  # a busy machine is slow
 
     def post(self, path: str, body: dict) -> httpx.Response:
         return self.http.post(path, json=body)
