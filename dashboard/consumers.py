@@ -12,8 +12,11 @@ from scheduler.announce import DASHBOARD_GROUP, request_group
 from scheduler.coalesce import Coalescer
 
 from . import state
+from .watch import watch_state
+from .watch_tokens import request_id_for
 
 REFUSED = 4403
+NOT_FOUND = 4404
 
 
 class StaffConsumer(AsyncJsonWebsocketConsumer):
@@ -115,3 +118,50 @@ class RequestConsumer(StaffConsumer):
 
     async def stream_chunk(self, message) -> None:
         """Tokens are for the caller, not the dashboard."""
+
+
+class WatchConsumer(AsyncJsonWebsocketConsumer):
+    """A request's watch page, for whoever holds its signed URL (no login). Its state at
+    most once a second (it follows the dashboard group, as its place moves when other rows
+    do); a streamed answer's text as it comes."""
+
+    push_interval_s = 1.0
+
+    async def connect(self) -> None:
+        self.request_id = request_id_for(self.scope["url_route"]["kwargs"]["token"])
+        if self.request_id is None:
+            await self.close(code=NOT_FOUND)
+            return
+        self.coalescer = Coalescer(self.push, self.push_interval_s)
+        for group in self.group_names():
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        self.coalescer.hint()
+
+    def group_names(self) -> list[str]:
+        return [request_group(self.request_id), DASHBOARD_GROUP]
+
+    async def disconnect(self, code) -> None:
+        if hasattr(self, "coalescer"):
+            self.coalescer.close()
+            for group in self.group_names():
+                await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def push(self) -> None:
+        current = await database_sync_to_async(watch_state)(self.request_id)
+        await self.send_json({"type": "watch", "state": current})
+
+    async def dashboard_changed(self, message) -> None:
+        self.coalescer.hint()
+
+    async def request_moved(self, message) -> None:
+        self.coalescer.hint()
+
+    async def stream_chunk(self, message) -> None:
+        text = "".join(
+            (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            for chunk in message.get("chunks", [])
+            for choice in chunk.get("choices") or []
+        )
+        if text:
+            await self.send_json({"type": "chunk", "text": text})

@@ -7,6 +7,7 @@ servers, their deployments, and three bounded lists of requests, nothing per row
 from datetime import datetime
 
 from django.db.models import Prefetch, Q
+from django.urls import reverse
 from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, Server
@@ -14,6 +15,7 @@ from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 
 from . import charts, forecast
 from .models import EtaCheck
+from .watch_tokens import token_for
 
 WAITING_SHOWN = 100
 RUNNING_SHOWN = 100
@@ -200,7 +202,9 @@ def answer_text(result: dict | None) -> str:
     return text if isinstance(text, str) else ""
 
 
-def request_detail(request_id, now: datetime | None = None) -> dict | None:
+def request_detail(
+    request_id, now: datetime | None = None, answer_chars: int = 2000
+) -> dict | None:
     now = now or timezone.now()
     r = (
         Request.objects.select_related("server", "deployment")
@@ -232,7 +236,10 @@ def request_detail(request_id, now: datetime | None = None) -> dict | None:
         "finished_at": iso(r.finished_at),
         "attempts": r.attempts,
         "error": r.error,
-        "answer": answer_text(r.result)[:2000],
+        "answer": answer_text(r.result)[:answer_chars],
+        # For staff to hand to the caller: the page it can follow without a login.
+        "watch_url": reverse("watch", args=[token_for(r.pk)]),
+        "stream": r.stream,
         "trace": [
             {
                 "at": iso(t.at),

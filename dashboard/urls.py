@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import views, watch
 
 urlpatterns = [
     path("", views.index, name="dashboard"),
@@ -8,4 +8,7 @@ urlpatterns = [
     path("dashboard/history.json", views.history_json, name="dashboard-history"),
     path("requests/<uuid:request_id>/", views.request_page, name="request-page"),
     path("requests/<uuid:request_id>/state.json", views.request_json, name="request-state"),
+    # No login: the signed token is the key (dashboard/watch_tokens.py).
+    path("watch/<str:token>/", watch.watch_page, name="watch"),
+    path("watch/<str:token>/state.json", watch.watch_json, name="watch-state"),
 ]

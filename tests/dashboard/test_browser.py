@@ -94,6 +94,8 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(page.locator("#request-server")).to_have_text("sim-1")
     expect(page.locator("#answer")).to_contain_text("This answer comes from")
     expect(page.locator("#trace tbody tr")).to_have_count(4)  # loading, ready, sent, done
+    watch = page.locator("#request-watch-link a")
+    expect(watch).to_have_attribute("href", re.compile(r"^/watch/.+/$"))
 
     # A request's own page, followed live through its model's load on the other server.
     request_id = submit(live.url, "other")

@@ -183,6 +183,7 @@ const Switchyard = (() => {
       ["attempts", r.attempts],
     ];
     if (r.error) facts.push(["error", el("span", {class: "error"}, r.error)]);
+    if (r.watch_url) facts.push(["watch link", el("a", {href: r.watch_url}, "the caller's page")]);
     box.replaceChildren(el("dl", {class: "facts"}, ...facts.flatMap(([k, v]) =>
       [el("dt", {}, k), el("dd", {id: "request-" + k.toLowerCase().replace(" ", "-")}, v)])));
     document.getElementById("load").replaceChildren(
@@ -204,7 +205,7 @@ const Switchyard = (() => {
     live.replaceChildren(`${text} since ${stamp(lostAt)}`);
   }
 
-  function connect(path, onState) {
+  function connect(path, onState, onChunk) {
     const live = document.getElementById("live");
     const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + path);
     ws.onopen = () => {
@@ -212,27 +213,31 @@ const Switchyard = (() => {
       document.body.classList.remove("disconnected");
       live.textContent = "live"; live.className = "live on";
     };
-    ws.onmessage = (e) => onState(JSON.parse(e.data).state);
+    ws.onmessage = (e) => {
+      const message = JSON.parse(e.data);
+      if (message.type === "chunk") { if (onChunk) onChunk(message.text); } else onState(message.state);
+    };
     ws.onclose = (e) => {
       if (e.code === 4403) {
         offline("signed out");
         return;
       }
       offline("disconnected, reconnecting");
-      setTimeout(() => connect(path, onState), 2000);
+      setTimeout(() => connect(path, onState, onChunk), 2000);
     };
   }
 
-  function start(path, render) {
+  function start(path, render, onChunk) {
     render(initial);
-    connect(path, render);
+    connect(path, render, onChunk);
     setInterval(tick, 1000);
   }
 
   return {
     overview(path) { start(path, renderOverview); },
     request(path) { start(path, renderRequest); },
-    el, secs, stamp, clock,
+    watch(path, render, onChunk) { start(path, render, onChunk); },
+    el, secs, stamp, clock, pill, progress, eta, since, syncClock,
     setRecentP95(values) { recentP95 = values; renderClasses(); },
     setAccuracy(a) { document.getElementById("eta-accuracy").textContent = accuracyText(a); },
   };

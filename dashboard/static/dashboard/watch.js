@@ -1,0 +1,63 @@
+// The watch page: one request, live. State pushes redraw it; a streamed answer's text is
+// appended as it comes, until the final state brings the whole answer.
+"use strict";
+const SwitchyardWatch = (() => {
+  const {el, secs, clock, pill, progress, eta, since, syncClock} = Switchyard;
+  const REASONS = {pending: "It is being placed on a server.",
+    needs_loading: "Its model is being loaded.", ready: "It waits for a free slot."};
+  const ENDS = {completed: "Done", failed: "Failed", expired: "Expired: it waited too long",
+    cancelled: "Cancelled"};
+  let streamed = "";
+
+  function confidence(a) {
+    if (!a || a.checked < 5) return "too few requests lately to say how good estimates are";
+    return `${Math.round(a.share_within * 10)} in 10 estimates of the last hour were within 20%`;
+  }
+
+  function now(r) {
+    if (r.final) {
+      const took = r.finished_at && r.created_at
+        ? secs((Date.parse(r.finished_at) - Date.parse(r.created_at)) / 1000) : "–";
+      return el("div", {class: `now final-${r.state}`, "data-state": r.state},
+        el("div", {class: "big", id: "watch-headline"}, ENDS[r.state] || r.state),
+        el("div", {class: "sub"}, `finished `, clock(r.finished_at), ` · ${took} in all`),
+        r.error ? el("div", {class: "error why"}, r.error) : null);
+    }
+    if (r.state === "processing") {
+      return el("div", {class: "now", "data-state": r.state},
+        el("div", {class: "big", id: "watch-headline"}, "Being answered"),
+        el("div", {class: "sub"}, "running for ", since(r.started_at),
+          r.eta_s !== null ? el("span", {}, ` · about ${secs(r.eta_s)} left `,
+            el("span", {class: "tag estimate"}, "estimate")) : ""));
+    }
+    return el("div", {class: "now", "data-state": r.state},
+      el("div", {class: "big", id: "watch-headline"},
+        r.position ? `Place ${r.position} of ${r.waiting_total}` : "Waiting"),
+      el("div", {class: "sub", id: "watch-eta"}, "sent to a server in ", eta(r.eta_s),
+        el("br"), el("span", {id: "watch-confidence"}, confidence(r.eta_accuracy))),
+      el("div", {class: "why", id: "watch-reason"}, r.reason || REASONS[r.state] || ""),
+      el("div", {class: "sub"}, "waiting for ", since(r.created_at)));
+  }
+
+  function render(r) {
+    if (!r) return;
+    syncClock(r.at);
+    document.getElementById("watch-model").textContent = `· ${r.model}`;
+    document.getElementById("watch-now").replaceChildren(now(r));
+    document.getElementById("watch-load").replaceChildren(
+      r.load ? el("p", {}, "Its model is loading:", el("br"), progress(r.load)) : "");
+    if (r.answer) streamed = r.answer;
+    const answer = document.getElementById("watch-answer");
+    if (answer.textContent !== streamed) answer.textContent = streamed;
+    if (r.final && !r.answer && r.state === "completed") answer.textContent = streamed || "(no text)";
+    document.getElementById("watch-steps").replaceChildren(...r.trace.map((t) =>
+      el("li", {}, clock(t.at), " ", pill(t.to), " ", t.reason)));
+  }
+
+  function chunk(text) {
+    streamed += text;
+    document.getElementById("watch-answer").textContent = streamed;
+  }
+
+  return {start(path) { Switchyard.watch(path, render, chunk); }};
+})();
