@@ -106,3 +106,16 @@ def test_the_login_page_says_switchyard(with_history, browser_page):
     expect(page).to_have_title(re.compile("Switchyard"))
     expect(page.locator("#site-name")).to_have_text("Switchyard")
     screenshot(page, "login")
+
+
+def test_a_disconnected_dashboard_greys_out_and_says_since_when(with_history, browser_page):
+    page = browser_page
+    sign_in(page, with_history.url)
+    with_history.proc.terminate()  # the server goes away under the open page
+    with_history.proc.wait(30)
+    expect(page.locator("body")).to_have_class(re.compile("disconnected"))
+    expect(page.locator("#live")).to_have_text(
+        re.compile(r"^disconnected, reconnecting since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+$")
+    )
+    assert page.evaluate("getComputedStyle(document.querySelector('main')).opacity") == "0.45"
+    screenshot(page, "dashboard-disconnected")
