@@ -238,7 +238,7 @@ def request_detail(
         "error": r.error,
         "answer": answer_text(r.result)[:answer_chars],
         # For staff to hand to the caller: the page it can follow without a login.
-        "watch_url": reverse("watch", args=[token_for(r.pk)]),
+        "watch_url": reverse("watch-live", args=[token_for(r.pk)]),
         "stream": r.stream,
         "trace": [
             {

@@ -9,6 +9,6 @@ urlpatterns = [
     path("requests/<uuid:request_id>/", views.request_page, name="request-page"),
     path("requests/<uuid:request_id>/state.json", views.request_json, name="request-state"),
     # No login: the signed token is the key (dashboard/watch_tokens.py).
-    path("watch/<str:token>/", watch.watch_page, name="watch"),
-    path("watch/<str:token>/state.json", watch.watch_json, name="watch-state"),
+    path("watch/<str:token>/", watch.watch_page, name="watch-live"),
+    path("watch/<str:token>/state.json", watch.watch_json, name="watch-live-state"),
 ]

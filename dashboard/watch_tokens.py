@@ -1,6 +1,7 @@
-"""The watch URL's token: the request's id signed with the site's key, so only whoever was
-given the URL can open the page (no login). Provisional until the access work lands its
-own signed watch URLs; then this module gives way to theirs."""
+"""The watch URL's token: the request's id signed with the site's key (HMAC-SHA256, salted
+for this use), so only whoever was given the URL can open the page, without a login. The
+same token as the access work's watch URLs (`X-Switchyard-Watch-Url`, `watch_url`): once
+that lands, this module gives way to theirs."""
 
 from uuid import UUID
 
@@ -9,12 +10,16 @@ from django.core import signing
 SALT = "switchyard.watch"
 
 
+def signer() -> signing.Signer:
+    return signing.Signer(salt=SALT, algorithm="sha256")
+
+
 def token_for(request_id) -> str:
-    return signing.dumps(str(request_id), salt=SALT)
+    return signer().sign(str(request_id))
 
 
 def request_id_for(token: str) -> UUID | None:
     try:
-        return UUID(signing.loads(token, salt=SALT))
+        return UUID(signer().unsign(token))
     except (signing.BadSignature, ValueError, TypeError):
         return None
