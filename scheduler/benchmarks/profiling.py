@@ -13,7 +13,7 @@ LAYERS = (
     ("policy.plan", "scheduler/policy.py"),
     ("snapshot read", "SnapshotReader.read"),
     ("transitions (move)", "scheduler/transitions.py"),
-    ("store (dispatch/complete)", "scheduler/store.py"),
+    ("store (dispatch/complete)", "scheduler/store/"),
     ("intake (accept)", "scheduler/api/intake.py"),
     ("channel layer (redis)", "channels_redis"),
     ("channel layer (in-memory)", "channels/layers.py"),

@@ -94,7 +94,7 @@ async def test_a_long_load_does_not_hold_up_a_request_for_a_model_loaded_elsewhe
 
 
 async def test_a_deep_line_for_a_loading_model_does_not_hide_a_loaded_one(monkeypatch):
-    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 3)  # a deep line, at test scale
+    monkeypatch.setattr(store.snapshots, "SNAPSHOT_HEAD", 3)  # a deep line, at test scale
 
     def setup():
         s1, s2 = factories.server("s1"), factories.server("s2")
@@ -565,7 +565,7 @@ async def test_the_call_to_the_server_starts_before_the_dispatch_commits(monkeyp
         serving.set()
         return await real_serve(self, job, committed)
 
-    monkeypatch.setattr(store, "dispatch_all", dispatch_all)
+    monkeypatch.setattr(store.dispatch, "dispatch_all", dispatch_all)
     monkeypatch.setattr(Runtime, "serve", serve)
     await Runtime().run(asyncio.Event(), until_idle=True)
 
@@ -592,7 +592,7 @@ async def test_a_send_whose_commit_fails_is_called_off_and_its_request_stays_as_
     async def publish(group, message):
         published.append(message)
 
-    monkeypatch.setattr(store, "dispatch_all", dispatch_all)
+    monkeypatch.setattr(store.dispatch, "dispatch_all", dispatch_all)
     monkeypatch.setattr("scheduler.streams.send", publish)
     rt = Runtime()
     await rt.start()

@@ -31,7 +31,7 @@ def test_a_short_line_is_read_whole() -> None:
 
 
 def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> None:
-    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
+    monkeypatch.setattr(store.snapshots, "SNAPSHOT_HEAD", 2)
     long_ago = timezone.now() - timedelta(hours=1)
     oldest = factories.request("m", priority=Priority.BACKGROUND, created_at=long_ago)
     routed = factories.request(
@@ -62,8 +62,8 @@ def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> No
 def busy_deep_line(monkeypatch, model_head: int, other: str) -> list[Request]:
     """A line deeper than the snapshot's head, at test scale: six old requests for `busy`,
     deployed with `other` on one server."""
-    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
-    monkeypatch.setattr(store, "MODEL_HEAD", model_head)
+    monkeypatch.setattr(store.snapshots, "SNAPSHOT_HEAD", 2)
+    monkeypatch.setattr(store.snapshots, "MODEL_HEAD", model_head)
     server = factories.server("s1")
     factories.deployment(server, "busy")
     factories.deployment(server, other)
@@ -99,8 +99,8 @@ def test_a_deep_line_tells_which_models_more_requests_may_wait_for(monkeypatch) 
 
 @pytest.mark.skipif(not settings.IS_POSTGRES, reason="round trips are PostgreSQL's")
 def test_a_deep_line_is_read_in_one_round_trip_once_seen_deep(monkeypatch) -> None:
-    monkeypatch.setattr(store, "SNAPSHOT_HEAD", 2)
-    monkeypatch.setattr(store, "MODEL_HEAD", 1)
+    monkeypatch.setattr(store.snapshots, "SNAPSHOT_HEAD", 2)
+    monkeypatch.setattr(store.snapshots, "MODEL_HEAD", 1)
     server = factories.server("s1")
     factories.deployment(server, "busy")
     long_ago = timezone.now() - timedelta(hours=1)

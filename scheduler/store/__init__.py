@@ -1,0 +1,102 @@
+"""The runtime's database side: reading the snapshot and committing what tasks report.
+
+One module per concern; the names the runtime uses are re-exported here, so callers write
+`store.dispatch_all(...)`. All functions are synchronous; the runtime calls them in its
+database thread (`database_thread`).
+
+- `knobs`: the settings the runtime reads and the policy's configuration.
+- `queries`: the hot path's raw SQL, as named statements.
+- `snapshots`: reading what the policy plans on.
+- `workers`: leases, heartbeats, taking over a stale worker's requests.
+- `loads`: loads and unloads of deployments.
+- `dispatch`: sending requests to their deployments.
+- `completion`: a request's end on its server.
+- `health`: server health, probes and status sync.
+"""
+
+from .completion import Answer, request_failed, requests_completed
+from .dispatch import (
+    LoadedDeployment,
+    Sending,
+    SentRequest,
+    ServeJob,
+    dispatch_all,
+    move_and_dispatch,
+    send_on_arrival,
+)
+from .health import (
+    all_servers,
+    apply_server_models,
+    mark_down,
+    open_breaker,
+    probe_result,
+    recheck_deployment,
+    server_by_id,
+    server_failed,
+    server_succeeded,
+)
+from .knobs import knob, policy_config
+from .loads import (
+    LoadJob,
+    evicted,
+    load_failed,
+    load_succeeded,
+    set_load_progress,
+    start_load,
+    start_unload,
+)
+from .queries import HEAD_SQL, IN_INDEX_ORDER
+from .snapshots import MODEL_HEAD, SNAPSHOT_HEAD, SnapshotReader, pass_reads
+from .workers import (
+    heartbeat,
+    orphaned_deployments,
+    recount_in_flight,
+    register_worker,
+    release_orphans,
+    release_worker,
+    take_over_stale_workers,
+)
+
+__all__ = [
+    "HEAD_SQL",
+    "IN_INDEX_ORDER",
+    "MODEL_HEAD",
+    "SNAPSHOT_HEAD",
+    "Answer",
+    "LoadJob",
+    "LoadedDeployment",
+    "Sending",
+    "SentRequest",
+    "ServeJob",
+    "SnapshotReader",
+    "all_servers",
+    "apply_server_models",
+    "dispatch_all",
+    "evicted",
+    "heartbeat",
+    "knob",
+    "load_failed",
+    "load_succeeded",
+    "mark_down",
+    "move_and_dispatch",
+    "open_breaker",
+    "orphaned_deployments",
+    "pass_reads",
+    "policy_config",
+    "probe_result",
+    "recheck_deployment",
+    "recount_in_flight",
+    "register_worker",
+    "release_orphans",
+    "release_worker",
+    "request_failed",
+    "requests_completed",
+    "send_on_arrival",
+    "server_by_id",
+    "server_failed",
+    "server_succeeded",
+    "set_load_progress",
+    "start_load",
+    "start_unload",
+    "take_over_stale_workers",
+]

@@ -1,0 +1,150 @@
+"""The end of a request on its server: completed (with the sends its slot allows) or failed."""
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from backends.adapters.base import AdapterError, ErrorCode
+from backends.models import Deployment, DeploymentState
+
+from .. import sql
+from ..models import Request, State
+from ..retry import backoff_s
+from ..transitions import Transition, end_later, move
+from .dispatch import Sending, ServeJob, dispatch_all
+from .health import server_failed
+from .knobs import knob
+from .queries import DEPLOYMENTS, lock_servers
+
+DS = DeploymentState
+
+
+def _release(
+    deployment_id: int, seconds: float | None = None, only_if: sql.Statement | None = None
+) -> None:
+    """Free the slot of a request that finished on the deployment; `seconds`, its inference
+    time if it completed, goes into the moving average. `only_if`: an SQL condition the
+    write waits on (a request's end sent in the same round trip)."""
+    changes = "in_flight = CASE WHEN in_flight > 0 THEN in_flight - 1 ELSE 0 END, last_used_at = %s"
+    params: list[Any] = [sql.db_value(Deployment, "last_used_at", timezone.now())]
+    if seconds is not None:
+        # With no average yet (NULL propagates), COALESCE takes this measurement alone.
+        changes += ", avg_inference_s = COALESCE(0.8 * avg_inference_s + %s, %s)"
+        params += [0.2 * seconds, seconds]
+    statement = f"UPDATE {DEPLOYMENTS} SET {changes} WHERE id = %s"
+    params.append(deployment_id)
+    if only_if is not None:
+        statement += f" AND {only_if[0]}"
+        params += only_if[1]
+    sql.write_later(sql.prepared(statement), params)
+
+
+@dataclass(frozen=True)
+class Answer:
+    job: ServeJob
+    result: dict
+    seconds: float
+    # The request planned for the slot this answer frees (a pass's `SendNext`): (request,
+    # deployment).
+    then_send: tuple[Any, int] | None = None
+
+
+def requests_completed(answers: list[Answer], send_now: Sending | None = None) -> list[bool]:
+    """Store the results, in one transaction (on PostgreSQL, one round trip), and send the
+    requests planned for the slots they free, given to `send_now` as `dispatch_all` does
+    (two more round trips: the sends read the freed slots). False for a request taken from
+    this worker meanwhile; its slot is not ours to fill.
+
+    The commit does not wait for the disk (a flush was about a millisecond of every
+    answer's wait here): should a crash of the database lose it, the request is back in
+    `processing` under a worker whose connection died with the database. That worker exits
+    (`run_scheduler`), and whoever takes its work over runs the request again."""
+    sends = [a.then_send for a in answers if a.then_send is not None]
+    with sql.atomic():
+        sql.without_waiting_for_disk()
+        if sends:
+            # Servers before deployments, as every dispatch locks them: no two workers wait
+            # for each other.
+            deployments = {did for _, did in sends} | {a.job.deployment_id for a in answers}
+            sql.write_later(*lock_servers(sorted(deployments)))
+        ends = []
+        for a in answers:
+            end = end_later(
+                Transition(
+                    a.job.request_id,
+                    (State.PROCESSING,),
+                    State.COMPLETED,
+                    f"completed in {a.seconds:.2f} s",
+                    {"result": a.result},
+                    at_server=a.job.server_name,
+                    held_by=a.job.worker_id,
+                ),
+                notify_origin=not a.job.call.stream,
+            )
+            _release(a.job.deployment_id, a.seconds, only_if=end.condition)
+            ends.append(end)
+        if sends:
+            sql.send_held_writes()
+            # An end made was held by its job's worker id, which is then this worker's own.
+            made = [
+                (a.job.worker_id, a.then_send)
+                for a, end in zip(answers, ends, strict=True)
+                if end.made and a.then_send is not None
+            ]
+            if made:
+                dispatch_all(
+                    [send for _, send in made],
+                    made[0][0],
+                    send_now=send_now,
+                    reason="sent to the server as a slot freed there",
+                )
+    return [end.made for end in ends]
+
+
+def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -> str:
+    """Retry with backoff, re-route if the model went away, or fail. Returns the new state.
+
+    `may_retry` is False once part of a streamed answer reached the caller: running it again
+    would send the caller a second beginning."""
+    attempts = Request.objects.values_list("attempts", flat=True).get(pk=job.request_id)
+    attempts_left = may_retry and attempts < knob("REQUEST_ATTEMPTS")
+    with transaction.atomic():
+        if error.code == ErrorCode.NOT_LOADED and attempts_left:
+            Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADED).update(
+                state=DS.UNLOADED, state_changed_at=timezone.now(), loaded_at=None
+            )
+            state = State.PENDING
+            reason = f"the server no longer has the model loaded ({error.message}); routing again"
+            fields: dict[str, Any] = {"deployment": None, "server": None, "worker": None}
+        elif error.retryable and attempts_left:
+            delay = error.retry_after_s or backoff_s(
+                attempts, knob("RETRY_BASE_S"), knob("RETRY_MAX_S")
+            )
+            state = State.READY
+            reason = f"{error.code}: {error.message}; retry {attempts + 1} in {delay:.2f} s"
+            fields = {"not_before": timezone.now() + timedelta(seconds=delay), "worker": None}
+        else:
+            state = State.FAILED
+            reason = f"{error.code}: {error.message}"
+            if error.retryable and not may_retry:
+                reason += " (the stream had begun: not retried)"
+            elif error.retryable:
+                reason += f" (after {attempts} attempts)"
+            fields = {"error": error.message[:4000], "error_code": error.code}
+        moved = move(
+            job.request_id,
+            [State.PROCESSING],
+            state,
+            reason,
+            job.server_name,
+            held_by=job.worker_id,
+            **fields,
+        )
+        if moved:
+            _release(job.deployment_id)
+    if error.server_fault:
+        server_failed(job.server_id, error.message)
+    return state if moved else "taken over"

@@ -1,0 +1,134 @@
+"""Server health: successes, failures and the breaker, probes and status sync."""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db.models import F, Q
+from django.utils import timezone
+
+from backends.adapters.base import AdapterError, ServerModel
+from backends.models import Deployment, DeploymentState, Health, Server
+
+from .. import announce
+from .knobs import knob
+
+log = logging.getLogger(__name__)
+DS = DeploymentState
+
+
+def server_succeeded(server_id: int) -> None:
+    """Healthy again, seen now. `last_seen` is refreshed at most once a second, so that busy
+    servers' rows are not rewritten (and locked) on every completion."""
+    now = timezone.now()
+    Server.objects.filter(pk=server_id).filter(
+        ~Q(health=Health.UP)
+        | ~Q(consecutive_failures=0)
+        | Q(last_seen__isnull=True)
+        | Q(last_seen__lt=now - timedelta(seconds=1))
+    ).update(
+        health=Health.UP, consecutive_failures=0, cooldown_until=None, last_error="", last_seen=now
+    )
+
+
+def server_failed(server_id: int, message: str) -> None:
+    """Count a failure; the breaker opens after BREAKER_FAILURES in a row."""
+    Server.objects.filter(pk=server_id).update(
+        consecutive_failures=F("consecutive_failures") + 1, last_error=message[:2000]
+    )
+    server = Server.objects.get(pk=server_id)
+    if server.consecutive_failures >= knob("BREAKER_FAILURES") and server.health != Health.COOLDOWN:
+        open_breaker(server, f"{server.consecutive_failures} failures in a row: {message}")
+
+
+def open_breaker(server: Server, reason: str) -> None:
+    until = timezone.now() + timedelta(seconds=knob("BREAKER_COOLDOWN_S"))
+    Server.objects.filter(pk=server.pk).update(health=Health.COOLDOWN, cooldown_until=until)
+    log.warning("server %s in cooldown until %s: %s", server.name, until.isoformat(), reason)
+    announce.dashboard_changed()
+
+
+def probe_result(server_id: int, error: AdapterError | None) -> None:
+    server = Server.objects.get(pk=server_id)
+    if error is None:
+        Server.objects.filter(pk=server_id).update(
+            health=Health.UP,
+            consecutive_failures=0,
+            cooldown_until=None,
+            last_seen=timezone.now(),
+            last_error="",
+        )
+        log.info("server %s answered its probe: healthy again", server.name)
+        announce.dashboard_changed()
+    else:
+        open_breaker(server, f"probe failed: {error.message}")
+
+
+def mark_down(server_id: int, message: str) -> None:
+    changed = Server.objects.filter(pk=server_id).exclude(health__in=(Health.DOWN, Health.COOLDOWN))
+    if changed.update(health=Health.DOWN, last_error=message[:2000]):
+        log.warning("server %s is down: %s", server_id, message)
+        announce.dashboard_changed()
+
+
+def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: datetime) -> list[str]:
+    """Correct deployment states from what the server reported when asked at `asked_at`;
+    returns what changed. A deployment whose state changed after the question (a load that
+    finished meanwhile) is left alone: the answer is older than what we know."""
+    now = timezone.now()
+    was_down = Server.objects.filter(pk=server_id, health=Health.DOWN).exists()
+    Server.objects.filter(pk=server_id).exclude(health=Health.COOLDOWN).update(
+        health=Health.UP, last_seen=now, last_error=""
+    )
+    loaded = {m.id for m in listed if m.state == "loaded"}
+    changes = []
+    settled = Deployment.objects.filter(
+        server_id=server_id, state__in=(DS.LOADED, DS.UNLOADED), state_changed_at__lt=asked_at
+    )
+    for d in settled:
+        if d.state == DS.LOADED and d.server_model_id not in loaded and d.in_flight == 0:
+            Deployment.objects.filter(pk=d.pk, state=DS.LOADED, in_flight=0).update(
+                state=DS.UNLOADED, state_changed_at=now, loaded_at=None
+            )
+            changes.append(f"{d.server_model_id} was unloaded outside Switchyard")
+        elif d.state == DS.UNLOADED and d.server_model_id in loaded:
+            Deployment.objects.filter(pk=d.pk, state=DS.UNLOADED).update(
+                state=DS.LOADED, state_changed_at=now, loaded_at=now, last_used_at=now
+            )
+            changes.append(f"{d.server_model_id} was loaded outside Switchyard")
+    if changes or was_down:
+        log.info("status sync of server %s: %s", server_id, "; ".join(changes) or "back up")
+        announce.dashboard_changed()
+    return changes
+
+
+def recheck_deployment(
+    deployment_id: int, listed: list[ServerModel] | None, held_by: int | None = None
+) -> None:
+    """A load or unload that nobody finished (its worker died or it failed halfway): trust
+    what the server says now. Only while it is still under way and held by `held_by` (no
+    worker: an orphan), so that a load another worker started meanwhile is left alone."""
+    d = Deployment.objects.get(pk=deployment_id)
+    is_loaded = listed is not None and any(
+        m.id == d.server_model_id and m.state == "loaded" for m in listed
+    )
+    now = timezone.now()
+    under_way = Deployment.objects.filter(pk=deployment_id, state__in=(DS.LOADING, DS.UNLOADING))
+    if held_by is None:
+        under_way = under_way.filter(worker__isnull=True)
+    else:
+        under_way = under_way.filter(worker_id=held_by)
+    under_way.update(
+        state=DS.LOADED if is_loaded else DS.UNLOADED,
+        state_changed_at=now,
+        worker=None,
+        loaded_at=now if is_loaded else None,
+        load_progress=None,
+    )
+
+
+def all_servers() -> list[Server]:
+    return list(Server.objects.all())
+
+
+def server_by_id(server_id: int) -> Server:
+    return Server.objects.get(pk=server_id)

@@ -1,0 +1,161 @@
+"""Loads and unloads of deployments: claiming one, its progress, its end."""
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from backends.adapters.base import AdapterError, ErrorCode, LoadTarget
+from backends.models import Deployment, DeploymentState, Server
+
+from .. import announce
+from ..retry import backoff_s
+from .knobs import knob
+
+log = logging.getLogger(__name__)
+DS = DeploymentState
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    deployment_id: int
+    server_id: int
+    server_name: str
+    model_name: str
+    worker_id: int
+    target: LoadTarget
+    evict: tuple[tuple[int, str], ...]  # (deployment id, server model id)
+
+
+def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reason: str):
+    now = timezone.now()
+    server_id = Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)
+    with transaction.atomic():
+        # Lock the server row: two workers never start loads on the same server at once.
+        Server.objects.select_for_update().filter(pk=server_id).first()
+        busy = Deployment.objects.filter(
+            server_id=server_id, state__in=(DS.LOADING, DS.UNLOADING)
+        ).exists()
+        if busy:
+            return None
+        claimed = Deployment.objects.filter(
+            pk=deployment_id, state__in=(DS.UNLOADED, DS.FAILED)
+        ).update(
+            state=DS.LOADING,
+            state_changed_at=now,
+            load_started_at=now,
+            load_progress=0.0,
+            worker_id=worker_id,
+            last_used_at=now,
+        )
+        if not claimed:
+            return None
+        for victim in evict:
+            if not Deployment.objects.filter(pk=victim, state=DS.LOADED, in_flight=0).update(
+                state=DS.UNLOADING, state_changed_at=now, worker_id=worker_id
+            ):
+                transaction.set_rollback(True)
+                return None
+        d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
+        victims = tuple(
+            Deployment.objects.filter(pk__in=evict).values_list("pk", "server_model_id")
+        )
+    transaction.on_commit(announce.dashboard_changed)
+    log.info(
+        "loading %s on %s (%s)%s",
+        d.model.name,
+        d.server.name,
+        reason,
+        f", evicting {[v[1] for v in victims]}" if victims else "",
+    )
+    return LoadJob(
+        deployment_id=d.pk,
+        server_id=d.server_id,
+        server_name=d.server.name,
+        model_name=d.model.name,
+        worker_id=worker_id,
+        target=LoadTarget(
+            d.server_model_id,
+            d.model.type,
+            d.effective_load_options(),
+            float(d.model.load_timeout_s),
+        ),
+        evict=victims,
+    )
+
+
+def evicted(deployment_id: int) -> None:
+    Deployment.objects.filter(pk=deployment_id).update(
+        state=DS.UNLOADED,
+        state_changed_at=timezone.now(),
+        worker=None,
+        loaded_at=None,
+        load_progress=None,
+    )
+    announce.dashboard_changed()
+
+
+def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
+    if not Deployment.objects.filter(pk=deployment_id, state=DS.LOADED, in_flight=0).update(
+        state=DS.UNLOADING, state_changed_at=timezone.now(), worker_id=worker_id
+    ):
+        return None
+    d = Deployment.objects.get(pk=deployment_id)
+    return d.server_id, d.server_model_id
+
+
+def set_load_progress(deployment_id: int, fraction: float) -> None:
+    Deployment.objects.filter(pk=deployment_id, state=DS.LOADING).update(load_progress=fraction)
+    announce.dashboard_changed()
+
+
+def load_succeeded(job: LoadJob, seconds: float) -> None:
+    now = timezone.now()
+    d = Deployment.objects.get(pk=job.deployment_id)
+    avg = seconds if d.avg_load_s is None else 0.7 * d.avg_load_s + 0.3 * seconds
+    mine = Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id)
+    mine.update(
+        state=DS.LOADED,
+        state_changed_at=now,
+        loaded_at=now,
+        last_used_at=now,
+        load_progress=1.0,
+        avg_load_s=avg,
+        load_failures=0,
+        next_load_at=None,
+        last_error="",
+        last_error_code="",
+        worker=None,
+    )
+    log.info("loaded %s in %.1f s", d, seconds)
+    announce.dashboard_changed()
+
+
+def load_failed(job: LoadJob, error: AdapterError) -> None:
+    """Back off and retry, or give up: `failed` when attempts are spent or it is not found."""
+    d = Deployment.objects.get(pk=job.deployment_id)
+    failures = d.load_failures + 1
+    permanent = error.code == ErrorCode.NOT_FOUND or failures >= knob("LOAD_ATTEMPTS")
+    delay = backoff_s(failures, knob("RETRY_BASE_S"), knob("RETRY_MAX_S"))
+    Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id).update(
+        state=DS.FAILED if permanent else DS.UNLOADED,
+        state_changed_at=timezone.now(),
+        load_failures=0 if permanent else failures,
+        next_load_at=None if permanent else timezone.now() + timedelta(seconds=delay),
+        last_error=error.message[:2000],
+        last_error_code=error.code
+        if error.code == ErrorCode.NOT_FOUND
+        else ("load_failed" if permanent else error.code),
+        load_progress=None,
+        worker=None,
+    )
+    log.warning(
+        "loading %s failed (%s): %s%s",
+        d,
+        error.code,
+        error.message,
+        "; giving up" if permanent else f"; retrying in {delay:.0f} s",
+    )
+    announce.dashboard_changed()
