@@ -30,3 +30,16 @@ def add_spans(server: str, now: datetime, spans: list[tuple[str, int, int | None
             loaded_at=began + timedelta(seconds=load_s),
             ended_at=began + timedelta(minutes=stay) if stay else None,
         )
+
+
+def serious_accessibility_problems(page: Page) -> list[str]:
+    """What axe-core (the engine browsers' audits use) finds serious or critical on the
+    page as it stands: missing labels and names, contrast, heading order, landmarks..."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    results = Axe().run(page)
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
+        for v in results.response["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]

@@ -14,7 +14,7 @@ from dashboard.history import floor_minute
 from dashboard.models import MinuteStat
 from scheduler.models import Priority
 from tests import factories
-from tests.dashboard.screens import add_spans, screenshot
+from tests.dashboard.screens import add_spans, screenshot, serious_accessibility_problems
 from tests.dashboard.test_browser import sign_in
 
 pytestmark = pytest.mark.browser
@@ -99,6 +99,7 @@ def test_a_request_is_followed_through_its_models_load(live, browser_page):
     expect(page.locator("#answer")).to_contain_text("This answer comes from")
     expect(page.locator("#request-first-eta")).to_contain_text("off by")
     screenshot(page, "request")
+    assert serious_accessibility_problems(page) == []
 
     page.goto(f"{live.url}/")
     expect(page.locator(f'#recent tr[data-request="{second}"] .pill')).to_have_text("completed")

@@ -14,7 +14,7 @@ from dashboard.history import floor_minute
 from dashboard.models import MinuteStat
 from scheduler.models import Priority
 from tests import factories
-from tests.dashboard.screens import add_spans, screenshot
+from tests.dashboard.screens import add_spans, screenshot, serious_accessibility_problems
 from tests.dashboard.test_browser import sign_in
 
 pytestmark = pytest.mark.browser
@@ -84,6 +84,7 @@ def test_charts_timeline_and_classes_render_with_data(with_history, browser_page
     expect(rows.first).to_contain_text("2 min 0 s")  # the class's max wait
     expect(page.locator("#eta-accuracy")).to_contain_text("ETA accuracy (last hour)")
     screenshot(page, "dashboard")
+    assert serious_accessibility_problems(page) == []
 
     page.get_by_label("24 h").check()
     expect(charts).to_have_attribute("data-loaded", "24h")
@@ -106,6 +107,7 @@ def test_the_login_page_says_switchyard(with_history, browser_page):
     expect(page).to_have_title(re.compile("Switchyard"))
     expect(page.locator("#site-name")).to_have_text("Switchyard")
     screenshot(page, "login")
+    assert serious_accessibility_problems(page) == []
 
 
 def test_a_disconnected_dashboard_greys_out_and_says_since_when(with_history, browser_page):

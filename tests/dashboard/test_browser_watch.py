@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 from dashboard.watch_tokens import token_for
 from scheduler.models import Request
 from tests import factories
-from tests.dashboard.screens import screenshot
+from tests.dashboard.screens import screenshot, serious_accessibility_problems
 
 pytestmark = pytest.mark.browser
 
@@ -84,6 +84,7 @@ def test_a_caller_watches_a_streamed_request_on_a_phone(live, browser_page):
     expect(page.locator("#watch-eta")).to_contain_text("estimate")
     assert "a question nobody else may read" not in page.content()
     screenshot(page, "watch-waiting")
+    assert serious_accessibility_problems(page) == []
 
     expect(headline).to_have_text("Place 1 of 1")
     expect(page.locator("#watch-reason")).to_have_text("It waits for a free slot.")
