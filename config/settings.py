@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "backends",
     "scheduler",
@@ -164,8 +165,18 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Switchyard API",
-    "DESCRIPTION": "OpenAI-compatible inference and async jobs in front of local LLM servers.",
+    "DESCRIPTION": "OpenAI-compatible inference and async jobs in front of local LLM servers."
+    " Every error is JSON in the OpenAI shape (the Error schema).",
     "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "scheduler.api.openapi.complete",
+    ],
+    # /api/docs/ serves Swagger UI from the drf-spectacular-sidecar package, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # API keys (docs/operating.md, "API keys and limits"): `required`, or `off` for one person
@@ -175,6 +186,12 @@ if SWITCHYARD_AUTH not in ("required", "off"):
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured(f"SWITCHYARD_AUTH must be required or off, not {SWITCHYARD_AUTH!r}")
+# A bearer token that may read /metrics (a Prometheus scraper); staff sessions may too.
+METRICS_TOKEN = env.str("SWITCHYARD_METRICS_TOKEN", default="")
+
+# Job callbacks (callback_url) go only to these hosts, signed with this secret.
+WEBHOOK_HOSTS = env.list("SWITCHYARD_WEBHOOK_HOSTS", default=[])
+WEBHOOK_SECRET = env.str("SWITCHYARD_WEBHOOK_SECRET", default="")
 
 # Scheduler knobs; the unit is in the name.
 SWITCHYARD = {
@@ -210,6 +227,9 @@ SWITCHYARD = {
     "READ_TIMEOUT_S": env.float("SWITCHYARD_READ_TIMEOUT_S", default=600.0),
     # How long a web process trusts a key it checked: a revoked key stops within it.
     "AUTH_CACHE_S": env.float("SWITCHYARD_AUTH_CACHE_S", default=2.0),
+    "WEBHOOK_ATTEMPTS": env.int("SWITCHYARD_WEBHOOK_ATTEMPTS", default=8),
+    "WEBHOOK_RETRY_MAX_S": env.float("SWITCHYARD_WEBHOOK_RETRY_MAX_S", default=60.0),
+    "WEBHOOK_TIMEOUT_S": env.float("SWITCHYARD_WEBHOOK_TIMEOUT_S", default=10.0),
 }
 
 LOGGING = {

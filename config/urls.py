@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from scheduler import health
 from scheduler.metrics import metrics_view
@@ -11,6 +11,7 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("", include("scheduler.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("metrics", metrics_view, name="metrics"),
     path("", include("access.urls")),
     path("", include("dashboard.urls")),

@@ -155,3 +155,6 @@ class WorkerAdmin(ReadOnlyAdmin):
     @admin.display(description="processing", ordering="n_processing")
     def processing(self, worker: Worker) -> int:
         return worker.n_processing
+
+
+from . import admin_operations  # noqa: E402, F401 (intents and callbacks)

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
+from django.views.decorators.http import require_GET
 
 from .models import Worker
 from .pool_threads import released
@@ -22,6 +23,7 @@ PATHS = ("/healthz", "/readyz")
 CHECK_TIMEOUT_S = 3.0  # a check that hangs (a database that stopped answering) fails
 
 
+@require_GET
 async def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
@@ -59,6 +61,7 @@ async def checked(name: str, check) -> list[str]:
         return [f"{name}: {type(exc).__name__}: {str(exc).strip()[:200]}"]
 
 
+@require_GET
 async def readyz(request: HttpRequest) -> JsonResponse:
     started = time.monotonic()
     results = await asyncio.gather(

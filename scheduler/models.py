@@ -93,6 +93,9 @@ class Request(models.Model):
         related_name="requests",
         db_index=False,
     )
+    callback_url = models.CharField(
+        max_length=2000, blank=True, help_text="POSTed the final state when it ends."
+    )
 
     class Meta:
         ordering = ["priority", "created_at", "id"]
@@ -150,3 +153,135 @@ class Trace(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_state or '·'} → {self.to_state}: {self.reason}"
+
+
+class MetricEvent(models.Model):
+    """A load, a failed load, an eviction or a breaker trip, written by the worker as it
+    happens, for /metrics to count at scrape time (see scheduler.metric_totals)."""
+
+    class Kind(models.TextChoices):
+        LOAD = "load", "Load"
+        LOAD_FAILED = "load_failed", "Failed load"
+        EVICTION = "eviction", "Eviction"
+        BREAKER_TRIP = "breaker_trip", "Breaker trip"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    server = models.CharField(max_length=64)
+    model = models.CharField(max_length=200, blank=True)
+    seconds = models.FloatField(null=True, blank=True, help_text="A load's duration.")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.model}@{self.server}"
+
+    @classmethod
+    def record(cls, kind: str, server: str, model: str = "", seconds: float | None = None):
+        cls.objects.create(kind=kind, server=server, model=model, seconds=seconds)
+
+
+class MetricCarry(models.Model):
+    """What purged rows had added to a counter or histogram: kept so that no counter of
+    /metrics goes down when retention deletes the rows it was counted from."""
+
+    metric = models.CharField(max_length=64)
+    key = models.CharField(max_length=400, help_text="The labels, as text, for uniqueness.")
+    labels = models.JSONField(default=list)
+    count = models.BigIntegerField(default=0)
+    total = models.FloatField(default=0.0)
+    buckets = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["metric", "key"], name="one_carry")]
+
+    def __str__(self) -> str:
+        return f"{self.metric}{{{self.key}}}"
+
+
+class Intent(models.Model):
+    """An operator's wish for a server (load, unload, drain, enable), recorded by the API and
+    carried out by a worker's loop like its own decisions, so the invariants hold for it
+    too: one load at a time per server, and no busy model evicted."""
+
+    class Action(models.TextChoices):
+        LOAD = "load", "Load a model"
+        UNLOAD = "unload", "Unload a model"
+        DRAIN = "drain", "Drain (take no new work)"
+        ENABLE = "enable", "Enable"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    server = models.ForeignKey("backends.Server", on_delete=models.CASCADE, related_name="+")
+    action = models.CharField(max_length=8, choices=Action.choices)
+    deployment = models.ForeignKey(
+        "backends.Deployment", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    options = models.JSONField(default=dict, blank=True, help_text="A load's options.")
+    force = models.BooleanField(default=True, help_text="Unload: wait for a busy model.")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
+    requested_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            models.Index(
+                fields=["created_at", "id"],
+                name="open_intents",
+                condition=models.Q(status__in=["pending", "running"]),
+            )
+        ]
+
+    def __str__(self) -> str:
+        what = f" {self.deployment}" if self.deployment_id else ""
+        return f"{self.action}{what} on {self.server} ({self.status})"
+
+
+class IntentTrace(models.Model):
+    """The append-only story of an intent: each change of its status, and why."""
+
+    intent = models.ForeignKey(Intent, on_delete=models.CASCADE, related_name="traces")
+    at = models.DateTimeField(default=timezone.now)
+    status = models.CharField(max_length=8)
+    reason = models.TextField()
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.reason}"
+
+
+class Callback(models.Model):
+    """The delivery of a job's final state to its `callback_url` (see scheduler.webhooks):
+    stored with the request, sent by a worker once the request ends, retried with backoff."""
+
+    class Status(models.TextChoices):
+        WAITING = "waiting", "Waiting for the request to end"
+        DELIVERED = "delivered", "Delivered"
+        FAILED = "failed", "Failed"
+
+    request = models.OneToOneField(
+        Request, primary_key=True, on_delete=models.CASCADE, related_name="callback"
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.WAITING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_at = models.DateTimeField(
+        null=True, blank=True, help_text="Not tried before this (a backoff, or a claim)."
+    )
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["next_at"], name="callbacks_waiting", condition=models.Q(status="waiting")
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"callback of {self.request_id} ({self.status})"

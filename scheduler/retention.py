@@ -14,8 +14,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import sql
-from .models import TERMINAL_STATES, Request, Trace
+from . import metric_totals, sql
+from .models import TERMINAL_STATES, MetricEvent, Request, Trace
 
 log = logging.getLogger(__name__)
 BATCH = 500  # ids in one IN list, within SQLite's limit on parameters
@@ -53,6 +53,7 @@ def purge_finished(before: datetime, batch: int = BATCH, batches: int | None = N
                 .values_list("id", flat=True)[:batch]
             )
             if ids:
+                metric_totals.carry_purged_requests(ids)  # counters never go down
                 keys = sql.keys(Request, ids)
                 where = f"IN ({sql.marks(len(keys))})"
                 sql.execute(f"DELETE FROM {TRACES} WHERE request_id {where}", keys)
@@ -62,12 +63,22 @@ def purge_finished(before: datetime, batch: int = BATCH, batches: int | None = N
     return purged
 
 
+def purge_events(before: datetime) -> None:
+    """The worker's metric events as old as the purged requests: one batch, carried."""
+    with transaction.atomic():
+        ids = list(MetricEvent.objects.filter(at__lt=before).values_list("pk", flat=True)[:BATCH])
+        if ids:
+            metric_totals.carry_purged_events(ids)
+            MetricEvent.objects.filter(pk__in=ids).delete()
+
+
 def purge_due(batches: int) -> int:
     """The worker's share, now and then: up to `batches` batches by the setting, logged."""
     before = cutoff()
     if before is None:
         return 0
     purged = purge_finished(before, BATCH, batches)
+    purge_events(before)
     if purged:
         log.info(
             "purged %d requests that finished more than %g days ago"

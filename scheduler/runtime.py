@@ -40,12 +40,14 @@ from .decisions import (
     StartLoad,
     Unload,
 )
+from .intents import Intents
 from .models import WAITING_STATES, State
 from .policy import plan
 from .pool_threads import released
 from .snapshot import Snapshot
 from .transitions import Transition
 from .wakeup import Arrival
+from .webhooks import Webhooks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -114,6 +116,7 @@ class Runtime:
         self.passes = 0
         self.quiet_ends = 0
         self.passed = asyncio.Condition()
+        self.intents = Intents(self)  # operators' wishes, carried out after each pass
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -184,6 +187,7 @@ class Runtime:
         side = [
             asyncio.create_task(self.heartbeat(stop), name="heartbeat"),
             asyncio.create_task(self.wake_on(stop), name="stop"),
+            asyncio.create_task(Webhooks(self).run(), name="webhooks"),
         ]
         if settings.IS_POSTGRES:
             side.append(asyncio.create_task(wakeup.listen_postgres(self.news), name="listen"))
@@ -231,6 +235,7 @@ class Runtime:
         where the last pass planned its model's next arrival, if it can (`send_on_arrival`).
         Else it may outrank what that pass planned for the slots that free next: those it
         could outrank wait for the pass that sees it."""
+        self.intents.news(arrived)
         if arrived is not None:
             if self.send_on_arrival(arrived):
                 return
@@ -360,6 +365,7 @@ class Runtime:
         models = {r.model for r in snapshot.requests if r.id not in ended}
         self.waiting = len(snapshot.requests) - len(ended)
         self.waiting_for = {d.server_id for d in snapshot.deployments if d.model in models}
+        await self.intents.after_pass(snapshot)
         return done
 
     def plan_and_write(self, send_now: store.Sending) -> tuple[Snapshot, list[Decision], "Batch"]:
@@ -589,7 +595,7 @@ class Runtime:
                 for left_id, _ in job.evict:
                     await self.recheck(left_id, held_by=job.worker_id)
                 raise
-            await db(store.evicted)(victim_id)
+            await db(store.evicted)(victim_id, to_make_room=True)
 
     async def unload_quietly(self, adapter: Adapter, server_model_id: str) -> None:
         """After a timed-out load, ask the server to drop what it may still be loading."""

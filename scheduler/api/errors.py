@@ -133,7 +133,17 @@ def json_errors(get_response: Callable[[HttpRequest], Awaitable[HttpResponse]]):
     DEBUG says: an unknown path, a body too large, a 405, an unexpected exception."""
 
     async def respond(request: HttpRequest) -> HttpResponse:
+        from .fields import storable  # fields imports this module
+
         try:
+            for name, values in request.GET.lists():
+                if not all(storable(text) for text in (name, *values)):
+                    raise ApiError(
+                        400,
+                        "a query parameter has a NUL character or a lone surrogate",
+                        param=name if storable(name) else None,
+                        code="invalid_value",
+                    )
             response = await get_response(request)
         except Exception as exc:
             return error_for(exc, request).as_json_response()

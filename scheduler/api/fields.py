@@ -64,8 +64,43 @@ TYPES: dict[str, tuple[Any, str]] = {
 AT_LEAST_ONE = ("max_tokens", "max_completion_tokens", "n", "best_of", "dimensions")
 
 
+def storable(text: str) -> bool:
+    """Text the database can keep: no NUL (PostgreSQL's text and jsonb refuse it) and no
+    lone surrogate (JSON's \\ud800 escapes; not encodable as UTF-8)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(body: Any) -> None:
+    """Every key and string in the body storable; walked without recursion (a body may be
+    nested as deep as the parser allows)."""
+    stack = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            strings: Any = (value,)
+        elif isinstance(value, dict):
+            strings = value.keys()
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+            continue
+        else:
+            continue
+        if not all(storable(text) for text in strings):
+            raise invalid_value(
+                None, "text may not contain NUL characters (\\u0000) or lone surrogates"
+            )
+
+
 def check(kind: str, body: dict[str, Any]) -> None:
     """Raise a 400 naming the first field that a server could not take."""
+    check_text(body)
     for name, (ok, what) in TYPES.items():
         if name in body and not ok(body[name]):
             raise invalid_type(name, f"{name} must be {what}")
@@ -103,5 +138,5 @@ def invalid_type(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_type")
 
 
-def invalid_value(param: str, message: str) -> ApiError:
+def invalid_value(param: str | None, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value")

@@ -13,7 +13,7 @@ from access import limits
 from access.models import ApiKey
 from backends.models import Model, ModelType
 
-from .. import sql, wakeup
+from .. import sql, wakeup, webhooks
 from ..models import WAITING_STATES, Priority, Request, RequestKind, State, Trace
 from . import fields
 from .errors import ApiError
@@ -34,12 +34,17 @@ REQUIRED_INPUT = {
 }
 
 
-def resolve(name: str, kind: str) -> Model:
-    """The model called `name` (or that has it among its aliases), if it serves `kind`."""
+def find_model(name: str) -> Model | None:
+    """The model called `name`, or else the one that has it among its aliases."""
     models = list(Model.objects.all())
-    model = next((m for m in models if m.name == name), None) or next(
+    return next((m for m in models if m.name == name), None) or next(
         (m for m in models if name in (m.aliases or [])), None
     )
+
+
+def resolve(name: str, kind: str) -> Model:
+    """The model called `name` (or that has it among its aliases), if it serves `kind`."""
+    model = find_model(name)
     if model is None:
         raise model_not_found(name)
     if model.type not in SERVED_BY[kind]:
@@ -109,6 +114,7 @@ def accept(
     *,
     caller_waits: bool = False,
     api_key: ApiKey | None = None,
+    callback_url: str = "",
 ) -> Request:
     """Validate and store a new request. Raises ApiError (and stores nothing) on bad input.
 
@@ -132,6 +138,7 @@ def accept(
         stream=stream,
         priority=level,
         api_key=api_key,
+        callback_url=callback_url,
         **fields,
     )
     # The model's id is looked up by the insert itself: a round trip less. A name that no
@@ -160,6 +167,8 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool, note:
         inserted = sql.insert(request, found_by)
         if note:  # the key's cap changed its class: its trace says so
             note_in_trace(request, note)
+        if request.callback_url:
+            webhooks.add_callback(request.id)
         arrival = wakeup.Arrival(request.priority, request.id, model)
         wakeup.notify_in_transaction(arrival)
 

@@ -7,7 +7,7 @@ from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,7 +18,7 @@ from access.watch import watch_url
 
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..transitions import move
-from . import intake
+from . import callback_url, callers, intake, listing
 from .errors import ApiError
 from .waiting import Subscription, current, stored, until_finished
 
@@ -27,6 +27,17 @@ class SubmitSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=RequestKind.values, default=RequestKind.CHAT)
     priority = serializers.CharField(required=False, allow_blank=True)
     body = serializers.DictField(help_text="The OpenAI request body, e.g. model and messages.")
+    callback_url = serializers.CharField(
+        required=False,
+        help_text="POSTed the final state, signed, when the request ends. Only hosts in"
+        " SWITCHYARD_WEBHOOK_HOSTS.",
+    )
+
+
+class SubmittedSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.CharField()
+    url = serializers.CharField(help_text="Where to poll it; also in the Location header.")
 
 
 class TraceSerializer(serializers.Serializer):
@@ -85,15 +96,53 @@ def get_request(request_id, api_key: ApiKey | None) -> Request:
     return found
 
 
+class RequestSummary(serializers.Serializer):
+    id = serializers.UUIDField()
+    kind = serializers.CharField()
+    model = serializers.CharField()
+    priority = serializers.CharField()
+    state = serializers.CharField()
+    server = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    error_code = serializers.CharField(allow_null=True)
+    url = serializers.CharField()
+
+
+class RequestPage(serializers.Serializer):
+    object = serializers.CharField(default="list")
+    data = RequestSummary(many=True)
+    has_more = serializers.BooleanField()
+    next_cursor = serializers.CharField(allow_null=True, help_text="Pass as `cursor`.")
+
+
 class RequestList(APIView):
-    @extend_schema(request=SubmitSerializer, responses={202: RequestSerializer})
+    @extend_schema(
+        summary="List your requests, newest first",
+        parameters=[
+            OpenApiParameter("state", str, description="A state, or several separated by commas"),
+            OpenApiParameter("model", str, description="A model name, or several"),
+            OpenApiParameter("priority", str, description="A class, or several"),
+            OpenApiParameter("limit", int, description=f"1 to {listing.MAX_LIMIT} (20)"),
+            OpenApiParameter("cursor", str, description="`next_cursor` of the page before"),
+        ],
+        responses={200: RequestPage},
+    )
+    def get(self, http):
+        api_key = auth.caller(http.headers.get("Authorization"))
+        return Response(listing.page(callers.own_requests(api_key), http.query_params))
+
+    @extend_schema(request=SubmitSerializer, responses={202: SubmittedSerializer})
     def post(self, http):
         api_key = auth.caller(http.headers.get("Authorization"))
         submit = SubmitSerializer(data=http.data)
         submit.is_valid(raise_exception=True)
         data = submit.validated_data
         priority = http.headers.get("X-Priority") or data.get("priority")
-        created = intake.accept(data["kind"], data["body"], priority, api_key=api_key)
+        callback = callback_url.checked(data["callback_url"]) if "callback_url" in data else ""
+        created = intake.accept(
+            data["kind"], data["body"], priority, api_key=api_key, callback_url=callback
+        )
         url = reverse("request-detail", args=[created.pk])
         watch = watch_url(created.pk)
         body = {

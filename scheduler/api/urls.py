@@ -1,10 +1,15 @@
 from django.urls import path
 
-from . import inference, jobs
+from . import inference, jobs, servers
 
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
     path("v1/models", inference.list_models, name="models"),
     path("api/v1/requests", jobs.RequestList.as_view(), name="request-list"),
     path("api/v1/requests/<uuid:request_id>", jobs.request_detail, name="request-detail"),
+    path("api/v1/servers", servers.ServerList.as_view(), name="server-list"),
+    path("api/v1/servers/<slug:name>/load", servers.LoadServer.as_view(), name="server-load"),
+    path("api/v1/servers/<slug:name>/unload", servers.UnloadServer.as_view()),
+    path("api/v1/servers/<slug:name>/drain", servers.DrainServer.as_view()),
+    path("api/v1/servers/<slug:name>/enable", servers.EnableServer.as_view()),
 ]

@@ -10,6 +10,7 @@ from backends.adapters.base import AdapterError, ServerModel
 from backends.models import Deployment, DeploymentState, Health, Server
 
 from .. import announce
+from ..models import MetricEvent
 from .knobs import knob
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ def server_failed(server_id: int, message: str) -> None:
 def open_breaker(server: Server, reason: str) -> None:
     until = timezone.now() + timedelta(seconds=knob("BREAKER_COOLDOWN_S"))
     Server.objects.filter(pk=server.pk).update(health=Health.COOLDOWN, cooldown_until=until)
+    if server.health != Health.COOLDOWN:  # a failed probe in cooldown extends it: no new trip
+        MetricEvent.record(MetricEvent.Kind.BREAKER_TRIP, server.name)
     log.warning("server %s in cooldown until %s: %s", server.name, until.isoformat(), reason)
     announce.dashboard_changed()
 

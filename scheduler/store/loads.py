@@ -11,6 +11,7 @@ from backends.adapters.base import AdapterError, ErrorCode, LoadTarget
 from backends.models import Deployment, DeploymentState, Server
 
 from .. import announce
+from ..models import MetricEvent
 from ..retry import backoff_s
 from .knobs import knob
 
@@ -86,7 +87,10 @@ def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reaso
     )
 
 
-def evicted(deployment_id: int) -> None:
+def evicted(deployment_id: int, to_make_room: bool = False) -> None:
+    if to_make_room:
+        d = Deployment.objects.select_related("server", "model").get(pk=deployment_id)
+        MetricEvent.record(MetricEvent.Kind.EVICTION, d.server.name, d.model.name)
     Deployment.objects.filter(pk=deployment_id).update(
         state=DS.UNLOADED,
         state_changed_at=timezone.now(),
@@ -116,7 +120,7 @@ def load_succeeded(job: LoadJob, seconds: float) -> None:
     d = Deployment.objects.get(pk=job.deployment_id)
     avg = seconds if d.avg_load_s is None else 0.7 * d.avg_load_s + 0.3 * seconds
     mine = Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id)
-    mine.update(
+    loaded = mine.update(
         state=DS.LOADED,
         state_changed_at=now,
         loaded_at=now,
@@ -129,6 +133,8 @@ def load_succeeded(job: LoadJob, seconds: float) -> None:
         last_error_code="",
         worker=None,
     )
+    if loaded:
+        MetricEvent.record(MetricEvent.Kind.LOAD, d.server.name, d.model.name, seconds)
     log.info("loaded %s in %.1f s", d, seconds)
     announce.dashboard_changed()
 
@@ -139,7 +145,8 @@ def load_failed(job: LoadJob, error: AdapterError) -> None:
     failures = d.load_failures + 1
     permanent = error.code == ErrorCode.NOT_FOUND or failures >= knob("LOAD_ATTEMPTS")
     delay = backoff_s(failures, knob("RETRY_BASE_S"), knob("RETRY_MAX_S"))
-    Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id).update(
+    failed = Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id)
+    if failed.update(
         state=DS.FAILED if permanent else DS.UNLOADED,
         state_changed_at=timezone.now(),
         load_failures=0 if permanent else failures,
@@ -150,7 +157,8 @@ def load_failed(job: LoadJob, error: AdapterError) -> None:
         else ("load_failed" if permanent else error.code),
         load_progress=None,
         worker=None,
-    )
+    ):
+        MetricEvent.record(MetricEvent.Kind.LOAD_FAILED, d.server.name, d.model.name)
     log.warning(
         "loading %s failed (%s): %s%s",
         d,

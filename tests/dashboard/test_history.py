@@ -174,7 +174,8 @@ def test_the_class_summary_counts_and_limits():
     assert rows["normal"]["oldest_wait_s"] is None
 
 
-def test_the_eta_accuracy_is_in_metrics(client):
+def test_the_eta_accuracy_is_in_metrics(client, settings):
+    settings.METRICS_TOKEN = "scrape"  # /metrics needs it (or a staff login)
     for given_s, error_s in ((10.0, 1.0), (10.0, 5.0), (0.0, 0.5)):
         EtaCheck.objects.create(
             request_id=uuid.uuid4(),
@@ -188,7 +189,7 @@ def test_the_eta_accuracy_is_in_metrics(client):
             started_at=timezone.now() - timedelta(minutes=5),
             error_s=error_s,
         )
-    text = client.get("/metrics").content.decode()
+    text = client.get("/metrics", headers={"Authorization": "Bearer scrape"}).content.decode()
     assert "switchyard_eta_checked 3.0" in text
     assert "switchyard_eta_within_ratio 0.6666" in text
     assert "switchyard_eta_median_error_seconds 1.0" in text

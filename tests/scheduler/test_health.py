@@ -84,4 +84,5 @@ def test_not_ready_without_a_database_or_a_channel_layer_but_still_alive():
             "database",
         ]
     finally:
-        web.stop()
+        web.proc.kill()  # its pool keeps trying a database that is not there
+        web.output(timeout=30)

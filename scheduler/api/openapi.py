@@ -1,0 +1,350 @@
+"""What drf-spectacular cannot see, added to the schema it generates: the bare-ASGI inference
+endpoints, the plain Django views (`/v1/models`, a job's GET and DELETE, health, metrics),
+the error shape on every operation, and the headers. Kept next to the code it describes;
+tests/scheduler/test_openapi.py checks every URL the app routes is in the schema."""
+
+from typing import Any
+
+ERROR_CODES = {
+    400: "Bad input: the body, a field or a parameter (`param` names it)",
+    401: "No login or token",
+    403: "Not allowed",
+    404: "No such endpoint, request, model, server or deployment",
+    405: "Method not allowed here (see `Allow`)",
+    409: "The state forbids it (already loaded, busy, not cancellable...)",
+    413: "Body over DATA_UPLOAD_MAX_MEMORY_SIZE",
+    415: "Not JSON",
+    429: "Queue full (see `Retry-After`)",
+    500: "A fault in Switchyard; its log tells why",
+    502: "The inference server failed the request",
+    503: "Expired, lost, or no server can serve it now (see `Retry-After`)",
+}
+REF = "#/components/schemas/"
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": REF + name}
+
+
+def json_body(schema: dict, description: str = "") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def errors(*codes: int) -> dict[str, Any]:
+    return {str(c): json_body(ref("Error"), ERROR_CODES[c]) for c in codes}
+
+
+MESSAGE = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {
+            "type": "string",
+            "enum": ["system", "developer", "user", "assistant", "tool", "function"],
+        },
+        "content": {
+            "oneOf": [{"type": "string"}, {"type": "array", "items": {}}],
+            "nullable": True,
+        },
+    },
+}
+SAMPLING = {
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "n": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number"},
+    "top_p": {"type": "number"},
+    "presence_penalty": {"type": "number"},
+    "frequency_penalty": {"type": "number"},
+    "seed": {"type": "integer"},
+    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    "user": {"type": "string"},
+    "priority": {"type": "string", "enum": ["interactive", "high", "normal", "background"]},
+}
+TOKENS = {
+    "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]}},
+    ]
+}
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string", "example": "invalid_request_error"},
+                    "param": {"type": "string", "nullable": True},
+                    "code": {"type": "string", "nullable": True, "example": "model_not_found"},
+                },
+            }
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
+            "stream": {"type": "boolean"},
+            **SAMPLING,
+        },
+        "additionalProperties": True,
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": {"type": "string"},
+            "prompt": TOKENS,
+            "stream": {"type": "boolean"},
+            **SAMPLING,
+        },
+        "additionalProperties": True,
+    },
+    "EmbeddingRequest": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": TOKENS,
+            "dimensions": {"type": "integer", "minimum": 1},
+            "encoding_format": {"type": "string"},
+        },
+        "additionalProperties": True,
+    },
+    "OpenAIResponse": {
+        "type": "object",
+        "description": "The server's answer in OpenAI's shape (chat.completion, text_completion"
+        " or list).",
+        "additionalProperties": True,
+    },
+    "ModelList": {
+        "type": "object",
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"type": "string"},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string"},
+                        "type": {"type": "string", "enum": ["llm", "embedding", "reranking"]},
+                    },
+                },
+            },
+        },
+    },
+    "RequestDetail": {
+        "type": "object",
+        "description": "A request as the jobs API shows it (also a callback's body).",
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "kind": {"type": "string", "enum": ["chat", "completion", "embedding"]},
+            "model": {"type": "string"},
+            "priority": {"type": "string", "enum": ["interactive", "high", "normal", "background"]},
+            "state": {
+                "type": "string",
+                "enum": [
+                    "pending",
+                    "needs_loading",
+                    "ready",
+                    "processing",
+                    "completed",
+                    "failed",
+                    "cancelled",
+                    "expired",
+                ],
+            },
+            "position": {
+                "type": "integer",
+                "nullable": True,
+                "description": "1-based, while waiting",
+            },
+            "server": {"type": "string", "nullable": True},
+            **{
+                name: {"type": "string", "format": "date-time", "nullable": True}
+                for name in (
+                    "created_at",
+                    "routed_at",
+                    "ready_at",
+                    "started_at",
+                    "finished_at",
+                    "expires_at",
+                )
+            },
+            "attempts": {"type": "integer"},
+            "error": {"type": "string"},
+            "error_code": {"type": "string"},
+            "result": {"type": "object", "nullable": True, "additionalProperties": True},
+            "trace": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "at": {"type": "string", "format": "date-time"},
+                        "from_state": {"type": "string"},
+                        "to_state": {"type": "string"},
+                        "server": {"type": "string"},
+                        "reason": {"type": "string"},
+                    },
+                },
+            },
+        },
+    },
+    "Health": {
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "enum": ["ok", "ready", "unavailable"]},
+            "failures": {"type": "array", "items": {"type": "string"}},
+            "checked_in_s": {"type": "number"},
+        },
+    },
+}
+PRIORITY_HEADER = {
+    "name": "X-Priority",
+    "in": "header",
+    "required": False,
+    "description": "The class: interactive, high, normal (the default) or background.",
+    "schema": {"type": "string"},
+}
+REQUEST_ID = {
+    "X-Request-Id": {
+        "schema": {"type": "string", "format": "uuid"},
+        "description": "The request's id",
+    }
+}
+JOB_ID = {
+    "name": "request_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "format": "uuid"},
+}
+
+
+def inference(summary: str, body: str, streams: bool) -> dict[str, Any]:
+    ok = json_body(
+        ref("OpenAIResponse"), "The answer" + (", or with `stream` SSE events" if streams else "")
+    )
+    ok["headers"] = REQUEST_ID
+    if streams:
+        ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+    return {
+        "post": {
+            "operationId": summary.lower().replace(" ", "_"),
+            "summary": summary,
+            "tags": ["inference"],
+            "parameters": [PRIORITY_HEADER],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ref(body)}},
+            },
+            "responses": {"200": ok, **errors(400, 404, 405, 409, 413, 429, 500, 502, 503)},
+        }
+    }
+
+
+def paths() -> dict[str, Any]:
+    return {
+        "/v1/chat/completions": inference("Chat completion", "ChatCompletionRequest", True),
+        "/v1/completions": inference("Completion", "CompletionRequest", True),
+        "/v1/embeddings": inference("Embeddings", "EmbeddingRequest", False),
+        "/v1/models": {
+            "get": {
+                "operationId": "models_list",
+                "summary": "Every model by name and alias",
+                "tags": ["inference"],
+                "responses": {"200": json_body(ref("ModelList")), **errors(405)},
+            }
+        },
+        "/api/v1/requests/{request_id}": {
+            "get": {
+                "operationId": "request_retrieve",
+                "summary": "A request's state, place in line, trace and result",
+                "tags": ["jobs"],
+                "parameters": [
+                    JOB_ID,
+                    {
+                        "name": "wait_s",
+                        "in": "query",
+                        "required": False,
+                        "description": "Wait up to this many seconds (at most 300) for its end.",
+                        "schema": {"type": "number", "minimum": 0, "maximum": 300},
+                    },
+                ],
+                "responses": {"200": json_body(ref("RequestDetail")), **errors(400, 404, 405, 503)},
+            },
+            "delete": {
+                "operationId": "request_cancel",
+                "summary": "Cancel a request that is not yet processing",
+                "tags": ["jobs"],
+                "parameters": [JOB_ID],
+                "responses": {"200": json_body(ref("RequestDetail")), **errors(404, 405, 409)},
+            },
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Liveness: 200 while the process serves",
+                "tags": ["operations"],
+                "responses": {"200": json_body(ref("Health")), **errors(405)},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Readiness: database, channel layer, a live worker",
+                "tags": ["operations"],
+                "responses": {
+                    "200": json_body(ref("Health")),
+                    "503": json_body(ref("Health"), "What failed"),
+                    **errors(405),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (staff login or SWITCHYARD_METRICS_TOKEN)",
+                "tags": ["operations"],
+                "security": [{"metricsToken": []}, {"staffSession": []}],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **errors(401),
+                },
+            }
+        },
+    }
+
+
+def complete(result: dict[str, Any], generator, request, public: bool) -> dict[str, Any]:
+    """drf-spectacular's postprocessing hook: add what it cannot see, and the error shape,
+    security and headers on what it generated."""
+    components = result.setdefault("components", {})
+    components.setdefault("schemas", {}).update(SCHEMAS)
+    schemes = components.setdefault("securitySchemes", {})
+    schemes["staffSession"] = {"type": "apiKey", "in": "cookie", "name": "sessionid"}
+    schemes["metricsToken"] = {"type": "http", "scheme": "bearer"}
+    for path, item in result["paths"].items():
+        for method, operation in item.items():
+            responses = operation["responses"]
+            for status, response in list(responses.items()):
+                if int(status) >= 400:
+                    responses[status] = json_body(ref("Error"), response.get("description", ""))
+            responses.update({k: v for k, v in errors(400, 405, 500).items() if k not in responses})
+            if path == "/api/v1/requests" and method == "post":
+                operation.setdefault("parameters", []).append(PRIORITY_HEADER)
+                responses["202"]["headers"] = {"Location": {"schema": {"type": "string"}}}
+                responses.update(errors(404, 413, 415, 429))
+    result["paths"].update(paths())
+    return result

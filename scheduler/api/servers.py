@@ -1,0 +1,331 @@
+"""The operator API: the servers as the scheduler sees them, and intents for them.
+
+`GET /api/v1/servers` lists each server with its health, slots in use and deployments.
+`POST /api/v1/servers/{name}/load|unload|drain|enable` records an intent: a worker's loop
+carries it out like its own decisions (see scheduler.intents), never around them. The
+answer is 202 with the intent; the server's listing shows how it went."""
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request as DrfRequest
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from backends.models import Deployment, DeploymentState, Server
+
+from .. import wakeup
+from ..models import Intent, IntentTrace, Request, State
+from .callers import StaffSession, operator_of
+from .errors import ApiError
+from .intake import find_model
+
+DS = DeploymentState
+
+
+class DeploymentOut(serializers.Serializer):
+    model = serializers.CharField()
+    state = serializers.CharField()
+    load_progress = serializers.FloatField(allow_null=True)
+    loaded_at = serializers.DateTimeField(allow_null=True)
+    last_used_at = serializers.DateTimeField(allow_null=True)
+    in_flight = serializers.IntegerField()
+    pinned = serializers.BooleanField()
+    last_error = serializers.CharField()
+
+
+class IntentTraceOut(serializers.Serializer):
+    at = serializers.DateTimeField()
+    status = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class IntentOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    action = serializers.CharField()
+    server = serializers.CharField()
+    model = serializers.CharField(allow_null=True)
+    options = serializers.DictField()
+    force = serializers.BooleanField()
+    status = serializers.CharField()
+    requested_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField()
+    trace = IntentTraceOut(many=True)
+
+
+class ServerOut(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.CharField()
+    enabled = serializers.BooleanField()
+    health = serializers.CharField()
+    slots = serializers.IntegerField()
+    slots_in_use = serializers.IntegerField()
+    requests_in_flight = serializers.IntegerField()
+    last_seen = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField()
+    cooldown_until = serializers.DateTimeField(allow_null=True)
+    deployments = DeploymentOut(many=True)
+    intents = IntentOut(many=True, help_text="Intents not yet finished, oldest first.")
+
+
+class ServerListOut(serializers.Serializer):
+    object = serializers.CharField(default="list")
+    data = ServerOut(many=True)
+
+
+class LoadIn(serializers.Serializer):
+    model = serializers.CharField(help_text="The model's name or alias.")
+    options = serializers.DictField(
+        required=False, help_text="Load options, kept as the deployment's own."
+    )
+
+
+class UnloadIn(serializers.Serializer):
+    model = serializers.CharField(help_text="The model's name or alias.")
+    force = serializers.BooleanField(
+        default=True,
+        help_text="True: a busy model is unloaded once its requests finish. False: 409.",
+    )
+
+
+def intent_body(intent: Intent) -> dict[str, Any]:
+    return {
+        "id": intent.pk,
+        "action": intent.action,
+        "server": intent.server.name,
+        "model": intent.deployment.model.name if intent.deployment_id else None,
+        "options": intent.options,
+        "force": intent.force,
+        "status": intent.status,
+        "requested_by": intent.requested_by,
+        "created_at": intent.created_at,
+        "finished_at": intent.finished_at,
+        "outcome": intent.outcome,
+        "trace": [
+            {"at": t.at, "status": t.status, "reason": t.reason} for t in intent.traces.all()
+        ],
+    }
+
+
+def servers_body() -> dict[str, Any]:
+    servers = list(Server.objects.order_by("name"))
+    busy = dict(
+        Request.objects.filter(state=State.PROCESSING)
+        .values_list("server_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    deployments: dict[int, list[dict]] = {}
+    for d in Deployment.objects.select_related("model").order_by("model__name"):
+        deployments.setdefault(d.server_id, []).append(
+            {
+                "model": d.model.name,
+                "state": d.state,
+                "load_progress": d.load_progress,
+                "loaded_at": d.loaded_at,
+                "last_used_at": d.last_used_at,
+                "in_flight": d.in_flight,
+                "pinned": d.pinned,
+                "last_error": d.last_error,
+            }
+        )
+    intents: dict[int, list[dict]] = {}
+    open_intents = (
+        Intent.objects.filter(status__in=(Intent.Status.PENDING, Intent.Status.RUNNING))
+        .select_related("server", "deployment__model")
+        .prefetch_related("traces")
+    )
+    for intent in open_intents:
+        intents.setdefault(intent.server_id, []).append(intent_body(intent))
+    data = []
+    for s in servers:
+        in_flight = busy.get(s.pk, 0)
+        data.append(
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "enabled": s.enabled,
+                "health": s.health,
+                "slots": s.slots,
+                "slots_in_use": min(in_flight, s.slots),
+                "requests_in_flight": in_flight,
+                "last_seen": s.last_seen,
+                "last_error": s.last_error,
+                "cooldown_until": s.cooldown_until,
+                "deployments": deployments.get(s.pk, []),
+                "intents": intents.get(s.pk, []),
+            }
+        )
+    return {"object": "list", "data": data}
+
+
+class ServerList(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="List servers (operators)",
+        responses={200: ServerListOut, 401: OpenApiResponse(description="No staff login")},
+    )
+    def get(self, request: DrfRequest) -> Response:
+        operator_of(request)
+        return Response(servers_body())
+
+
+def server_named(name: str) -> Server:
+    found = Server.objects.filter(name=name).first()
+    if found is None:
+        raise ApiError(404, f"No server named {name!r}.", param="name", code="server_not_found")
+    return found
+
+
+def deployment_of(server: Server, name: str) -> Deployment:
+    model = find_model(name)
+    found = model and Deployment.objects.filter(server=server, model=model).first()
+    if not found:
+        raise ApiError(
+            404,
+            f"Server {server.name} has no deployment of a model {name!r}.",
+            param="model",
+            code="model_not_deployed",
+        )
+    return found
+
+
+def valid(serializer_class, data) -> dict[str, Any]:
+    checked = serializer_class(data=data)
+    checked.is_valid(raise_exception=True)
+    return checked.validated_data
+
+
+def record(server: Server, action: str, by: str, deployment=None, **fields) -> Intent:
+    """Store the intent with its first trace row, and wake the workers on commit."""
+    with transaction.atomic():
+        intent = Intent.objects.create(
+            server=server, action=action, deployment=deployment, requested_by=by, **fields
+        )
+        IntentTrace.objects.create(
+            intent=intent, status=intent.status, reason=f"asked by {by} through the API"
+        )
+        wakeup.notify_in_transaction()
+        transaction.on_commit(wakeup.wake_local)
+    return intent
+
+
+def conflict(message: str, code: str) -> ApiError:
+    return ApiError(409, message, code=code)
+
+
+def asked_load(server: Server, data: dict, by: str) -> Intent:
+    d = deployment_of(server, data["model"])
+    if d.state in (DS.LOADED, DS.LOADING):
+        raise conflict(f"{d} is already {d.state}.", f"already_{d.state}")
+    return record(server, Intent.Action.LOAD, by, d, options=data.get("options") or {})
+
+
+def asked_unload(server: Server, data: dict, by: str) -> Intent:
+    d = deployment_of(server, data["model"])
+    if d.state != DS.LOADED:
+        raise ApiError(
+            404 if d.state in (DS.UNLOADED, DS.FAILED) else 409,
+            f"{d} is {d.state}, not loaded.",
+            param="model",
+            code="model_not_loaded" if d.state in (DS.UNLOADED, DS.FAILED) else f"model_{d.state}",
+        )
+    if d.in_flight and not data["force"]:
+        raise conflict(
+            f"{d} is serving {d.in_flight} request(s); send force true to unload it once"
+            " they finish.",
+            "model_busy",
+        )
+    return record(server, Intent.Action.UNLOAD, by, d, force=data["force"])
+
+
+ERRORS = {
+    401: OpenApiResponse(description="No staff login (or operator key)"),
+    403: OpenApiResponse(description="Not an operator, or a session's CSRF token missing"),
+    404: OpenApiResponse(description="No such server or deployment, or the model not loaded"),
+}
+
+
+class ServerAction(APIView):
+    """One of the four intents; `action` and `shape` are set by each subclass."""
+
+    authentication_classes = [StaffSession]
+    action = ""
+    shape: type[serializers.Serializer] | None = None
+
+    def ask(self, server: Server, data: dict, by: str) -> Intent:
+        return record(server, self.action, by)
+
+    def post(self, request: DrfRequest, name: str) -> Response:
+        caller = operator_of(request)
+        data = valid(self.shape, request.data) if self.shape else {}
+        intent = self.ask(server_named(name), data, caller.name)
+        intent = (
+            Intent.objects.select_related("server", "deployment__model")
+            .prefetch_related("traces")
+            .get(pk=intent.pk)
+        )
+        return Response(
+            intent_body(intent), status=202, headers={"Location": reverse("server-list")}
+        )
+
+
+class LoadServer(ServerAction):
+    action, shape = Intent.Action.LOAD, LoadIn
+
+    def ask(self, server: Server, data: dict, by: str) -> Intent:
+        return asked_load(server, data, by)
+
+    @extend_schema(
+        summary="Load a model on a server (operators)",
+        request=LoadIn,
+        responses={202: IntentOut, **ERRORS, 409: OpenApiResponse(description="Loaded or loading")},
+    )
+    def post(self, request: DrfRequest, name: str) -> Response:
+        return super().post(request, name)
+
+
+class UnloadServer(ServerAction):
+    action, shape = Intent.Action.UNLOAD, UnloadIn
+
+    def ask(self, server: Server, data: dict, by: str) -> Intent:
+        return asked_unload(server, data, by)
+
+    @extend_schema(
+        summary="Unload a model from a server (operators)",
+        request=UnloadIn,
+        responses={202: IntentOut, **ERRORS, 409: OpenApiResponse(description="Busy, force false")},
+    )
+    def post(self, request: DrfRequest, name: str) -> Response:
+        return super().post(request, name)
+
+
+class DrainServer(ServerAction):
+    action = Intent.Action.DRAIN
+
+    @extend_schema(
+        summary="Drain a server: no new work; what runs there finishes (operators)",
+        request=None,
+        responses={202: IntentOut, **ERRORS},
+    )
+    def post(self, request: DrfRequest, name: str) -> Response:
+        return super().post(request, name)
+
+
+class EnableServer(ServerAction):
+    action = Intent.Action.ENABLE
+
+    @extend_schema(
+        summary="Enable a server again (operators)",
+        request=None,
+        responses={202: IntentOut, **ERRORS},
+    )
+    def post(self, request: DrfRequest, name: str) -> Response:
+        return super().post(request, name)

@@ -1,0 +1,166 @@
+"""The operator API: who may call it, what it refuses, and intents carried out by a live
+process's worker."""
+
+import os
+import time
+
+import httpx
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest
+from django.middleware.csrf import get_token
+from django.test import Client
+
+from backends.models import Deployment, Server
+from scheduler.models import Callback, Intent
+from tests import factories
+from tests.conftest import database_url
+from tests.scheduler.test_health import web_only
+from tests.support.admin_pages import assert_renders_with_each_filter
+from tests.support.manage_process import ManageProcess
+
+pytestmark = pytest.mark.usefixtures("fast_passwords")
+
+
+def login(staff: bool = True) -> dict[str, str]:
+    """A session's cookies and its CSRF header, as a browser logged in would send them."""
+    user = get_user_model().objects.create_user(
+        "ops" if staff else "app", password="x" * 12, is_staff=staff
+    )
+    client = Client()
+    client.force_login(user)
+    http = HttpRequest()
+    token = get_token(http)
+    return {
+        "Cookie": f"sessionid={client.cookies['sessionid'].value};"
+        f" csrftoken={http.META['CSRF_COOKIE']}",
+        "X-CSRFToken": token,
+    }
+
+
+@pytest.mark.django_db
+def test_refusals(client):
+    srv = factories.server("gpu-1")
+    factories.deployment(srv, "a", state="loaded", in_flight=1)
+    factories.deployment(srv, "b")
+    assert client.get("/api/v1/servers").status_code == 401
+    users = get_user_model()
+    client.force_login(users.objects.create_user("app", password="x" * 12))
+    r = client.get("/api/v1/servers")
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "permission_denied")
+    client.force_login(users.objects.create_user("ops", password="x" * 12, is_staff=True))
+
+    def post(path, body=None):
+        r = client.post(path, body or {}, content_type="application/json")
+        return r.status_code, r.json()["error"]["code"]
+
+    assert post("/api/v1/servers/nope/drain") == (404, "server_not_found")
+    assert post("/api/v1/servers/gpu-1/load", {"model": "zzz"}) == (404, "model_not_deployed")
+    assert post("/api/v1/servers/gpu-1/load", {"model": "a"}) == (409, "already_loaded")
+    assert post("/api/v1/servers/gpu-1/load", {}) == (400, "invalid")
+    assert post("/api/v1/servers/gpu-1/unload", {"model": "b"}) == (404, "model_not_loaded")
+    assert post("/api/v1/servers/gpu-1/unload", {"model": "a", "force": False}) == (
+        409,
+        "model_busy",
+    )
+    assert Intent.objects.count() == 0
+    # force (the default): recorded, to run once its request finishes.
+    r = client.post("/api/v1/servers/gpu-1/unload", {"model": "a"}, content_type="application/json")
+    assert r.status_code == 202
+    assert r.json()["status"] == "pending"
+    assert r.json()["trace"][0]["reason"] == "asked by user ops through the API"
+    listed = client.get("/api/v1/servers").json()["data"][0]
+    assert listed["intents"][0]["id"] == r.json()["id"]
+    assert [(d["model"], d["state"], d["in_flight"]) for d in listed["deployments"]] == [
+        ("a", "loaded", 1),
+        ("b", "unloaded", 0),
+    ]
+
+
+def until_done(live, headers, intent_id: int) -> dict:
+    """Re-read the servers until the intent is finished (each read a real round trip)."""
+    for _ in range(2000):
+        servers = httpx.get(f"{live.url}/api/v1/servers", headers=headers).json()["data"]
+        if not any(i["id"] == intent_id for s in servers for i in s["intents"]):
+            return Intent.objects.get(pk=intent_id)
+    raise AssertionError("the intent never finished")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_intents_run_through_the_scheduler(served):
+    srv = factories.server("sim", slots=1, max_llm=1)
+    factories.deployment(srv, "a")
+    factories.deployment(srv, "b")
+    live = served()
+    headers = login()
+
+    def ask(action: str, body: dict | None = None) -> httpx.Response:
+        url = f"{live.url}/api/v1/servers/sim/{action}"
+        return httpx.post(url, json=body or {}, headers=headers)
+
+    no_csrf = {"Cookie": headers["Cookie"]}
+    refused = httpx.post(f"{live.url}/api/v1/servers/sim/drain", headers=no_csrf)
+    assert refused.status_code == 403 and "CSRF" in refused.json()["error"]["message"]
+
+    r = ask("load", {"model": "a", "options": {"load_seconds": 0.01}})
+    assert r.status_code == 202, r.text
+    done = until_done(live, headers, r.json()["id"])
+    assert done.status == "done", done.outcome
+    assert [t.status for t in done.traces.all()] == ["pending", "running", "done"]
+    a = Deployment.objects.get(model__name="a")
+    assert a.state == "loaded" and a.load_options["load_seconds"] == 0.01
+
+    assert ask("load", {"model": "a"}).json()["error"]["code"] == "already_loaded"
+    done = until_done(live, headers, ask("load", {"model": "b"}).json()["id"])
+    assert [t.reason for t in done.traces.all()][1] == "load started, evicting a"
+    states = dict(Deployment.objects.values_list("model__name", "state"))
+    assert states == {"a": "unloaded", "b": "loaded"}
+
+    done = until_done(live, headers, ask("unload", {"model": "b"}).json()["id"])
+    assert done.status == "done"
+    assert Deployment.objects.get(model__name="b").state == "unloaded"
+
+    until_done(live, headers, ask("drain").json()["id"])
+    assert not Server.objects.get().enabled
+    until_done(live, headers, ask("enable").json()["id"])
+    assert Server.objects.get().enabled
+
+
+@pytest.mark.django_db
+def test_intents_and_callbacks_in_the_admin(admin_client):
+    srv = factories.server("gpu-1")
+    d = factories.deployment(srv, "a")
+    intent = Intent.objects.create(server=srv, action="load", deployment=d, requested_by="ops")
+    intent.traces.create(status="pending", reason="asked by ops through the API")
+    request = factories.request("a")
+    Callback.objects.create(request=request, last_error="HTTP 500")
+    for changelist, filters in [
+        ("/admin/scheduler/intent/", ["status=pending", "action=load"]),
+        ("/admin/scheduler/callback/", ["status=waiting"]),
+    ]:
+        assert_renders_with_each_filter(admin_client, changelist, filters)
+    page = admin_client.get(f"/admin/scheduler/intent/{intent.pk}/change/").content.decode()
+    assert "asked by ops through the API" in page
+
+
+@pytest.mark.skipif(not settings.IS_POSTGRES, reason="a wake-up across processes is a NOTIFY")
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_in_another_process_carries_out_an_intent_at_once():
+    """The web process's NOTIFY wakes the worker: no wait for its poll (60 s here)."""
+    srv = factories.server("sim", slots=1)
+    factories.deployment(srv, "a")
+    web = web_only()
+    env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_POLL_INTERVAL_S": "60"}
+    worker = ManageProcess(["run_scheduler"], env, lambda line: " started" in line)
+    try:
+        headers = login()
+        started = time.monotonic()
+        r = httpx.post(f"{web.url}/api/v1/servers/sim/load", json={"model": "a"}, headers=headers)
+        done = until_done(web, headers, r.json()["id"])
+        assert done.status == "done", done.outcome
+        assert time.monotonic() - started < 30
+    finally:
+        web.stop()
+        worker.proc.terminate()
+        worker.output(timeout=30)
