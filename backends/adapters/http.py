@@ -221,6 +221,7 @@ class HttpAdapter(Adapter):
 
     inference_paths = OPENAI_PATHS
     poll_interval_s = 0.5  # between looks at a server that changes state in the background
+    first_poll_s = 0.01  # the first wait between looks; doubles up to poll_interval_s
 
     def __init__(
         self,
@@ -410,9 +411,14 @@ class HttpAdapter(Adapter):
     async def wait_until(
         self, check: Callable[[], Awaitable[bool]], what: str, timeout_s: float
     ) -> None:
-        """Poll a server that finishes an operation after answering (unloads, wake-ups)."""
+        """Poll a server that finishes an operation after answering (unloads, wake-ups):
+        the first look at once, then backing off from `first_poll_s`, doubling up to
+        `poll_interval_s`, so an operation the server finishes in milliseconds costs
+        milliseconds, and a slow one costs a look every `poll_interval_s`."""
         deadline = time.monotonic() + timeout_s
+        delay = min(self.first_poll_s, self.poll_interval_s)
         while not await check():
             if time.monotonic() >= deadline:
                 raise AdapterError(ErrorCode.SERVER_ERROR, f"gave up waiting: {what}")
-            await asyncio.sleep(self.poll_interval_s)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.poll_interval_s)

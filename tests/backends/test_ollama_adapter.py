@@ -1,5 +1,6 @@
 """Ollama adapter against a replay of Ollama's native API (§3): NDJSON in, OpenAI out."""
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -115,6 +116,23 @@ async def test_unload_waits_until_the_model_leaves_ps(server, adapter):
     await adapter.unload("llama3.2")
     assert server.body_of("POST", "/api/generate") == {"model": "llama3.2", "keep_alive": 0}
     assert server.calls().count(("GET", "/api/ps")) == 3
+
+
+async def test_unload_follows_the_server_at_once_then_backs_off(server, adapter):
+    """Ollama unloads in milliseconds: the first look at /api/ps follows the unload at once
+    and the next ones back off from 10 ms, so three looks cost tens of milliseconds. Breaks
+    if the adapter waited its full poll interval (0.5 s) between looks (at least 1 s here)."""
+    adapter.poll_interval_s = 0.5  # the production interval, not the tests' 0
+    server.on(
+        "POST",
+        "/api/generate",
+        Reply(200, {"model": "llama3.2", "response": "", "done": True, "done_reason": "unload"}),
+    )
+    server.on("GET", "/api/ps", Reply(200, PS_LLAMA), Reply(200, PS_LLAMA), Reply(200, PS_NONE))
+    started = time.monotonic()
+    await adapter.unload("llama3.2")
+    assert server.calls().count(("GET", "/api/ps")) == 3
+    assert time.monotonic() - started < 0.9
 
 
 async def test_chat_is_translated_both_ways(server, adapter):
