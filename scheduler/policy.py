@@ -30,6 +30,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from uuid import UUID
 
+from . import holding
 from .decisions import (
     Decision,
     Defer,
@@ -46,7 +47,7 @@ from .decisions import (
     Unload,
 )
 from .eviction import NoRoom, evictions_for, keep_value
-from .snapshot import DeploymentView, RequestView, ServerView, Snapshot
+from .snapshot import DeploymentView, RequestView, Snapshot
 
 INTERACTIVE, HIGH, NORMAL, BACKGROUND = 0, 1, 2, 3
 Wakes = list[tuple[datetime, str]]
@@ -80,6 +81,8 @@ class _Pass:
         self.held_back: dict[str, tuple[int, Fail | None]] = {}
         self.deployed = {d.model for d in snapshot.deployments}
         self.requests: dict[UUID, RequestView] = {}
+        self.batches: dict[str, list[RequestView]] = {}
+        self.batch_key: dict[str, tuple] = {}
         # Counts of routed requests, kept in step by `track`: a pass with thousands waiting
         # must not rescan them for every routing choice.
         self.waiters: dict[int, set[UUID]] = defaultdict(set)  # deployment → routed here
@@ -318,10 +321,7 @@ class _Pass:
                 if isinstance(outcome, NoRoom):
                     reasons.append(outcome)
                     continue
-                cost = sum(
-                    keep_value(self.deployments[e], self.now, self.config.default_load_s)
-                    for e in outcome
-                )
+                cost = sum(self.victim_cost(self.deployments[e]) for e in outcome)
                 waiting = self.routed[d.server_id]
                 spare = self.spare_after(d, outcome)
                 options.append(((len(outcome), cost, waiting, spare, d.id), d, outcome))
@@ -343,6 +343,18 @@ class _Pass:
             code = codes.pop() if len(codes) == 1 else "model_unavailable"
             self.fail(r, code, "; ".join(dict.fromkeys(n.reason for n in reasons)))
         return False
+
+    def victim_cost(self, victim: DeploymentView) -> float:
+        """`keep_value` weighted by the class of the victim's interactive or last user: an
+        idle model interactive work uses is dearer to evict than one background work used."""
+        recent = (
+            victim.last_interactive_at is not None
+            and victim.last_interactive_at + timedelta(seconds=self.config.activity_window_s)
+            > self.now
+        )
+        users = INTERACTIVE if recent else victim.last_priority
+        weight = holding.class_weight(users if users is not None else BACKGROUND)
+        return weight * keep_value(victim, self.now, self.config.default_load_s)
 
     def spare_after(self, d: DeploymentView, evict: tuple[int, ...]) -> float:
         """Memory left on the server once `d` is in (best fit keeps big servers for big
@@ -370,7 +382,17 @@ class _Pass:
         server = self.servers[d.server_id]
         resident = self.on_server(d.server_id)
         if free_only:
-            return evictions_for(d, server, resident, self.now, lambda _: False)
+            # A parallel load evicts only what the queue it drains is worth more than.
+            busy = self.least_busy(self.candidates(r.model, "loaded"))
+            queue = self.waiting_on(busy.id) if busy is not None else []
+            return evictions_for(
+                d,
+                server,
+                resident,
+                self.now,
+                lambda victim: self.may_evict_for_queue(victim, queue, d),
+                self.config.default_load_s,
+            )
         if d.load_failures and d.last_error_code != "not_found":
             # The last load failed (often out of memory): clear the server and try again.
             outcome = evictions_for(d, server, resident, self.now, lambda _: True)
@@ -387,49 +409,112 @@ class _Pass:
             server,
             resident,
             self.now,
-            lambda victim: self.may_evict(victim, r, server, wakes),
+            lambda victim: self.may_evict(victim, r, d, wakes),
             self.config.default_load_s,
         )
 
     def may_evict(
-        self, victim: DeploymentView, r: RequestView, server: ServerView, wakes: Wakes
+        self, victim: DeploymentView, r: RequestView, target: DeploymentView, wakes: Wakes
     ) -> bool:
-        """The anti-thrash rules, in order: switch batching, collation, minimum residency,
-        warm window, activity window. Each holds `r` back unless it outranks the victim's
-        users (switch batching only until `r` has aged)."""
+        """May `r`'s load of `target` evict the idle `victim`? The rules, in order: no wasted
+        load, priced collation, minimum residency, the priced hold (see `holding.py`)."""
+        server = self.servers[target.server_id]
         mine = self.effective(r)
-        # Switch batching: with a choice of servers, normal and background work evicts only
-        # once it has waited one aging step, so a switch serves a batch, not one request.
-        if r.priority >= NORMAL and mine == r.priority and self.has_choice(r.model):
-            aged_at = r.created_at + timedelta(seconds=self.config.aging_step_s)
-            self.wake_at(aged_at, f"{r.model} requests waited a step", wakes)
+        theirs = self.waiting_on(victim.id)
+        # No wasted load: the requests that waited for the victim's load go first.
+        if victim.loaded_at and any(w.created_at <= victim.loaded_at for w in theirs):
             return False
-        theirs = [self.effective(w) for w in self.waiting_on(victim.id)]
-        # Collation: finish the loaded model's queue unless this request outranks all of it.
-        if theirs and mine >= min(theirs):
+        batch = self.batch_of(r.model)
+        if theirs and not holding.outranks(
+            [self.effective(b) for b in batch],
+            [self.effective(w) for w in theirs],
+            self.load_s(target),
+            self.load_s(victim),
+            server.slots,
+            self.config,
+        ):
             return False
         if victim.loaded_at:
             resident_until = victim.loaded_at + timedelta(seconds=self.config.min_residency_s)
-            users = theirs or ([victim.last_priority] if victim.last_priority is not None else [])
+            users = [self.effective(w) for w in theirs] or (
+                [victim.last_priority] if victim.last_priority is not None else []
+            )
             if resident_until > self.now and users and mine >= min(users):
                 self.wake_at(resident_until, f"{victim.model} minimum residency ends", wakes)
                 return False
-        if mine >= NORMAL and victim.last_interactive_at:
-            warm_until = victim.last_interactive_at + timedelta(seconds=self.config.warm_window_s)
-            if warm_until > self.now:
-                self.wake_at(warm_until, f"{victim.model} warm window ends", wakes)
-                return False
-        if mine >= BACKGROUND:
-            last = max(
-                (d.last_interactive_at for d in self.on_server(server.id) if d.last_interactive_at),
-                default=None,
-            )
-            if last:
-                active_until = last + timedelta(seconds=self.config.activity_window_s)
-                if active_until > self.now:
-                    self.wake_at(active_until, f"interactive activity on {server.name}", wakes)
-                    return False
-        return True
+        protected, protected_until = holding.protected_weight(
+            mine,
+            victim.last_interactive_at,
+            self.last_interactive_on(server.id),
+            self.now,
+            self.config,
+        )
+        free_slot = self.in_flight[server.id] < server.slots
+        batching = not free_slot and self.has_choice(r.model)
+        save = holding.hold_saving(
+            self.load_s(victim), protected, self.load_s(target) if batching else 0.0, mine
+        )
+        release = holding.release_at(
+            save,
+            [(self.effective(b), b.created_at) for b in batch],
+            self.now,
+            None if batching else protected_until,
+        )
+        if release is None:
+            return True
+        self.wake_at(release, f"held: switch on {server.name} for {r.model}", wakes)
+        return False
+
+    def may_evict_for_queue(
+        self, victim: DeploymentView, queue: list[RequestView], target: DeploymentView
+    ) -> bool:
+        """A parallel load beside a long queue: it may evict an idle model nobody waits for
+        and past its minimum residency, when draining the queue on two servers saves more
+        than the victim's reload costs its expected users (`holding.parallel_pays`)."""
+        if self.waiting_on(victim.id) or not queue:
+            return False
+        if (
+            victim.loaded_at
+            and victim.loaded_at + timedelta(seconds=self.config.min_residency_s) > self.now
+        ):
+            return False
+        server = self.servers[target.server_id]
+        best = min(self.effective(q) for q in queue)
+        protected, _ = holding.protected_weight(
+            best,
+            victim.last_interactive_at,
+            self.last_interactive_on(server.id),
+            self.now,
+            self.config,
+        )
+        last = victim.last_priority
+        users = holding.class_weight(last) if last is not None else 0.0
+        return holding.parallel_pays(
+            [self.effective(q) for q in queue],
+            self.load_s(target),
+            self.load_s(victim),
+            max(protected, users),
+            self.config,
+        )
+
+    def batch_of(self, model: str) -> list[RequestView]:
+        """The requests not yet placed that one load of `model` would serve."""
+        key = (model, self.deployment_changes, len(self.decisions))
+        if self.batch_key.get(model) != key:
+            self.batches[model] = [
+                q for q in self.requests.values() if q.state == "pending" and q.model == model
+            ]
+            self.batch_key[model] = key
+        return self.batches[model]
+
+    def load_s(self, d: DeploymentView) -> float:
+        return d.avg_load_s or self.config.default_load_s
+
+    def last_interactive_on(self, server_id: int) -> datetime | None:
+        return max(
+            (d.last_interactive_at for d in self.on_server(server_id) if d.last_interactive_at),
+            default=None,
+        )
 
     def has_choice(self, model: str) -> bool:
         """More than one usable server could hold `model`."""

@@ -14,6 +14,8 @@ class PolicyConfig:
     warm_window_s: float = 120.0
     activity_window_s: float = 300.0
     default_load_s: float = 10.0
+    default_run_s: float = 10.0
+    """Run time assumed for a request, to price how long a model's queue takes to drain."""
     parallel_load_queue: int = 2
     """Start a load on a second server once this many requests queue for a busy model."""
 

@@ -149,19 +149,24 @@ def test_collation_yields_to_a_request_that_outranks_the_queue():
 
 
 def test_collation_is_bounded_by_aging():
-    """A normal B request that has waited one aging step (now high) wins over a fresh normal
-    queue for A. Breaks if collation could hold B back for ever."""
+    """A normal B request that has waited two aging steps (now interactive, weight 8) wins
+    over a fresh normal queue for A (weight 2): 8 · 10 s of drain > 2 · (10 + 10 + 10) s.
+    One step (weight 4) is not yet worth A's reload. Breaks if collation could hold B back
+    for ever, or let B evict as soon as it merely outranked the queue."""
     queued = req("a", NORMAL, age_s=5, state="ready", deployment_id=1)
-    old_b = req("b", NORMAL, age_s=151)
     deployments = [dep(1, 1, "a", "loaded"), dep(2, 1, "b")]
-    assert loads(plan(snap([server(1)], deployments, [queued, old_b]), at(0))) == [(2, (1,))]
+    one_step = req("b", NORMAL, age_s=151)
+    assert loads(plan(snap([server(1)], deployments, [queued, one_step]), at(0))) == []
+    two_steps = req("b", NORMAL, age_s=301)
+    assert loads(plan(snap([server(1)], deployments, [queued, two_steps]), at(0))) == [(2, (1,))]
 
 
 def test_collation_is_bounded_for_interactive_too():
     """Interactive cannot move up a class, but it keeps aging below 0: after one step it
-    outranks a fresh interactive queue. Breaks if aging were floored at interactive."""
+    outranks a fresh interactive queue, and after two its weight (32) outweighs the queue's
+    reload (8 · 30 s). Breaks if aging were floored at interactive."""
     queued = req("a", INTERACTIVE, age_s=5, state="ready", deployment_id=1)
-    old_b = req("b", INTERACTIVE, age_s=151)
+    old_b = req("b", INTERACTIVE, age_s=301)
     deployments = [dep(1, 1, "a", "loaded"), dep(2, 1, "b")]
     assert loads(plan(snap([server(1)], deployments, [queued, old_b]), at(0))) == [(2, (1,))]
 
@@ -213,11 +218,18 @@ def warm_a(**fields):
 
 
 def test_warm_window_keeps_interactive_model_from_normal_work():
-    """A served an interactive request 60 s ago: a normal request may not evict it until
-    the 2-minute window ends, and a Defer wakes the loop then."""
+    """A served an interactive request 60 s ago: a normal request (weight 2) is held until
+    it has paid what the switch is expected to cost interactive work, A's reload (10 s)
+    times the interactive weight (8): 40 s, with a Defer then; never past the window's end
+    (60 s from now)."""
     decisions = plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], [req("b", NORMAL)]), at(0))
     assert of(decisions, StartLoad) == []
+    assert defer(decisions).until == at(40)
+    slow = warm_a(avg_load_s=90.0)
+    decisions = plan(snap([server(1)], [slow, dep(2, 1, "b")], [req("b", NORMAL)]), at(0))
     assert defer(decisions).until == at(60)
+    paid = plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], [req("b", NORMAL, age_s=40)]), at(0))
+    assert loads(paid) == [(2, (1,))]
 
 
 def test_warm_window_lets_high_and_interactive_through():
@@ -234,24 +246,25 @@ def test_warm_window_ends():
 def test_warm_window_sends_request_to_another_server():
     """Held back on s1 (where the warm model is the cheapest victim), the request loads on s2
     instead, with no Defer for the guard. Breaks if guards only ever made requests wait.
-    (A background request aged one step: normal, and past switch batching.)"""
+    """
     s1_victim = warm_a(last_used_at=at(-60))
     s2_victim = dep(3, 2, "c", "loaded", last_used_at=at(-30), avg_load_s=60.0)
     deployments = [s1_victim, dep(2, 1, "b"), s2_victim, dep(4, 2, "b")]
-    r = req("b", BACKGROUND, age_s=150)
+    r = req("b", NORMAL)
     decisions = plan(snap([server(1), server(2)], deployments, [r]), at(0))
     assert loads(decisions) == [(4, (3,))]
     assert defer(decisions) is None or "warm" not in defer(decisions).reason
 
 
 def test_activity_window_holds_background_switches():
-    """Interactive work ran on s1 four minutes ago (on model C): a background request may
-    not switch models there until five minutes have passed."""
+    """Interactive work ran on s1 four minutes ago (on model C): a background request
+    (weight 1) is held until it has paid half the interactive weight times A's reload
+    (4 · 10 s), never past the window's end; a normal one is not held."""
     c = dep(3, 1, "c", "unloaded", last_interactive_at=at(-240))
     deployments = [dep(1, 1, "a", "loaded"), dep(2, 1, "b"), c]
     decisions = plan(snap([server(1)], deployments, [req("b", BACKGROUND)]), at(0))
     assert of(decisions, StartLoad) == []
-    assert defer(decisions).until == at(60)
+    assert defer(decisions).until == at(40)
     normal = plan(snap([server(1)], deployments, [req("b", NORMAL)]), at(0))
     assert loads(normal) == [(2, (1,))]
 
@@ -286,20 +299,41 @@ def two_homes_for_b() -> list:
     ]
 
 
-def test_switch_batching_holds_fresh_normal_work_with_a_choice_of_servers():
-    """A fresh normal request would have to evict on either server: it waits one aging step
-    (a Defer then), so the requests that arrive meanwhile share one switch and a server may
-    free up. Breaks if every normal request switched a model on arrival (the simulation's
-    thrash between big models)."""
+def busy_homes_for_b() -> list:
+    """As `two_homes_for_b`, each server's one slot busy with another model (x, y)."""
+    return [
+        *two_homes_for_b(),
+        dep(5, 1, "x", "loaded", in_flight=1),
+        dep(6, 2, "y", "loaded", in_flight=1),
+    ]
+
+
+def test_switch_batching_holds_while_the_batch_has_paid_less_than_a_load():
+    """A fresh request would have to evict on either server, and neither has a free slot:
+    the switch is held until the waiting batch has paid one load of b in its own weight
+    (10 s), so the requests arriving meanwhile share one switch and a server may free up.
+    Breaks if every request switched a model on arrival (the simulation's thrash)."""
     for priority in (NORMAL, BACKGROUND):
-        r = req("b", priority, age_s=10)
-        decisions = plan(snap([server(1), server(2)], two_homes_for_b(), [r]), at(0))
+        r = req("b", priority, age_s=4)
+        homes = [server(1, llm=2), server(2, llm=2)]
+        decisions = plan(snap(homes, busy_homes_for_b(), [r]), at(0))
         assert of(decisions, StartLoad) == []
-        assert defer(decisions).until == at(140)
+        assert defer(decisions).until == at(6)
+    two = [req("b", NORMAL, age_s=2), req("b", NORMAL, age_s=4)]  # paid 12 of 20, at 4/s
+    decisions = plan(snap([server(1, llm=2), server(2, llm=2)], busy_homes_for_b(), two), at(0))
+    assert defer(decisions).until == at(2)
 
 
-def test_switch_batching_ends_after_one_aging_step():
-    r = req("b", NORMAL, age_s=150)
+def test_switch_batching_ends_once_paid():
+    r = req("b", NORMAL, age_s=10)
+    decisions = plan(snap([server(1, llm=2), server(2, llm=2)], busy_homes_for_b(), [r]), at(0))
+    assert len(loads(decisions)) == 1
+
+
+def test_switch_batching_never_holds_with_a_free_slot():
+    """No protected work expected and the server has a free slot: nothing is gained by
+    holding. Breaks if a fresh request waited with both servers idle (the demo's 2 min)."""
+    r = req("b", BACKGROUND)
     decisions = plan(snap([server(1), server(2)], two_homes_for_b(), [r]), at(0))
     assert len(loads(decisions)) == 1
 
@@ -581,11 +615,17 @@ def test_parallel_load_not_for_a_short_queue():
     assert of(decisions, StartLoad) == [] and routed(decisions) == {r.id: 1}
 
 
-def test_parallel_load_never_evicts():
-    """s2 would have to evict an idle model: no parallel load, the request queues on s1."""
+def test_parallel_load_evicts_only_what_the_queue_is_worth():
+    """s2 would have to evict x, last used by normal work (its reload, 10 s, at weight 2,
+    costs 20). Three normal requests queued drain in 15 s on two slots, saving 2 · 3 · 5/2 =
+    15: no parallel load. Ten drain in 50 s, saving 2 · 10 · 40/2 = 400: x goes."""
+    x = dep(3, 2, "x", "loaded", last_priority=NORMAL)
     deployments, waiting = long_queue(3)
-    s = snap([server(1), server(2)], [*deployments, dep(3, 2, "x", "loaded")], [*waiting, req("a")])
+    s = snap([server(1), server(2)], [*deployments, x], [*waiting, req("a")])
     assert of(plan(s, at(0)), StartLoad) == []
+    deployments, waiting = long_queue(10)
+    s = snap([server(1), server(2)], [*deployments, x], [*waiting, req("a")])
+    assert loads(plan(s, at(0))) == [(2, (3,))]
 
 
 def test_parallel_load_queue_is_a_knob():

@@ -3,6 +3,9 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from scheduler.simulation import PolicyLivelock, Result, simulate_fifo, simulate_policy
+from scheduler.simulation_mixed_day import generate_mixed_day
+from scheduler.simulation_swap import simulate_self_swapping
+from scheduler.simulation_targets import report, targets
 from scheduler.simulation_trace import (
     CLASS_NAMES,
     TraceError,
@@ -15,8 +18,9 @@ from scheduler.store import policy_config
 
 class Command(BaseCommand):
     help = (
-        "Simulate the scheduling policy against a one-worker FIFO on a trace (the default day "
-        "when no file is given) and print waits per class, loads, expired and lost requests."
+        "Simulate the scheduling policy against self-swapping servers and a one-worker FIFO "
+        "on a trace (the default day when no file is given) and print waits per class, loads, "
+        "expired and lost requests, and issue 34's targets."
     )
 
     def add_arguments(self, parser) -> None:
@@ -24,6 +28,12 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=0, help="seed of the generated day")
         parser.add_argument(
             "--hours", type=float, default=24.0, help="generate only the first hours of the day"
+        )
+        parser.add_argument(
+            "--day",
+            choices=("default", "mixed"),
+            default="default",
+            help="which day to generate: the default one, or the mixed one of issue 34",
         )
         parser.add_argument("--write-trace", metavar="PATH", help="save the generated day here")
 
@@ -33,7 +43,8 @@ class Command(BaseCommand):
         except TraceError as error:
             raise CommandError(str(error)) from error
         if trace is None:
-            trace = generate_day(options["seed"], options["hours"])
+            generate = generate_mixed_day if options["day"] == "mixed" else generate_day
+            trace = generate(options["seed"], options["hours"])
             if options["write_trace"]:
                 write_trace(trace, options["write_trace"])
         try:
@@ -41,15 +52,18 @@ class Command(BaseCommand):
         except PolicyLivelock as error:
             raise CommandError(f"the policy did not settle: {error}") from error
         fifo = simulate_fifo(trace)
+        swap = simulate_self_swapping(trace)
         source = options["trace"] or (
-            f"generated day, seed {options['seed']}, {options['hours']:g} hours"
+            f"generated {options['day']} day, seed {options['seed']}, {options['hours']:g} hours"
         )
         self.stdout.write(
             f"{len(trace.requests)} requests ({source}), {len(trace.servers)} servers, "
             f"{len(trace.models)} models\n"
         )
-        self.stdout.write(comparison_table([policy, fifo]))
+        self.stdout.write(comparison_table([policy, swap, fifo]))
         self.stdout.write(f"ETA given on arrival, checked when sent: {policy.eta.summary()}\n")
+        self.stdout.write("Targets against self-swapping servers (issue 34):\n")
+        self.stdout.write(report(targets(policy, swap)))
 
 
 def comparison_table(results: list[Result]) -> str:

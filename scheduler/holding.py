@@ -1,0 +1,120 @@
+"""The prices behind holding a switch and outranking a queue. Pure arithmetic.
+
+Waiting is paid in class-weighted seconds: a second of waiting costs `class_weight` of the
+waiter's effective class (its class after aging), doubling per class up:
+
+    class_weight(c) = 2 ** (3 - c)        background 1, normal 2, high 4, interactive 8,
+                                          an interactive request aged one step 16, ...
+
+`scheduler/README.md` ("Holding and outranking") gives each rule with its formula.
+"""
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from .snapshot import PolicyConfig
+
+INTERACTIVE, NORMAL, BACKGROUND = 0, 2, 3
+ACTIVITY_SHARE = 0.5
+"""How likely interactive work that ran on a server lately comes back for the very model a
+switch there evicts, when it did not use that model itself lately."""
+
+
+def class_weight(effective_class: int) -> float:
+    return 2.0 ** (3 - effective_class)
+
+
+def outranks(
+    batch: Sequence[int],
+    queue: Sequence[int],
+    load_s: float,
+    victim_load_s: float,
+    slots: int,
+    config: PolicyConfig,
+) -> bool:
+    """Priced collation. Evicting a loaded model with a queue makes the queue wait for the
+    batch's load, the batch's runs and its own model's reload; not evicting makes the batch
+    wait for the queue to drain:
+
+        evict  iff  Σ_batch w · drain(queue)  >  Σ_queue w · (load_s + drain(batch) + reload_s),
+        drain(x) = len(x) · default_run_s / slots
+
+    At equal classes it never evicts; a better class must outweigh the queue's reload.
+    """
+
+    def drain(n: int) -> float:
+        return n * config.default_run_s / max(slots, 1)
+
+    saves = sum(class_weight(c) for c in batch) * drain(len(queue))
+    costs = sum(class_weight(c) for c in queue) * (load_s + drain(len(batch)) + victim_load_s)
+    return saves > costs
+
+
+def protected_weight(
+    mine: int,
+    victim_interactive_at: datetime | None,
+    server_interactive_at: datetime | None,
+    now: datetime,
+    config: PolicyConfig,
+) -> tuple[float, datetime | None]:
+    """The class weight of the protected work a switch is expected to make wait for the
+    victim's reload, and until when it is expected: interactive work that used the victim
+    within the warm window (for normal and background switches), half that for interactive
+    work on its server within the activity window (for background switches); (0, None) when
+    none is expected."""
+    warm = timedelta(seconds=config.warm_window_s)
+    active = timedelta(seconds=config.activity_window_s)
+    if mine >= NORMAL and victim_interactive_at and victim_interactive_at + warm > now:
+        return class_weight(INTERACTIVE), victim_interactive_at + warm
+    if mine >= BACKGROUND and server_interactive_at and server_interactive_at + active > now:
+        return class_weight(INTERACTIVE) * ACTIVITY_SHARE, server_interactive_at + active
+    return 0.0, None
+
+
+def hold_saving(victim_load_s: float, protected: float, batched_load_s: float, mine: int) -> float:
+    """What holding a switch is expected to save, in class-weighted seconds: the protected
+    work's wait for the victim's reload, plus (switch batching, when the server has no free
+    slot and another could hold the model) the load that requests arriving meanwhile would
+    otherwise need:
+
+        save = reload_s(victim) · protected + load_s(target) · class_weight(mine)
+    """
+    return victim_load_s * protected + batched_load_s * class_weight(mine)
+
+
+def release_at(
+    save: float,
+    batch: Sequence[tuple[int, datetime]],
+    now: datetime,
+    protected_until: datetime | None = None,
+) -> datetime | None:
+    """When the held batch has paid `save` (Σ w · waited_s), at its present rate, and no
+    later than `protected_until` when only protection is at stake; None when it has paid it
+    already (the switch goes ahead)."""
+    if save <= 0 or not batch:
+        return None
+    paid = sum(class_weight(c) * max((now - at).total_seconds(), 0.0) for c, at in batch)
+    if paid >= save:
+        return None
+    rate = sum(class_weight(c) for c, _ in batch)
+    release = now + timedelta(seconds=(save - paid) / rate)
+    return min(release, protected_until) if protected_until else release
+
+
+def parallel_pays(
+    queue: Sequence[int],
+    load_s: float,
+    victim_load_s: float,
+    victim_users: float,
+    config: PolicyConfig,
+) -> bool:
+    """A second load of a model with a long queue, evicting an idle model: the queue drains
+    twice as fast once the load is done, which saves each queued request about half of what
+    is left of the drain; the victim's next user pays its reload:
+
+        evict  iff  Σ_queue w · max(drain_s − load_s, 0) / 2  >  reload_s(victim) · w_users,
+        drain_s = len(queue) · default_run_s / 2
+    """
+    drain_s = len(queue) * config.default_run_s / 2
+    saves = sum(class_weight(c) for c in queue) * max(drain_s - load_s, 0.0) / 2
+    return saves > victim_load_s * victim_users
