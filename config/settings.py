@@ -216,6 +216,7 @@ SWITCHYARD = {
     "WARM_WINDOW_S": env.float("SWITCHYARD_WARM_WINDOW_S", default=120.0),
     "ACTIVITY_WINDOW_S": env.float("SWITCHYARD_ACTIVITY_WINDOW_S", default=300.0),
     "PARALLEL_LOAD_QUEUE": env.int("SWITCHYARD_PARALLEL_LOAD_QUEUE", default=2),
+    "NO_SERVER_GRACE_S": env.float("SWITCHYARD_NO_SERVER_GRACE_S", default=15.0),
     "RETRY_BASE_S": env.float("SWITCHYARD_RETRY_BASE_S", default=2.0),
     "RETRY_MAX_S": env.float("SWITCHYARD_RETRY_MAX_S", default=15.0),
     "LOAD_ATTEMPTS": env.int("SWITCHYARD_LOAD_ATTEMPTS", default=3),

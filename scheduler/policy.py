@@ -79,6 +79,7 @@ class _Pass:
         # change, and the Fail it got if any (see `place`).
         self.deployment_changes = 0
         self.held_back: dict[str, tuple[int, Fail | None]] = {}
+        self.unservable: dict[str, tuple[int, str | None]] = {}  # as of which change
         self.deployed = {d.model for d in snapshot.deployments}
         self.requests: dict[UUID, RequestView] = {}
         self.batches: dict[str, list[RequestView]] = {}
@@ -227,10 +228,62 @@ class _Pass:
         for r in self.ranked("pending"):
             if r.model not in self.deployed:
                 self.fail(r, "model_not_deployed", f"no server has a deployment of {r.model}")
+            elif (why := self.why_nothing_serves(r.model)) is not None:
+                self.no_server(r, why)
             elif not self.route_quietly(r):
                 later.append(r.id)
         for rid in later:
             self.place(self.requests[rid])
+
+    def why_nothing_serves(self, model: str) -> str | None:
+        """Why no server can serve `model` now ("gpu-a down; gpu-b in cooldown until …"),
+        or None when one can (or may after a wait of known length, as a load's backoff)."""
+        seen = self.unservable.get(model)
+        if seen is not None and seen[0] == self.deployment_changes:
+            return seen[1]
+        reasons, down = [], False
+        for d in sorted(self.deployments.values(), key=lambda d: d.id):
+            if d.model != model:
+                continue
+            s = self.servers[d.server_id]
+            down = down or not self.usable(s.id)
+            if not s.enabled:
+                reasons.append(f"{s.name} is disabled")
+            elif s.health == "down":
+                reasons.append(f"{s.name} is down")
+            elif not self.usable(s.id):
+                until = f" until {s.cooldown_until:%H:%M:%S}" if s.cooldown_until else ""
+                reasons.append(f"{s.name} is in cooldown{until}")
+            elif d.state == "failed":
+                reasons.append(f"{model} failed to load on {s.name}: {d.last_error or '?'}")
+            else:
+                reasons, down = [], False
+                break
+        # Every deployment failed for good: the load rules fail it at once, with their code.
+        why = "; ".join(reasons) if down else None
+        self.unservable[model] = (self.deployment_changes, why)
+        return why
+
+    def no_server(self, r: RequestView, why: str) -> None:
+        """Fail fast: after its grace, a request whose model no server can serve fails with
+        `no_server_available`; until then it waits (a server may come back)."""
+        grace = r.no_server_grace_s
+        if grace is None:
+            grace = self.config.no_server_grace_s
+        since = max(
+            [r.created_at]
+            + [
+                s.unavailable_since
+                for d in self.deployments.values()
+                if d.model == r.model
+                and (s := self.servers[d.server_id]).unavailable_since is not None
+            ]
+        )
+        deadline = since + timedelta(seconds=grace)
+        if deadline <= self.now:
+            self.fail(r, "no_server_available", f"no server can serve {r.model}: {why}")
+        else:
+            self.wake_at(deadline, f"no server can serve {r.model}")
 
     def candidates(self, model: str, state: str | None = None) -> list[DeploymentView]:
         """The usable deployments of `model` (in `state`), as the pass has them now."""

@@ -17,6 +17,8 @@ class PolicyConfig:
     default_run_s: float = 10.0
     """Run time assumed for a request, to price how long a model's queue takes to drain."""
     parallel_load_queue: int = 2
+    no_server_grace_s: float = 15.0
+    """A request whose model no server can serve now fails after this long."""
     """Start a load on a second server once this many requests queue for a busy model."""
 
 
@@ -58,6 +60,9 @@ class ServerView:
     enabled: bool = True
     health: str = "up"
     cooldown_until: datetime | None = None
+    unavailable_since: datetime | None = None
+    """When it last went down, disabled or into cooldown, if known: the no-server grace
+    counts from then for requests older than that."""
 
     def available(self, now: datetime) -> bool:
         if not self.enabled or self.health == "down":
@@ -75,6 +80,9 @@ class RequestView:
     expires_at: datetime
     deployment_id: int | None = None
     not_before: datetime | None = None
+    no_server_grace_s: float | None = None
+    """How long this request waits while no server can serve its model (None: the
+    config's `no_server_grace_s`); a job may ask for longer."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,11 @@ def error_of(request: Request) -> ApiError:
         )
     if request.state == State.CANCELLED:
         return ApiError(409, "the request was cancelled", code="cancelled")
+    if request.error_code == "no_server_available":
+        # Nothing could serve it: worth another try once a server is back.
+        return ApiError(
+            503, request.error, type="server_error", code=request.error_code, retry_after_s=30
+        )
     status = FAILED_STATUS.get(request.error_code, 502)
     kind = "invalid_request_error" if status == 400 else "server_error"
     return ApiError(

@@ -18,4 +18,5 @@ def policy_config() -> PolicyConfig:
         warm_window_s=knob("WARM_WINDOW_S"),
         activity_window_s=knob("ACTIVITY_WINDOW_S"),
         parallel_load_queue=knob("PARALLEL_LOAD_QUEUE"),
+        no_server_grace_s=knob("NO_SERVER_GRACE_S"),
     )

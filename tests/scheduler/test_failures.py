@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, Server
+from scheduler.api.inference import error_of
 from scheduler.models import Request, State
 from scheduler.retry import backoff_s
 from scheduler.runtime import Runtime
@@ -348,3 +349,26 @@ async def test_a_server_moved_to_a_new_address_in_admin_is_reached_there(upstrea
             await running.until(lambda: state_of(request) == State.COMPLETED)
         assert moved.inferences == 1
     assert upstream.inferences == 0
+
+
+async def test_a_request_no_server_can_serve_fails_fast_with_503_naming_why(upstream, knobs):
+    """Its only server is down: after the grace (0 here) the request fails with
+    no_server_available, and the API answers 503 with Retry-After and the server's state,
+    instead of waiting silently to its class maximum."""
+    knobs(NO_SERVER_GRACE_S=0.0)
+
+    def setup():
+        setup_server(upstream, health=Health.DOWN)
+        return factories.request("m1")
+
+    request = await db(setup)()
+    await run_until_idle()
+    await request.arefresh_from_db()
+    assert (request.state, request.error_code) == ("failed", "no_server_available")
+    assert request.error == "no server can serve m1: up is down"
+    error = error_of(request)
+    assert (error.status, error.code, error.headers()) == (
+        503,
+        "no_server_available",
+        {"Retry-After": "30"},
+    )

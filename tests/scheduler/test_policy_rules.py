@@ -577,15 +577,77 @@ def test_failure_cooldown_server_is_skipped():
 
 
 def test_failure_cooldown_requests_wait_and_probe_when_it_ends():
-    """Only s1 has the model: the request waits (not failed), the loop wakes when the
-    cooldown ends, and then a Probe is emitted."""
+    """Only s1 has the model: the request waits (not failed, within its no-server grace),
+    the loop wakes when the cooldown ends, and then a Probe is emitted."""
     ready = req("a", state="ready", deployment_id=1)
-    s = snap([cooling(1, 30)], [dep(1, 1, "a", "loaded")], [ready, req("a")])
+    s = snap([cooling(1, 30)], [dep(1, 1, "a", "loaded")], [ready, req("a")], no_server_grace_s=60)
     decisions = plan(s, at(0))
     assert of(decisions, Requeue)[0].request_id == ready.id
     assert of(decisions, Route) == [] and of(decisions, Fail) == []
     assert defer(decisions).until == at(30)
     assert of(plan(s, at(30)), Probe) == [Probe(1)]
+
+
+# -- fail fast when nothing can serve ------------------------------------------------------
+
+
+def nowhere() -> tuple[list, list]:
+    """`a` on s1 (down) and s2 (disabled), `b` on s3 (up)."""
+    servers = [server(1, health="down"), server(2, enabled=False), server(3)]
+    return servers, [dep(1, 1, "a"), dep(2, 2, "a"), dep(3, 3, "b")]
+
+
+def test_no_server_waits_its_grace_then_fails_naming_the_servers():
+    """Every server of `a` is down or disabled: the request waits 15 s (a Defer then), then
+    fails with no_server_available and why each server cannot serve. Breaks if it waited
+    silently to its class maximum (two minutes to an hour), as before."""
+    servers, deployments = nowhere()
+    fresh = req("a", INTERACTIVE, age_s=5)
+    decisions = plan(snap(servers, deployments, [fresh]), at(0))
+    assert of(decisions, Fail) == [] and defer(decisions).until == at(10)
+    late = plan(snap(servers, deployments, [req("a", INTERACTIVE, age_s=15, id=fresh.id)]), at(0))
+    assert of(late, Fail) == [
+        Fail(fresh.id, "no_server_available", "no server can serve a: s1 is down; s2 is disabled")
+    ]
+
+
+def test_no_server_grace_is_a_knob_and_a_job_may_ask_for_longer():
+    servers, deployments = nowhere()
+    old = req("a", age_s=20)
+    assert of(plan(snap(servers, deployments, [old], no_server_grace_s=30), at(0)), Fail) == []
+    patient = req("a", age_s=600, no_server_grace_s=3600)
+    decisions = plan(snap(servers, deployments, [patient]), at(0))
+    assert of(decisions, Fail) == [] and defer(decisions).until == at(3000)
+
+
+def test_no_server_counts_from_when_the_server_went_away():
+    """A request that waited 10 minutes behind a queue before its only server went down 5 s
+    ago gets the whole grace from then."""
+    down = server(1, health="down", unavailable_since=at(-5))
+    decisions = plan(snap([down], [dep(1, 1, "a")], [req("a", BACKGROUND, age_s=600)]), at(0))
+    assert of(decisions, Fail) == [] and defer(decisions).until == at(10)
+
+
+def test_no_server_a_server_that_comes_back_serves_as_before():
+    servers, deployments = nowhere()
+    waiting = req("a", age_s=10)
+    back = [replace(servers[0], health="up"), *servers[1:]]
+    decisions = plan(snap(back, deployments, [waiting]), at(0))
+    assert of(decisions, Fail) == [] and loads(decisions) == [(1, ())]
+
+
+def test_no_server_counts_a_failed_deployment_beside_a_down_server():
+    failed = dep(1, 1, "a", "failed", last_error="out of memory")
+    servers = [server(1), server(2, health="down")]
+    r = req("a", age_s=16)
+    decisions = plan(snap(servers, [failed, dep(2, 2, "a")], [r]), at(0))
+    assert of(decisions, Fail) == [
+        Fail(
+            r.id,
+            "no_server_available",
+            "no server can serve a: a failed to load on s1: out of memory; s2 is down",
+        )
+    ]
 
 
 # -- known weaknesses, fixed -------------------------------------------------------------

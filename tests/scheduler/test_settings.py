@@ -14,6 +14,7 @@ def test_policy_knobs_come_from_settings(settings) -> None:
         "WARM_WINDOW_S": 13.0,
         "ACTIVITY_WINDOW_S": 14.0,
         "PARALLEL_LOAD_QUEUE": 5,
+        "NO_SERVER_GRACE_S": 6.0,
     }
     with override_settings(SWITCHYARD=knobs):
         config = policy_config()
@@ -24,4 +25,5 @@ def test_policy_knobs_come_from_settings(settings) -> None:
         warm_window_s=13.0,
         activity_window_s=14.0,
         parallel_load_queue=5,
+        no_server_grace_s=6.0,
     )
