@@ -50,6 +50,7 @@ from .eviction import NoRoom, evictions_for, keep_value
 from .snapshot import DeploymentView, RequestView, Snapshot
 
 INTERACTIVE, HIGH, NORMAL, BACKGROUND = 0, 1, 2, 3
+CLASS_NAMES = {INTERACTIVE: "interactive", HIGH: "high", NORMAL: "normal", BACKGROUND: "background"}
 Wakes = list[tuple[datetime, str]]
 
 
@@ -382,7 +383,7 @@ class _Pass:
         if options:
             _, d, evict = min(options, key=lambda o: o[0])
             why = "a parallel load beside a long queue" if free_only else f"{r.model} requested"
-            self.start_load(d, evict, why)
+            self.start_load(d, evict, why, for_request=r)
             self.route_to(r, d, ready=False, reason="load started")
             return True
         if free_only:
@@ -422,12 +423,23 @@ class _Pass:
         )
         return server.memory_mb - used - (d.size_mb or 0)
 
-    def start_load(self, d: DeploymentView, evict: Iterable[int], reason: str) -> None:
+    def start_load(
+        self,
+        d: DeploymentView,
+        evict: Iterable[int],
+        reason: str,
+        for_request: RequestView | None = None,
+    ) -> None:
         evict = tuple(evict)
         self.decisions.append(StartLoad(d.id, evict, reason))
         self.set_state(d, "loading")
         for e in evict:
             self.set_state(self.deployments[e], "unloading")
+            # Its waiters go back to routing now, told it was our own eviction.
+            server = self.servers[d.server_id].name
+            cls = CLASS_NAMES.get(for_request.priority, "") if for_request else ""
+            for w in self.waiting_on(e):
+                self.requeue(w, f"evicted from {server} for {d.model} ({cls})")
 
     def room_for(
         self, d: DeploymentView, r: RequestView, wakes: Wakes, free_only: bool

@@ -139,13 +139,52 @@ def test_collation_sees_pending_requests_for_the_loaded_model():
 
 def test_collation_yields_to_a_request_that_outranks_the_queue():
     """An interactive request outranks a queue of normal ones: the switch happens, and the
-    evicted model's ready requests are not dispatched in the same pass."""
+    evicted model's ready requests are not dispatched in the same pass: they go back to
+    routing at once, told it was our own eviction (not "a is unloaded on its server", which
+    reads as an unload behind our back)."""
     queued = req("a", NORMAL, age_s=5, state="ready", deployment_id=1)
     ia = req("b", INTERACTIVE)
     deployments = [dep(1, 1, "a", "loaded"), dep(2, 1, "b")]
     decisions = plan(snap([server(1)], deployments, [queued, ia]), at(0))
     assert loads(decisions) == [(2, (1,))]
     assert of(decisions, Dispatch) == []
+    assert of(decisions, Requeue) == [Requeue(queued.id, "evicted from s1 for b (interactive)")]
+
+
+def test_no_wasted_load_a_finished_load_serves_its_batch_first():
+    """A finished loading 5 s ago for two normal requests that waited for it. An interactive
+    request for B aged a step (weight 16) would outweigh their cheap reload (16 · 20 s of
+    drain > 4 · 23 s), but may not throw the load away before it served them: it waits.
+    Breaks if a better class could evict a load before it served its batch (the simulated
+    day's waiters then waited for a second load)."""
+    a = dep(1, 1, "a", "loaded", loaded_at=at(-5), avg_load_s=3.0)
+    batch = [req("a", NORMAL, age_s=70 - i, state="ready", deployment_id=1) for i in range(2)]
+    ia = req("b", INTERACTIVE, age_s=160)
+    decisions = plan(snap([server(1, slots=1)], [a, dep(2, 1, "b")], [*batch, ia]), at(0))
+    assert of(decisions, StartLoad) == []
+    assert of(decisions, Dispatch) == [Dispatch(batch[0].id, 1)]
+
+
+def test_no_wasted_load_ends_once_the_batch_is_served():
+    """Only requests that arrived after the load finished wait for A: priced collation
+    decides, and an interactive request outweighs one normal waiter's reload."""
+    a = dep(1, 1, "a", "loaded", loaded_at=at(-60), avg_load_s=10.0)
+    late = req("a", NORMAL, age_s=5, state="ready", deployment_id=1)
+    ia = req("b", INTERACTIVE)
+    decisions = plan(snap([server(1)], [a, dep(2, 1, "b")], [late, ia]), at(0))
+    assert loads(decisions) == [(2, (1,))]
+
+
+def test_outranking_weighs_the_victims_reload_against_what_it_saves():
+    """Five background requests queue for A (a 90 s reload); a fresh interactive request for
+    B saves 8 · 50 s of drain but costs them 5 · (10 + 10 + 90) s: it waits. With A a 10 s
+    reload (5 · 30 = 150 < 400) it evicts. Breaks if a better class always won."""
+    for load_s, expected in ((90.0, []), (10.0, [(2, (1,))])):
+        a = dep(1, 1, "a", "loaded", avg_load_s=load_s)
+        queue = [req("a", BACKGROUND, age_s=5, state="ready", deployment_id=1) for _ in range(5)]
+        ia = req("b", INTERACTIVE)
+        decisions = plan(snap([server(1)], [a, dep(2, 1, "b")], [*queue, ia]), at(0))
+        assert loads(decisions) == expected
 
 
 def test_collation_is_bounded_by_aging():
