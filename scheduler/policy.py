@@ -507,13 +507,7 @@ class _Pass:
             if resident_until > self.now and users and mine >= min(users):
                 self.wake_at(resident_until, f"{victim.model} minimum residency ends", wakes)
                 return False
-        protected, protected_until = holding.protected_weight(
-            mine,
-            victim.last_interactive_at,
-            self.last_interactive_on(server.id),
-            self.now,
-            self.config,
-        )
+        protected, protected_until = self.protection(victim, server.id, mine)
         free_slot = self.in_flight[server.id] < server.slots
         batching = not free_slot and self.has_choice(r.model)
         save = holding.hold_saving(
@@ -545,13 +539,7 @@ class _Pass:
             return False
         server = self.servers[target.server_id]
         best = min(self.effective(q) for q in queue)
-        protected, _ = holding.protected_weight(
-            best,
-            victim.last_interactive_at,
-            self.last_interactive_on(server.id),
-            self.now,
-            self.config,
-        )
+        protected, _ = self.protection(victim, server.id, best)
         last = victim.last_priority
         users = holding.class_weight(last) if last is not None else 0.0
         return holding.parallel_pays(
@@ -575,10 +563,16 @@ class _Pass:
     def load_s(self, d: DeploymentView) -> float:
         return d.avg_load_s or self.config.default_load_s
 
-    def last_interactive_on(self, server_id: int) -> datetime | None:
-        return max(
+    def protection(
+        self, victim: DeploymentView, server_id: int, mine: int
+    ) -> tuple[float, datetime | None]:
+        """The protected work a switch evicting `victim` is expected to make wait."""
+        last_on_server = max(
             (d.last_interactive_at for d in self.on_server(server_id) if d.last_interactive_at),
             default=None,
+        )
+        return holding.protected_weight(
+            mine, victim.last_interactive_at, last_on_server, self.now, self.config
         )
 
     def has_choice(self, model: str) -> bool:
