@@ -591,6 +591,7 @@ def thrash(ctx: Context) -> Outcome:
     from django.conf import settings
 
     from scheduler.simulation import simulate_fifo, simulate_policy
+    from scheduler.simulation_swap import simulate_self_swapping
     from scheduler.simulation_trace import CLASS_NAMES, generate_day, jittered, window
 
     # quick: a quarter hour of office traffic; full: the afternoon peak with the bulk job
@@ -644,6 +645,7 @@ def thrash(ctx: Context) -> Outcome:
     # second of the host is half a minute of the trace, so the runtime never replays it
     # exactly, and how far the loads move with the timing alone is part of the result.
     fifo = simulate_fifo(trace)
+    swap = simulate_self_swapping(trace)
     on_clock = simulate_policy(trace)
     simulated = on_clock.loads
     copies = [jittered(trace, seed) for seed in range(1, 40)]
@@ -659,6 +661,7 @@ def thrash(ctx: Context) -> Outcome:
         waits = _waits({str(i): s for i, s in enumerate(mine)})
         states = Counter(s["state"] for s in mine)
         p95, fifo_p95 = percentile(waits, 95), fifo.wait_percentile(level, 95)
+        swap_p95 = swap.wait_percentile(level, 95)
         rows.append(
             [
                 name,
@@ -669,6 +672,7 @@ def thrash(ctx: Context) -> Outcome:
                 ms(p95),
                 round(p95 * speed, 1) if p95 is not None else None,
                 round(fifo_p95, 1) if fifo_p95 is not None else None,
+                round(swap_p95, 1) if swap_p95 is not None else None,
             ]
         )
     n_loads = sum(loads.values())
@@ -683,6 +687,7 @@ def thrash(ctx: Context) -> Outcome:
             "wait p95 ms",
             "p95 day-s",
             "FIFO p95 day-s",
+            "self-swap p95 day-s",
         ],
         rows,
         [],
@@ -692,7 +697,11 @@ def thrash(ctx: Context) -> Outcome:
                 "title": "p95 wait per class (trace seconds)",
                 "ylabel": "s",
                 "labels": [r[0] for r in rows],
-                "series": {"Switchyard": [r[6] for r in rows], "serial FIFO": [r[7] for r in rows]},
+                "series": {
+                    "Switchyard": [r[6] for r in rows],
+                    "serial FIFO": [r[7] for r in rows],
+                    "self-swapping": [r[8] for r in rows],
+                },
             },
             {
                 "kind": "bar",
@@ -707,6 +716,7 @@ def thrash(ctx: Context) -> Outcome:
             "window_s": (start_s, end_s),
             "loads": dict(loads),
             "fifo_loads": fifo.loads,
+            "self_swap_loads": swap.loads,
             "simulated_loads": simulated,
             "jittered_loads": [{"policy": p, "fifo": f} for p, f in shaken],
             "requests": len(trace.requests),
@@ -722,7 +732,8 @@ def thrash(ctx: Context) -> Outcome:
             f"{start_s / 3600:g}h–{end_s / 3600:g}h, {len(trace.requests)} requests, "
             f"time ×{speed:g}; policy windows and max waits scaled alike",
             f"{n_loads} loads ({len(trace.requests) / max(n_loads, 1):.1f} requests per load) "
-            f"against {fifo.loads} for a serial FIFO on the same requests (virtual clock); "
+            f"against {fifo.loads} for a serial FIFO and {swap.loads} for self-swapping "
+            f"servers on the same requests (virtual clock); "
             f"'p95 day-s' converts the wait back to trace seconds",
             f"on a virtual clock the policy loads {simulated} times on this window; on "
             f"{len(copies)} copies with arrivals moved up to ±15 s and durations ±10%, "
