@@ -22,7 +22,7 @@ from backends.adapters.registry import adapter_for, settings_of
 from backends.models import Health, Server
 from config import event_loop
 
-from . import announce, retention, store, streams, wakeup
+from . import announce, conflicts, retention, store, streams, wakeup
 from .batching import Batcher
 from .database_thread import in_database_thread
 from .decisions import (
@@ -51,7 +51,13 @@ from .webhooks import Webhooks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-db = in_database_thread
+
+
+def db(fn: Callable[..., T]) -> Callable[..., Coroutine[Any, Any, T]]:
+    """`fn` in the database thread, run again should it lose a lock conflict."""
+    return in_database_thread(conflicts.retried(fn))
+
+
 PURGE_EVERY_S = 300.0  # between looks for finished requests to delete, when none were due
 MAX_REPLANS = 3  # passes in a row planned again at once because the database refused some
 
@@ -115,6 +121,7 @@ class Runtime:
         # can await a fact instead of sleeping.
         self.passes = 0
         self.quiet_ends = 0
+        self.heartbeats = 0  # leases renewed (tests wait on this one instead of time)
         self.passed = asyncio.Condition()
         self.intents = Intents(self)  # operators' wishes, carried out after each pass
 
@@ -171,13 +178,26 @@ class Runtime:
             len(serving),
             drain_s,
         )
-        _, unfinished = await asyncio.wait(serving, timeout=drain_s)
+        # Its lease is kept while it drains: else a drain longer than the stale time hands
+        # what is still running to another worker, and it runs twice.
+        lease = asyncio.create_task(self.keep_lease(), name="lease while draining")
+        try:
+            _, unfinished = await asyncio.wait(serving, timeout=drain_s)
+        finally:
+            lease.cancel()
+            await asyncio.gather(lease, return_exceptions=True)
         if unfinished:
             log.warning(
                 "%d request(s) did not finish within %.0f s; they will run again",
                 len(unfinished),
                 drain_s,
             )
+
+    async def keep_lease(self) -> None:
+        while True:
+            await db(store.heartbeat)(self.worker_id)
+            self.heartbeats += 1
+            await asyncio.sleep(self.knobs["HEARTBEAT_S"])
 
     async def run(self, stop: asyncio.Event, until_idle: bool = False) -> None:
         """Plan and execute until `stop` is set, or with `until_idle` until no request waits
@@ -309,7 +329,9 @@ class Runtime:
 
     async def heartbeat(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            if not await db(store.heartbeat)(self.worker_id):
+            beat = await db(store.heartbeat)(self.worker_id)
+            self.heartbeats += 1
+            if not beat:
                 # Another worker found our heartbeat stale (a stalled DB?) and took our work.
                 # What we still run finishes into nothing: its row refuses our old id.
                 old, self.worker_id = self.worker_id, await db(store.register_worker)()
@@ -431,22 +453,33 @@ class Runtime:
         the commit writes is already decided by the locks; should it fail all the same (the
         database went away), the calls are cancelled. A streamed answer's chunks wait for
         the commit, and the request's end is written after it (one database thread)."""
-        commit = asyncio.Event()
-        tasks: list[asyncio.Task] = []
+        for attempt in range(conflicts.ATTEMPTS):
+            commit = asyncio.Event()
+            tasks: list[asyncio.Task] = []
 
-        def start_serving(jobs: list[store.ServeJob]) -> None:
-            for job in jobs:
-                tasks.append(self.spawn(f"serve {job.request_id}", self.serve(job, commit)))
+            def start_serving(jobs: list[store.ServeJob], commit=commit, tasks=tasks) -> None:
+                for job in jobs:
+                    tasks.append(self.spawn(f"serve {job.request_id}", self.serve(job, commit)))
 
-        try:
-            result = await db(write)(lambda jobs: self.call_on_loop(start_serving, jobs))
-        except BaseException:
-            # The calls it started came back to the loop before its outcome did.
-            for task in tasks:
-                task.cancel()
-            raise
-        commit.set()
-        return result
+            try:
+                result = await in_database_thread(write)(
+                    lambda jobs: self.call_on_loop(start_serving, jobs)
+                )
+            except BaseException as error:
+                # The calls it started came back to the loop before its outcome did.
+                for task in tasks:
+                    task.cancel()
+                last = attempt == conflicts.ATTEMPTS - 1
+                if last or not isinstance(error, Exception) or not conflicts.is_conflict(error):
+                    raise
+                # Rolled back whole, its calls called off: written again, as if for the first
+                # time (a pass reads and plans again).
+                log.info("a write lost a lock conflict with another worker; again (%s)", error)
+                await asyncio.sleep(conflicts.pause(attempt))
+                continue
+            commit.set()
+            return result
+        raise AssertionError("unreachable")
 
     async def write_completions(self, answers: list[store.Answer]) -> list[bool]:
         return await self.committed(lambda send_now: store.requests_completed(answers, send_now))
@@ -527,7 +560,10 @@ class Runtime:
         def finished(t: asyncio.Task) -> None:
             self.tasks.pop(name, None)
             if not t.cancelled() and t.exception():
-                log.error("task %s crashed", name, exc_info=t.exception())
+                # Its rows (a request processing, a load under way) would stay held by a
+                # worker that is alive: the worker stops instead, and hands them back.
+                log.error("task %s crashed; the worker stops", name, exc_info=t.exception())
+                self.crashed = self.crashed or t.exception()
             elif not t.cancelled() and not self.calls_for_pass(t.result()):
                 self.write_marks()  # no pass comes to write them after
                 self.chore(self.count_quiet_end())
@@ -643,7 +679,9 @@ class Runtime:
         then_send = self.next_send(job.server_id)
         answer = store.Answer(job, result, seconds, then_send)
         if not await self.completions.submit(answer):
-            log.warning("request %s finished after it was taken over; result dropped", job)
+            log.warning(
+                "request %s finished after it was taken over; result dropped", job.request_id
+            )
         elif then_send is None and job.server_id in self.room:
             # Its slot is free now, for the next arrival planned there.
             slots = self.slots.get(job.server_id, 0)

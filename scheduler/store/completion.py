@@ -17,7 +17,7 @@ from ..transitions import Transition, end_later, move
 from .dispatch import Sending, ServeJob, dispatch_all
 from .health import server_failed
 from .knobs import knob
-from .queries import DEPLOYMENTS, lock_servers
+from .queries import DEPLOYMENTS, lock_deployments, lock_servers
 
 DS = DeploymentState
 
@@ -65,11 +65,13 @@ def requests_completed(answers: list[Answer], send_now: Sending | None = None) -
     sends = [a.then_send for a in answers if a.then_send is not None]
     with sql.atomic():
         sql.without_waiting_for_disk()
+        # The lock order (servers, deployments, then requests): with sends, the servers
+        # first, as every dispatch locks them; the deployments whose slots free before the
+        # requests that end. Held writes, gone in the same round trip as the ends.
+        freed = sorted({a.job.deployment_id for a in answers})
         if sends:
-            # Servers before deployments, as every dispatch locks them: no two workers wait
-            # for each other.
-            deployments = {did for _, did in sends} | {a.job.deployment_id for a in answers}
-            sql.write_later(*lock_servers(sorted(deployments)))
+            sql.write_later(*lock_servers(sorted({did for _, did in sends} | set(freed))))
+        sql.write_later(*lock_deployments(freed))
         ends = []
         for a in answers:
             end = end_later(
@@ -112,6 +114,7 @@ def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -
     attempts = Request.objects.values_list("attempts", flat=True).get(pk=job.request_id)
     attempts_left = may_retry and attempts < knob("REQUEST_ATTEMPTS")
     with transaction.atomic():
+        sql.fetch(*lock_deployments([job.deployment_id]))  # before the request: the lock order
         if error.code == ErrorCode.NOT_LOADED and attempts_left:
             Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADED).update(
                 state=DS.UNLOADED, state_changed_at=timezone.now(), loaded_at=None

@@ -198,6 +198,10 @@ def move_and_dispatch(
     with sql.atomic():
         if not any(t.to_state in TERMINAL_STATES for t in transitions):
             sql.without_waiting_for_disk()
+        if others and sends:
+            # The lock order (servers, deployments, requests): the rows the moves take are
+            # locked after the slots the sends need, with the sends' own, in one round trip.
+            _lock_in_order([did for _, did in sends], [t.request_id for t in transitions])
         done = dict(zip(map(id, others), move_all(others), strict=True))
         jobs = dispatch_all(sends, worker_id, routes, send_now)
         sent = {job.request_id for job in jobs if job is not None}
@@ -206,6 +210,14 @@ def move_and_dispatch(
         unsent = [t for rid, t in routes.items() if rid not in sent]
         done |= zip(map(id, unsent), move_all(unsent), strict=True)
     return [done[id(t)] for t in transitions], jobs
+
+
+def _lock_in_order(deployment_ids: list[int], request_ids: list[Any]) -> None:
+    """Lock, in the one lock order, the servers of these deployments, their deployments and
+    these requests (in id order)."""
+    ids = sorted(set(deployment_ids))
+    keys = sql.keys(Request, dict.fromkeys(request_ids))
+    sql.fetch_all([lock_servers(ids), servers_deployments(ids), locking("id", keys)])
 
 
 def send_on_arrival(

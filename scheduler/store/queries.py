@@ -89,3 +89,16 @@ def servers_deployments(deployment_ids: list[int]) -> sql.Statement:
         ),
         deployment_ids,
     )
+
+
+def lock_deployments(deployment_ids: list[int]) -> sql.Statement:
+    """Lock these deployments (in id order): a writer that frees a slot and ends a request
+    locks the slot's deployment first, as a dispatch does (docs/architecture.md)."""
+    order = " ORDER BY id" if len(deployment_ids) > 1 else ""
+    return (
+        sql.prepared(
+            f"SELECT id FROM {DEPLOYMENTS} WHERE id IN ({sql.marks(len(deployment_ids))})"
+            f"{order}{sql.for_update()}"
+        ),
+        deployment_ids,
+    )

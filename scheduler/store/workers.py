@@ -5,6 +5,7 @@ import os
 import socket
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -38,14 +39,23 @@ def take_over_stale_workers(stale_s: float, me: int | None = None) -> tuple[int,
     )
     if stale:
         log.warning("taking over the work of stale workers %s", stale)
-    Worker.objects.filter(pk__in=stale).delete()  # what they held now points at no worker
+        _forget(stale)
     return release_orphans("its worker stopped heartbeating; it will run again")
 
 
 def release_worker(worker_id: int) -> tuple[int, list[int]]:
     """A worker stopping cleanly hands back what it holds, like a stale one."""
-    Worker.objects.filter(pk=worker_id).delete()
+    _forget([worker_id])
     return release_orphans("its worker stopped; it will run again")
+
+
+def _forget(worker_ids: list[int]) -> None:
+    """Delete these workers: what they held now points at no worker. Their deployments are
+    locked (in id order) before their requests are written: the lock order."""
+    with transaction.atomic():
+        held = Deployment.objects.filter(worker__in=worker_ids).order_by("pk")
+        list(held.select_for_update().values_list("pk", flat=True))
+        Worker.objects.filter(pk__in=worker_ids).delete()
 
 
 def release_orphans(reason: str) -> tuple[int, list[int]]:
@@ -76,7 +86,11 @@ def recount_in_flight() -> None:
         .annotate(n=Count("pk"))
         .values("n")
     )
-    Deployment.objects.update(in_flight=Coalesce(Subquery(processing), 0))
+    with transaction.atomic():
+        # Every deployment locked in id order first, as a dispatch locks them (the lock
+        # order); an UPDATE alone would lock them in the table's order.
+        list(Deployment.objects.order_by("pk").select_for_update().values_list("pk", flat=True))
+        Deployment.objects.update(in_flight=Coalesce(Subquery(processing), 0))
 
 
 def orphaned_deployments() -> list[int]:

@@ -559,3 +559,28 @@ def test_a_request_cancelled_before_its_route_and_send_is_neither():
     r.refresh_from_db()
     assert r.state == State.CANCELLED and not r.traces.exists()
     assert Deployment.objects.get(pk=d.pk).in_flight == 0
+
+
+def test_a_draining_worker_keeps_its_lease(gated_upstream, monkeypatch):
+    """A drain longer than the stale time must not hand what still runs to another worker."""
+    monkeypatch.setenv("SWITCHYARD_HEARTBEAT_S", "0.1")
+    request = setup_upstream_server(gated_upstream)
+    worker = WorkerProcess(drain_s=60)
+    assert gated_upstream.arrived.wait(30)
+
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.wait_for_line("draining: 1 request(s)")
+    began = Worker.objects.get(pk=worker.worker_id).last_heartbeat
+    deadline = time.monotonic() + 30
+    # Another process's heartbeat: poll its row until it moves on.
+    while Worker.objects.get(pk=worker.worker_id).last_heartbeat <= began:
+        assert time.monotonic() < deadline, "no heartbeat while draining"
+        time.sleep(0.05)
+    assert store.take_over_stale_workers(stale_s=5) == (0, [])  # its lease is fresh
+    gated_upstream.gate.set()
+    out = worker.finish()
+
+    assert worker.proc.returncode == 0, out
+    request.refresh_from_db()
+    assert (request.state, request.attempts) == (State.COMPLETED, 1), out
+    assert len(gated_upstream.received) == 1
