@@ -67,7 +67,7 @@ class LoadTarget:
 class InferenceCall:
     kind: str  # chat | completion | embedding
     server_model_id: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] = field(repr=False)  # the caller's prompt: never in a log line
     stream: bool = False
     load_options: dict[str, Any] = field(default_factory=dict)
 
