@@ -20,8 +20,9 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from config import daphne_requests, urls  # noqa: E402, F401
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from scheduler import health  # noqa: E402
-from scheduler.api import openai_asgi  # noqa: E402
+from scheduler.api import gate, openai_asgi  # noqa: E402
 from scheduler.api.errors import json_errors  # noqa: E402
+from scheduler.api.inference import Reply  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/api/v1/")
 daphne_requests.install()
@@ -51,6 +52,10 @@ async def http(scope, receive, send) -> None:
         app = api_asgi_app
     else:
         app = django_asgi_app
+    if app is not django_asgi_app and (refused := gate.refusal(scope)) is not None:
+        # What the site's middleware checks (Host, cross-site posts), for the paths without it.
+        await openai_asgi.send_reply(send, Reply.error(refused))
+        return
     await app(scope, receive, send)
 
 
