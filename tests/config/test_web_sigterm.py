@@ -1,0 +1,83 @@
+"""A web process told to stop (SIGTERM) while a caller waits for an answer exits promptly: the
+waiting caller's connection is closed, its request stays stored for a worker to run."""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from scheduler.models import Request
+from tests import factories
+from tests.conftest import database_url, free_port
+from tests.support.manage_process import ManageProcess
+
+pytestmark = pytest.mark.django_db(transaction=True)
+EXIT_WITHIN_S = 15.0
+
+
+def listening(port: int, web: ManageProcess) -> None:
+    """Until the port takes connections (daphne says nothing when it does)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline and web.proc.poll() is None, "".join(web.log)
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("program", "stream"), [("serve", False), ("config.web", False), ("config.web", True)]
+)
+def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
+    factories.deployment(factories.server("s"), "m1")  # never served: no worker runs
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url()}
+    if program == "serve":
+        args, run = ["serve", "--no-scheduler", "--port", str(port)], ("manage.py",)
+        ready = "is serving on"
+    else:
+        args = ["-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+        run, ready = ("-m", "config.web"), "web process on"
+    web = ManageProcess(args, env, lambda line: ready in line, program=run)
+    listening(port, web)
+    answered: list[object] = []
+
+    def wait_for_answer() -> None:
+        try:
+            answered.append(
+                httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    json={
+                        "model": "m1",
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "stream": stream,
+                    },
+                    timeout=60,
+                )
+            )
+        except httpx.HTTPError as error:
+            answered.append(error)
+
+    caller = threading.Thread(target=wait_for_answer)
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not Request.objects.exists():  # another process stores it: poll the table
+        assert time.monotonic() < deadline and web.proc.poll() is None, "".join(web.log)
+        time.sleep(0.05)
+
+    started = time.monotonic()
+    web.proc.send_signal(signal.SIGTERM)
+    out = web.output(timeout=EXIT_WITHIN_S + 30)
+    took = time.monotonic() - started
+    print(f"exited in {took:.1f} s")
+    assert took < EXIT_WITHIN_S, out
+    caller.join(timeout=30)
+    assert answered, "the caller was never let go"
+    # Stored; cancelled if its caller was let go before a worker took it.
+    assert Request.objects.get().state in ("pending", "cancelled")
