@@ -634,6 +634,7 @@ async def test_a_pass_that_only_routes_and_sends_goes_to_the_database_thread_onc
         return sync_to_async(fn)
 
     monkeypatch.setattr("scheduler.runtime.db", counted)
+    monkeypatch.setattr("scheduler.runtime.in_database_thread", counted)  # `committed`'s
     rt = Runtime()
     await rt.start()
     try:
