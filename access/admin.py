@@ -1,19 +1,13 @@
+from datetime import timedelta
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
-from .models import KEY_MARK, ApiKey, KeyUsage
-
-
-class UsageInline(admin.TabularInline):
-    model = KeyUsage
-    fields = ["day", "requests", "prompt_tokens", "completion_tokens", "processing_s"]
-    readonly_fields = fields
-    extra = 0
-    max_num = 0
-    can_delete = False
-    ordering = ["-day"]
-    show_change_link = False
+from . import usage
+from .models import KEY_MARK, ApiKey
 
 
 @admin.register(ApiKey)
@@ -34,9 +28,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
     ]
     list_filter = ["revoked", "operator", "max_priority"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["shown_prefix", "created_at"]
+    readonly_fields = ["shown_prefix", "created_at", "usage_by_day"]
     actions = ["revoke", "restore"]
-    inlines = [UsageInline]
     fieldsets = [
         (None, {"fields": ["name", "shown_prefix", "created_at", "expires_at", "revoked"]}),
         ("What it may do", {"fields": ["operator", "allowed_models", "max_priority"]}),
@@ -44,11 +37,39 @@ class ApiKeyAdmin(admin.ModelAdmin):
             "Limits",
             {"fields": ["default_priority", "rpm", "max_waiting", "max_processing", "weight"]},
         ),
+        ("Usage (UTC days, the last 30)", {"fields": ["usage_by_day"]}),
     ]
 
     @admin.display(description="key starts", ordering="prefix")
     def shown_prefix(self, key: ApiKey) -> str:
         return f"{KEY_MARK}{key.prefix}…" if key.prefix else "(made on save)"
+
+    @admin.display(description="usage")
+    def usage_by_day(self, key: ApiKey) -> str:
+        if key.pk is None:
+            return "—"
+        since = timezone.now() - timedelta(days=30)
+        rows = sorted(usage.usage(key.pk, since).items(), reverse=True)
+        if not rows:
+            return "No request has ended yet."
+        return format_html(
+            "<table><tr><th>Day</th><th>Requests</th><th>Prompt tokens</th>"
+            "<th>Completion tokens</th><th>Processing s</th></tr>{}</table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                (
+                    (
+                        day,
+                        f["requests"],
+                        f["prompt_tokens"],
+                        f["completion_tokens"],
+                        round(f["processing_s"], 1),
+                    )
+                    for (_, day), f in rows
+                ),
+            ),
+        )
 
     @admin.display(boolean=True, description="usable")
     def usable(self, key: ApiKey) -> bool:
@@ -77,21 +98,3 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def restore(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         count = queryset.update(revoked=False)
         self.message_user(request, f"Restored {count} key(s).", messages.SUCCESS)
-
-
-@admin.register(KeyUsage)
-class KeyUsageAdmin(admin.ModelAdmin):
-    list_display = [
-        "day",
-        "api_key",
-        "requests",
-        "prompt_tokens",
-        "completion_tokens",
-        "processing_s",
-    ]
-    list_filter = ["day", "api_key"]
-    date_hierarchy = "day"
-    readonly_fields = [f.name for f in KeyUsage._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False

@@ -4,6 +4,7 @@ from django.utils import timezone
 
 from .discovery import sync_server
 from .models import Deployment, DeploymentState, Health, Model, Server
+from .secret_field import ServerForm
 
 
 def server_label(server: Server | None) -> str:
@@ -34,6 +35,7 @@ class DeploymentInline(admin.TabularInline):
 
 @admin.register(Server)
 class ServerAdmin(admin.ModelAdmin):
+    form = ServerForm  # its API key is never shown back (last 4 characters)
     list_display = [
         "name",
         "kind_label",

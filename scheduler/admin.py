@@ -48,6 +48,7 @@ class RequestAdmin(ReadOnlyAdmin):
         "model_name",
         "priority",
         "state",
+        "api_key",
         "server_column",
         "created_at",
         "waited",
@@ -55,14 +56,14 @@ class RequestAdmin(ReadOnlyAdmin):
         "attempts",
         "error_code",
     ]
-    list_filter = ["state", "priority", "kind", "server", "stream"]
+    list_filter = ["state", "priority", "kind", "server", "api_key", "stream"]
     search_fields = ["id", "model_name", "error"]
     date_hierarchy = "created_at"
     # Newest first, by the index of arrival: the model's own order (class, then arrival)
     # has no index over finished requests, and sorted the whole table on every page.
     ordering = ["-created_at"]
     show_full_result_count = False  # a filtered page counts its rows, not the table's too
-    list_select_related = ["server"]
+    list_select_related = ["server", "api_key"]
     inlines = [TraceInline]
     actions = ["cancel"]
 

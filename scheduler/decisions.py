@@ -83,6 +83,8 @@ class SendNext:
     deployment_id: int
     expires_at: datetime
     effective_priority: int
+    api_key: int | None = None
+    """Its API key (fair share: a request of another key, of the same class, may go first)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
+from access.metrics import KeyUsageCollector
 from backends.models import Deployment, DeploymentState, Server
 from dashboard.metrics import EtaCollector
 
@@ -170,4 +171,5 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector())
     registry.register(EtaCollector())
+    registry.register(KeyUsageCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

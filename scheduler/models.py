@@ -126,6 +126,17 @@ class Request(models.Model):
             ),
             models.Index(fields=["state"], name="request_state"),
             models.Index(fields=["api_key", "created_at"], name="requests_by_key"),
+            # Each key's own line: a key's requests are seen behind a deep line of another's
+            # (fair share; see store.SnapshotReader).
+            models.Index(
+                fields=["api_key", "priority", "created_at", "id"],
+                name="waiting_by_key",
+                condition=models.Q(state__in=["pending", "needs_loading", "ready"]),
+            ),
+            # What each key has processing, read on every pass: no more entries than slots.
+            models.Index(
+                fields=["api_key"], name="processing_by_key", condition=models.Q(state="processing")
+            ),
         ]
 
     def __str__(self) -> str:

@@ -30,7 +30,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from . import holding
+from . import fair_share, holding
 from .decisions import (
     Decision,
     Defer,
@@ -92,6 +92,8 @@ class _Pass:
         self.ready_on_server: dict[int, int] = defaultdict(int)
         self.ready_on_deployment: dict[int, int] = defaultdict(int)
         self.order = [r.id for r in sorted(snapshot.requests, key=self.rank)]
+        self.keys = {k.id: k for k in snapshot.keys}
+        self.quota = fair_share.Quota(self.keys)
         self.unseen = snapshot.unseen
         self.decisions: list[Decision] = []
         self.wake_times: Wakes = []
@@ -581,17 +583,24 @@ class _Pass:
 
     # -- dispatch ------------------------------------------------------------------------
 
+    def fairly(self, ranked: list[RequestView]) -> list[RequestView]:
+        """Within each class, API keys share the slots by weight (see fair_share)."""
+        return fair_share.fair_order(ranked, self.effective, self.keys)
+
     def dispatch(self) -> None:
-        for r in self.ranked("ready"):
+        for r in self.fairly(self.ranked("ready")):
             if not self.any_free_slot():
                 # The rest waits; a slot that frees wakes the loop (retries' times included).
                 return
             if self.backing_off(r):
                 self.wake_at(r.not_before, "retry a request")
                 continue
+            if not self.quota.allows(r):  # its key's quota is full: one of its own ends first
+                continue
             d = self.free_slot_for(r)
             if d is None:
                 continue
+            self.quota.take(r)
             self.decisions.append(Dispatch(r.id, d.id))
             self.in_flight[d.server_id] += 1
             self.set_deployment(d, in_flight=d.in_flight + 1)
@@ -630,9 +639,10 @@ class _Pass:
         if not full:  # most passes of a quiet system: no need to rank the line again
             return
         unplaced = {r.model for r in self.requests.values() if r.state == "pending"}
-        ready = [r for r in self.ranked("ready") if not self.backing_off(r)]
+        ready = [r for r in self.fairly(self.ranked("ready")) if not self.backing_off(r)]
         if not ready:
             return
+        quota = self.quota.copy()  # a request sent next takes a slot of its key's quota
         for s in full:
             here = sorted(self.on_server(s.id), key=lambda d: d.id)
             if any(d.model in unplaced for d in here):
@@ -645,9 +655,12 @@ class _Pass:
             for r in ready:
                 own = self.deployments.get(r.deployment_id) if r.deployment_id else None
                 d = own if own is not None and own.server_id == s.id else loaded.get(r.model)
-                if d is None or d.state != "loaded":
+                if d is None or d.state != "loaded" or not quota.allows(r):
                     continue
-                self.decisions.append(SendNext(s.id, r.id, d.id, r.expires_at, self.effective(r)))
+                quota.take(r)
+                self.decisions.append(
+                    SendNext(s.id, r.id, d.id, r.expires_at, self.effective(r), r.api_key)
+                )
                 nexts += 1
                 if nexts == s.slots:
                     break

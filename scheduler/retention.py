@@ -14,6 +14,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from access import usage
+
 from . import metric_totals, sql
 from .models import TERMINAL_STATES, MetricEvent, Request, Trace
 
@@ -54,6 +56,7 @@ def purge_finished(before: datetime, batch: int = BATCH, batches: int | None = N
             )
             if ids:
                 metric_totals.carry_purged_requests(ids)  # counters never go down
+                usage.fold(ids)  # each API key's usage outlives its requests
                 keys = sql.keys(Request, ids)
                 where = f"IN ({sql.marks(len(keys))})"
                 sql.execute(f"DELETE FROM {TRACES} WHERE request_id {where}", keys)

@@ -90,7 +90,7 @@ class Runtime:
         # Per server, what the last pass planned for its slots as they free (`SendNext`),
         # and the classes of the requests that arrived since it was installed.
         self.next_sends: dict[int, list[SendNext]] = {}
-        self.arrivals: list[int] = []
+        self.arrivals: list[tuple[int, int]] = []  # (class, API key) of each arrival
         # With nothing waiting, where the last pass planned to send each model's next arrival,
         # and the free slots it saw per server, counted down by those sends and up as
         # requests there end (`SendOnArrival`).
@@ -259,8 +259,8 @@ class Runtime:
         if arrived is not None:
             if self.send_on_arrival(arrived):
                 return
-            self.arrivals.append(arrived.priority)
-            self.hold_back_for(arrived.priority)
+            self.arrivals.append((arrived.priority, arrived.api_key))
+            self.hold_back_for(arrived.priority, arrived.api_key)
         self.wake.set()
 
     def send_on_arrival(self, arrived: Arrival) -> bool:
@@ -295,10 +295,16 @@ class Runtime:
         )
         return [job is not None for job in jobs]
 
-    def hold_back_for(self, arrived: int) -> None:
-        """Drop the planned sends that a new request of class `arrived` may outrank."""
+    def hold_back_for(self, arrived: int, api_key: int = 0) -> None:
+        """Drop the planned sends that a new request of class `arrived` may outrank: of a
+        worse class, or of its class and another API key's (fair share)."""
         for planned in self.next_sends.values():
-            planned[:] = [n for n in planned if n.effective_priority <= arrived]
+            planned[:] = [
+                n
+                for n in planned
+                if n.effective_priority < arrived
+                or (n.effective_priority == arrived and (n.api_key or 0) == api_key)
+            ]
 
     def side_task_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception():
@@ -421,8 +427,8 @@ class Runtime:
             elif not missed:
                 self.on_arrival[p.model] = p
                 self.room[p.server_id] = p.room
-        if missed:
-            self.hold_back_for(min(missed))
+        for priority, api_key in set(missed):
+            self.hold_back_for(priority, api_key)
 
     def next_send(self, server_id: int) -> tuple[Any, int] | None:
         """The request planned for the slot that just freed on the server, if any is still

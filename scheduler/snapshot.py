@@ -83,6 +83,19 @@ class RequestView:
     no_server_grace_s: float | None = None
     """How long this request waits while no server can serve its model (None: the
     config's `no_server_grace_s`); a job may ask for longer."""
+    api_key: int | None = None
+    """The id of the API key that sent it; None with SWITCHYARD_AUTH=off."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyView:
+    """An API key, as fair share and its processing quota see it."""
+
+    id: int
+    weight: int = 1
+    max_processing: int | None = None
+    processing: int = 0
+    """Its requests processing now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,8 @@ class Snapshot:
     requests: tuple[RequestView, ...]
     """Waiting requests only (pending, needs_loading, ready)."""
     config: PolicyConfig = PolicyConfig()
+    keys: tuple[KeyView, ...] = ()
+    """The API keys with requests waiting or processing (any others: weight 1, no quota)."""
     unseen: frozenset[str] = frozenset()
     """Models that more requests may wait for than `requests` holds. Of a deep line it holds
     the heads: its best, its oldest, and the best of each deployed model's own line, so a

@@ -24,23 +24,27 @@ log = logging.getLogger(__name__)
 
 
 class Arrival(NamedTuple):
-    """A new request, as its wake-up tells it: its class (what it may outrank), and its
-    model's name (where it may go at once)."""
+    """A new request, as its wake-up tells it: its class (what it may outrank), its model's
+    name (where it may go at once; empty: nowhere, a pass decides) and its API key's id (0
+    for none: within its class it may outrank another key's requests, see fair_share)."""
 
     priority: int
     request_id: uuid.UUID
     model: str
+    api_key: int = 0
 
     def payload(self) -> str:
-        return f"{self.priority:d} {self.request_id.hex} {self.model}"
+        return f"{self.priority:d} {self.request_id.hex} {self.api_key:d} {self.model}"
 
     @classmethod
     def parse(cls, payload: str) -> "Arrival | None":
         """None for anything else (a NOTIFY sent by hand, say): news all the same."""
-        priority, _, rest = payload.partition(" ")
-        request_id, _, model = rest.partition(" ")
+        parts = payload.split(" ", 3)
+        if len(parts) != 4:
+            return None
+        priority, request_id, api_key, model = parts
         try:
-            return cls(int(priority), uuid.UUID(hex=request_id), model)
+            return cls(int(priority), uuid.UUID(hex=request_id), model, int(api_key))
         except ValueError:
             return None
 

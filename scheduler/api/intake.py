@@ -169,7 +169,12 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool, note:
             note_in_trace(request, note)
         if request.callback_url:
             webhooks.add_callback(request.id)
-        arrival = wakeup.Arrival(request.priority, request.id, model)
+        # A request under its key's processing quota is not sent on arrival (that skips the
+        # pass): the pass, which counts what its key has processing, sends it.
+        quota = request.api_key is not None and request.api_key.max_processing is not None
+        arrival = wakeup.Arrival(
+            request.priority, request.id, "" if quota else model, request.api_key_id or 0
+        )
         wakeup.notify_in_transaction(arrival)
 
         def stored() -> bool:  # known once the insert is sent, with the commit

@@ -47,8 +47,15 @@ def wait_loaded(*deployment_ids: int, timeout_s: float = 60) -> None:
     wait_until(loaded, timeout_s, f"deployments {deployment_ids} to load")
 
 
-def backlog(model: Model, count: int, priority: int = Priority.BACKGROUND, tokens: int = 8) -> None:
-    """Insert `count` pending requests straight into the table, oldest first."""
+def backlog(
+    model: Model,
+    count: int,
+    priority: int = Priority.BACKGROUND,
+    tokens: int = 8,
+    api_key_id: int | None = None,
+) -> None:
+    """Insert `count` pending requests straight into the table, oldest first (sent with the
+    API key `api_key_id`, if given)."""
     now = timezone.now()
     rows = [
         Request(
@@ -63,6 +70,7 @@ def backlog(model: Model, count: int, priority: int = Priority.BACKGROUND, token
             },
             priority=priority,
             state=State.PENDING,
+            api_key_id=api_key_id,
             created_at=now - timedelta(microseconds=count - i),
             expires_at=now + timedelta(days=1),
         )

@@ -13,6 +13,7 @@ from scheduler.models import Priority, State
 
 from . import fleet, machine
 from .context import Context
+from .fairness import fairness
 from .profiling import Profiler
 from .real import real
 from .stack import BENCH, Stack, run_loadgen
@@ -756,4 +757,5 @@ SCENARIOS: dict[str, Callable[[Context], Outcome]] = {
     "priority": priority,
     "thrash": thrash,
     "real": real,
+    "fairness": fairness,
 }

@@ -23,6 +23,7 @@ import environ
 from django.conf import settings
 from django.db import connections
 
+from access.models import ApiKey
 from backends.models import Deployment, Model, Server
 from scheduler.models import Request, Trace, Worker
 
@@ -119,6 +120,10 @@ class BenchDatabase:
         if name == "bench":
             os.environ["SWITCHYARD_API_KEY"] = secret
         return secret
+
+    def api_key_id(self, secret: str) -> int:
+        prefix = secret.removeprefix("sy-").split(".", 1)[0]
+        return ApiKey.objects.using(BENCH).get(prefix=prefix).pk
 
     def empty(self) -> None:
         tables = [m._meta.db_table for m in (Trace, Request, Deployment, Model, Server, Worker)]

@@ -3,16 +3,18 @@ what every dispatch locks. Everything else in the store uses the ORM."""
 
 import dataclasses
 
+from access.models import ApiKey
 from backends.models import Deployment, Health, Model, Server
 
 from .. import sql
-from ..models import WAITING_STATES, Request
+from ..models import WAITING_STATES, Request, State
 from ..snapshot import DeploymentView
 
 SERVERS = Server._meta.db_table
 DEPLOYMENTS = Deployment._meta.db_table
 MODELS = Model._meta.db_table
 REQUESTS = Request._meta.db_table
+KEYS = ApiKey._meta.db_table
 
 
 SERVER_VIEW_SQL = sql.prepared(
@@ -38,7 +40,16 @@ MODEL_NAMES_SQL = sql.prepared(f"SELECT id, name FROM {MODELS} ORDER BY id")
 # parses many times faster than the driver's loader (most of a deep snapshot's cost).
 REQUEST_VIEW_SQL = (
     "SELECT r.id, r.model_id, r.priority, r.state, CAST(r.created_at AS TEXT),"
-    f" CAST(r.expires_at AS TEXT), r.deployment_id, CAST(r.not_before AS TEXT) FROM {REQUESTS} r"
+    f" CAST(r.expires_at AS TEXT), r.deployment_id, CAST(r.not_before AS TEXT), r.api_key_id"
+    f" FROM {REQUESTS} r"
+)
+# The API keys, for fair share and quotas (a small table), and how many requests each has
+# processing (by the index `processing_by_key`: no more entries than busy slots; the state
+# written out, so that PostgreSQL can prove the partial index's condition).
+KEY_VIEW_SQL = sql.prepared(f"SELECT id, weight, max_processing FROM {KEYS} ORDER BY id")
+PROCESSING_BY_KEY_SQL = (
+    f"SELECT r.api_key_id, COUNT(*) FROM {REQUESTS} r"
+    f" WHERE r.state = '{State.PROCESSING.value}' GROUP BY r.api_key_id ORDER BY r.api_key_id"
 )
 WAITING_SQL = f"r.state IN ({sql.marks(len(WAITING_STATES))})"
 RANK_SQL = "r.priority, r.created_at, r.id"  # best first, as the policy ranks before aging

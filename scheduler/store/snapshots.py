@@ -10,13 +10,15 @@ from backends.models import ModelType
 
 from .. import sql
 from ..models import WAITING_STATES, Request, State
-from ..snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
+from ..snapshot import DeploymentView, KeyView, PolicyConfig, RequestView, ServerView, Snapshot
 from .queries import (
     AGE_SQL,
     DEPLOYMENT_VIEW_SQL,
     HEAD_SQL,
     IN_INDEX_ORDER,
+    KEY_VIEW_SQL,
     MODEL_NAMES_SQL,
+    PROCESSING_BY_KEY_SQL,
     RANK_SQL,
     REQUEST_VIEW_SQL,
     REQUESTS,
@@ -26,6 +28,7 @@ from .queries import (
 
 SNAPSHOT_HEAD = 250  # waiting requests read per ordering; see SnapshotReader
 MODEL_HEAD = 50  # and the best of each deployed model's own line
+KEY_HEAD = 20  # and of each API key's own line (fair share)
 ROWS_PER_READ = 500  # ids in one IN list, within SQLite's limit on parameters
 
 
@@ -38,12 +41,15 @@ class SnapshotReader:
     def __init__(self) -> None:
         # The deployed models whose heads the last pass read: the line was deep then.
         self.deep_models: tuple[int, ...] | None = None
+        self.deep_keys: tuple[int, ...] = ()  # and the API keys whose heads it read
 
     def read(self, config: PolicyConfig) -> Snapshot:
         statements = pass_reads()
         if self.deep_models is not None:
-            statements.append(_other_heads(self.deep_models))
-        server_rows, deployment_rows, model_rows, head, *other_heads = _read_heads(statements)
+            statements.append(_other_heads(self.deep_models, self.deep_keys))
+        server_rows, deployment_rows, model_rows, key_rows, processing_rows, head, *other_heads = (
+            _read_heads(statements)
+        )
         names = dict(model_rows)
         # The best-ranked and the oldest waiting requests: enough to plan every free slot
         # and load, and the oldest are where aging and expiry happen. Deep queues stay cheap.
@@ -52,9 +58,10 @@ class SnapshotReader:
             self.deep_models = None
         else:
             models = tuple(sorted({row[0] for row in deployment_rows}))
-            if models != self.deep_models:  # a line just grown deep, or a model deployed
-                other_heads = _read_heads([_other_heads(models)])
-            self.deep_models = models
+            keys = tuple(row[0] for row in key_rows)
+            if (models, keys) != (self.deep_models, self.deep_keys):  # just grown deep, or
+                other_heads = _read_heads([_other_heads(models, keys)])  # a model or key added
+            self.deep_models, self.deep_keys = models, keys
             # The other views of the line come as ids, and only the rows not read yet are
             # read in full: most are the same rows.
             ids = list({sql.uuid_of(key) for (key,) in other_heads[0]} - requests.keys())
@@ -69,6 +76,7 @@ class SnapshotReader:
             ),
             requests=tuple(requests.values()),
             config=config,
+            keys=_key_views(key_rows, processing_rows),
             unseen=frozenset() if self.deep_models is None else _unseen(requests.values()),
         )
 
@@ -85,6 +93,8 @@ def pass_reads() -> list[sql.Statement]:
         (SERVER_VIEW_SQL, []),
         (DEPLOYMENT_VIEW_SQL, []),
         (MODEL_NAMES_SQL, []),
+        (KEY_VIEW_SQL, []),
+        (PROCESSING_BY_KEY_SQL, []),
         (HEAD_SQL, [*WAITING_STATES, SNAPSHOT_HEAD]),
     ]
 
@@ -128,6 +138,14 @@ def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:
     )
 
 
+def _key_views(key_rows: list[tuple], processing_rows: list[tuple]) -> tuple[KeyView, ...]:
+    processing = dict(processing_rows)
+    return tuple(
+        KeyView(id=kid, weight=weight, max_processing=most, processing=processing.get(kid, 0))
+        for kid, weight, most in key_rows
+    )
+
+
 def _request_views(rows: list[tuple], names: dict[int, str]) -> Iterator[RequestView]:
     return (_request_view(row, names.get(row[1], "")) for row in rows)
 
@@ -136,7 +154,7 @@ def _request_views(rows: list[tuple], names: dict[int, str]) -> Iterator[Request
 def _request_view(row: tuple, model: str) -> RequestView:
     """The view of a row as read (kept: a deep line's head is mostly the same rows, unchanged,
     pass after pass, and building a view costs more than finding it)."""
-    rid, _, priority, state, created_at, expires_at, deployment_id, not_before = row
+    rid, _, priority, state, created_at, expires_at, deployment_id, not_before, api_key = row
     return RequestView(
         id=sql.uuid_of(rid),
         model=model,
@@ -146,10 +164,11 @@ def _request_view(row: tuple, model: str) -> RequestView:
         expires_at=sql.timestamp(expires_at),
         deployment_id=deployment_id,
         not_before=sql.timestamp(not_before),
+        api_key=api_key,
     )
 
 
-def _other_heads(models: tuple[int, ...]) -> sql.Statement:
+def _other_heads(models: tuple[int, ...], keys: tuple[int, ...] = ()) -> sql.Statement:
     """With a deep line, in one statement, the ids of the oldest waiting requests, of the
     oldest routed ones, and of each deployed model's `MODEL_HEAD` best: a model that can be
     served now is seen now, and does not hide behind a deep line for other models (a long
@@ -162,6 +181,12 @@ def _other_heads(models: tuple[int, ...]) -> sql.Statement:
     heads += [
         (f"{WAITING_SQL} AND r.model_id = %s", RANK_SQL, [*WAITING_STATES, m], MODEL_HEAD)
         for m in models
+    ]
+    # Each key's best: a key's request is seen behind a deep line of another key's (fair
+    # share would not find it otherwise).
+    heads += [
+        (f"{WAITING_SQL} AND r.api_key_id = %s", RANK_SQL, [*WAITING_STATES, k], KEY_HEAD)
+        for k in keys
     ]
     # Each head a subquery: SQLite takes no ORDER BY or LIMIT in a UNION's parts themselves.
     statement = " UNION ALL ".join(

@@ -517,7 +517,7 @@ def test_an_arrival_while_a_pass_is_due_or_unseen_by_a_plan_waits_for_a_pass():
     rt.idle = True
     rt.wake.set()  # a pass is due
     rt.news(wakeup.Arrival(Priority.NORMAL, uuid.uuid4(), "m1"))
-    assert rt.arrivals == [Priority.NORMAL] and not rt.tasks
+    assert rt.arrivals == [(Priority.NORMAL, 0)] and not rt.tasks
 
     seen = len(rt.arrivals)  # as a pass reads its snapshot
     rt.news(wakeup.Arrival(Priority.NORMAL, uuid.uuid4(), "m2"))

@@ -1,0 +1,81 @@
+"""What each API key used, by day (UTC): requests ended, prompt and completion tokens (the
+servers' `usage`), processing seconds.
+
+Counted from the requests themselves, so the hot path writes nothing more: the finished
+requests still kept are summed when asked, and a request's usage moves into `KeyUsage` in
+the transaction that purges it (retention), so a day's figures outlive its requests."""
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import date, datetime
+
+from django.db.models import BigIntegerField, Count, DurationField, ExpressionWrapper, F, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce, TruncDate
+
+from scheduler.models import TERMINAL_STATES, Request
+
+from .models import KeyUsage
+
+FIELDS = ("requests", "prompt_tokens", "completion_tokens", "processing_s")
+Usage = dict[tuple[int, date], dict[str, float]]
+
+
+def _sums(requests) -> Usage:
+    rows = (
+        requests.filter(state__in=TERMINAL_STATES, api_key__isnull=False)
+        .annotate(day=TruncDate("finished_at"))
+        .values("api_key", "day")
+        .annotate(
+            requests=Count("id"),
+            prompt_tokens=Sum(
+                Cast(KT("result__usage__prompt_tokens"), BigIntegerField()), default=0
+            ),
+            completion_tokens=Sum(
+                Cast(KT("result__usage__completion_tokens"), BigIntegerField()), default=0
+            ),
+            processing=Sum(
+                ExpressionWrapper(
+                    F("finished_at") - Coalesce("started_at", "finished_at"),
+                    output_field=DurationField(),
+                )
+            ),
+        )
+    )
+    found: Usage = {}
+    for row in rows:
+        found[row["api_key"], row["day"]] = {
+            "requests": row["requests"],
+            "prompt_tokens": row["prompt_tokens"] or 0,
+            "completion_tokens": row["completion_tokens"] or 0,
+            "processing_s": row["processing"].total_seconds() if row["processing"] else 0.0,
+        }
+    return found
+
+
+def usage(api_key_id: int | None = None, since: datetime | None = None) -> Usage:
+    """(key id, day) -> figures, of one key or all, of the days from `since`'s on."""
+    requests, stored = Request.objects.all(), KeyUsage.objects.all()
+    if api_key_id is not None:
+        requests, stored = requests.filter(api_key=api_key_id), stored.filter(api_key=api_key_id)
+    if since is not None:
+        requests = requests.filter(finished_at__gte=since)
+        stored = stored.filter(day__gte=since.date())
+    total: Usage = defaultdict(lambda: dict.fromkeys(FIELDS, 0))
+    for row in stored.values("api_key", "day", *FIELDS):
+        for name in FIELDS:
+            total[row["api_key"], row["day"]][name] += row[name]
+    for at, figures in _sums(requests).items():
+        for name in FIELDS:
+            total[at][name] += figures[name]
+    return dict(total)
+
+
+def fold(request_ids: Iterable) -> None:
+    """Add the usage of these requests (about to be purged) to `KeyUsage`. Call in the
+    transaction that deletes them."""
+    for (key_id, day), figures in _sums(Request.objects.filter(id__in=list(request_ids))).items():
+        row, _ = KeyUsage.objects.select_for_update().get_or_create(api_key_id=key_id, day=day)
+        for name in FIELDS:
+            setattr(row, name, getattr(row, name) + figures[name])
+        row.save()

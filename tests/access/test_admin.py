@@ -1,0 +1,84 @@
+"""The admin: keys made (shown once), revoked, their usage; server keys never shown back."""
+
+import logging
+
+import pytest
+from django.forms.models import model_to_dict
+from django.urls import reverse
+from django.utils import timezone
+
+from access.models import ApiKey
+from backends.models import Server
+from backends.secret_field import ServerForm
+from scheduler.models import Request
+from tests import factories
+from tests.support.admin_pages import act
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
+SERVER_SECRET = "sk-server-secret-0123456789-wxyz"
+
+
+def test_adding_a_key_shows_it_once_and_keeps_its_hash(admin_client):
+    response = admin_client.post(
+        reverse("admin:access_apikey_add"),
+        {
+            "name": "team-a",
+            "max_priority": 1,
+            "default_priority": 2,
+            "allowed_models": "[]",
+            "weight": 2,
+        },
+        follow=True,
+    )
+    assert response.status_code == 200
+    shown = "\n".join(str(m) for m in response.context["messages"])
+    secret = next(w for w in shown.split() if w.startswith("sy-"))
+    api_key = ApiKey.objects.get()
+    assert api_key.hashed_key != secret and api_key.prefix in secret
+    page = admin_client.get(reverse("admin:access_apikey_change", args=[api_key.pk]))
+    assert secret not in page.content.decode()
+
+
+def test_revoke_and_restore_actions(admin_client, make_key):
+    api_key, _ = make_key("team-a")
+    changelist = reverse("admin:access_apikey_changelist")
+    assert "Revoked 1" in act(admin_client, changelist, "revoke", [api_key.pk])
+    assert ApiKey.objects.get().revoked
+    assert "Restored 1" in act(admin_client, changelist, "restore", [api_key.pk])
+    assert not ApiKey.objects.get().revoked
+
+
+def test_a_keys_page_shows_its_usage_by_day(admin_client, make_key):
+    api_key, _ = make_key("team-a")
+    now = timezone.now()
+    for tokens in (10, 5):
+        r = factories.request("m", api_key=api_key)
+        Request.objects.filter(pk=r.pk).update(
+            state="completed",
+            started_at=now - timezone.timedelta(seconds=2),
+            finished_at=now,
+            result={"usage": {"prompt_tokens": tokens, "completion_tokens": 3}},
+        )
+    page = admin_client.get(reverse("admin:access_apikey_change", args=[api_key.pk]))
+    text = page.content.decode()
+    assert "<td>2</td><td>15</td><td>6</td><td>4.0</td>" in text
+
+
+def test_a_servers_api_key_is_never_shown_back(admin_client, caplog):
+    caplog.set_level(logging.DEBUG)
+    server = factories.server("gpu", kind="openai", base_url="http://127.0.0.1:9")
+    Server.objects.filter(pk=server.pk).update(api_key=SERVER_SECRET)
+    server.refresh_from_db()
+    page = admin_client.get(reverse("admin:backends_server_change", args=[server.pk]))
+    text = page.content.decode()
+    assert SERVER_SECRET not in text and "••••wxyz" in text
+    data = {k: v for k, v in model_to_dict(server).items() if v is not None}
+    data["api_key"] = ""  # left empty: kept
+    form = ServerForm(data=data, instance=server)
+    assert form.is_valid(), form.errors
+    assert form.save().api_key == SERVER_SECRET
+    form = ServerForm(data={**data, "api_key": "sk-new-1234"}, instance=server)
+    assert form.is_valid() and form.save().api_key == "sk-new-1234"
+    form = ServerForm(data={**data, "clear_api_key": "on"}, instance=server)
+    assert form.is_valid() and form.save().api_key == ""
+    assert SERVER_SECRET not in caplog.text

@@ -1,0 +1,120 @@
+"""Fair share between API keys and their processing quota (scheduler/fair_share.py).
+
+Pure: no database, no clock. Each test says what would break if it failed."""
+
+import uuid
+from dataclasses import replace
+from datetime import timedelta
+
+from django.utils import timezone
+
+from scheduler import wakeup
+from scheduler.decisions import Dispatch, SendNext
+from scheduler.fair_share import fair_order
+from scheduler.policy import effective_priority, plan
+from scheduler.runtime import Runtime
+from scheduler.snapshot import KeyView
+
+from .builders import HIGH, NORMAL, at, dep, of, req, server, snap
+
+FLOODER, TRICKLER = 1, 2
+
+
+def with_keys(snapshot, *keys: KeyView):
+    return replace(snapshot, keys=tuple(keys))
+
+
+def ready(n: int, key: int | None, first_age_s: float, priority: int = NORMAL) -> list:
+    """`n` ready requests of one key on deployment 1, the first `first_age_s` old."""
+    return [
+        req(
+            "m", priority, age_s=first_age_s - i * 0.01, state="ready", deployment_id=1, api_key=key
+        )
+        for i in range(n)
+    ]
+
+
+def dispatched(decisions) -> list:
+    return [d.request_id for d in of(decisions, Dispatch)]
+
+
+def test_a_flood_does_not_put_another_keys_request_behind_it():
+    """Without it, the trickler's one request would wait for the flooder's thousand."""
+    flood = ready(1000, FLOODER, first_age_s=60)
+    mine = ready(1, TRICKLER, first_age_s=1)
+    s = snap([server(1, slots=4)], [dep(1, 1, "m", "loaded", in_flight=3)], flood + mine)
+    s = with_keys(s, KeyView(FLOODER, processing=3), KeyView(TRICKLER))
+    assert dispatched(plan(s, at(0))) == [mine[0].id]
+
+
+def test_keys_share_the_slots_by_weight():
+    """Weight 2 takes two slots for each of weight 1, while both have work waiting."""
+    heavy = ready(10, FLOODER, first_age_s=60)
+    light = ready(10, TRICKLER, first_age_s=30)
+    s = snap([server(1, slots=6)], [dep(1, 1, "m", "loaded")], heavy + light)
+    s = with_keys(s, KeyView(FLOODER, weight=2), KeyView(TRICKLER, weight=1))
+    sent = set(dispatched(plan(s, at(0))))
+    assert len(sent & {r.id for r in heavy}) == 4
+    assert len(sent & {r.id for r in light}) == 2
+
+
+def test_fair_share_stays_within_a_class():
+    """A key's high request still goes before another key's normal one: fair share does not
+    undo the classes."""
+    normal = ready(1, TRICKLER, first_age_s=60)
+    high = ready(5, FLOODER, first_age_s=1, priority=HIGH)
+    s = snap([server(1, slots=1)], [dep(1, 1, "m", "loaded")], normal + high)
+    s = with_keys(s, KeyView(FLOODER, processing=0), KeyView(TRICKLER))
+    assert dispatched(plan(s, at(0))) == [high[0].id]
+
+
+def test_one_caller_keeps_the_lines_own_order():
+    """With auth off (no keys) or one key, fair share changes nothing."""
+    for key in (None, FLOODER):
+        line = ready(5, key, first_age_s=10)
+        effective = lambda r: effective_priority(r, at(0), 150.0)  # noqa: E731
+        keys = {FLOODER: KeyView(FLOODER, processing=7)}
+        assert fair_order(line, effective, keys) == line
+
+
+def test_a_key_at_its_quota_waits_while_others_use_the_free_slots():
+    """max_processing is a quota, not a refusal: the key's request waits (no Fail), and the
+    free slot goes to another key's request even though it came later."""
+    capped = ready(3, FLOODER, first_age_s=60)
+    other = ready(1, TRICKLER, first_age_s=1)
+    s = snap([server(1, slots=4)], [dep(1, 1, "m", "loaded", in_flight=2)], capped + other)
+    s = with_keys(s, KeyView(FLOODER, max_processing=2, processing=2), KeyView(TRICKLER))
+    decisions = plan(s, at(0))
+    assert dispatched(decisions) == [other[0].id]
+    assert not [d for d in decisions if type(d).__name__ == "Fail"]
+
+
+def test_a_quota_counts_what_the_pass_itself_sends():
+    """Two free slots, one left in the key's quota: one of its requests goes, not two."""
+    capped = ready(3, FLOODER, first_age_s=60)
+    s = snap([server(1, slots=4)], [dep(1, 1, "m", "loaded", in_flight=2)], capped)
+    s = with_keys(s, KeyView(FLOODER, max_processing=3, processing=2))
+    assert dispatched(plan(s, at(0))) == [capped[0].id]
+
+
+def test_send_next_follows_fair_share_and_quota():
+    """What the worker sends as slots free is planned the same way: the trickler's request
+    first, and no more of a capped key's than its quota leaves."""
+    flood = ready(10, FLOODER, first_age_s=60)
+    mine = ready(1, TRICKLER, first_age_s=1)
+    s = snap([server(1, slots=2)], [dep(1, 1, "m", "loaded", in_flight=2)], flood + mine)
+    s = with_keys(s, KeyView(FLOODER, processing=1, max_processing=2), KeyView(TRICKLER))
+    nexts = [d.request_id for d in of(plan(s, at(0)), SendNext)]
+    assert nexts == [mine[0].id, flood[0].id]
+
+
+def test_an_arrival_holds_back_the_planned_sends_of_other_keys_in_its_class():
+    """A planned send of the same class is kept for an arrival of its own key (or with no
+    keys at all), and dropped for another key's, which fair share may put first."""
+    far = timezone.now() + timedelta(hours=1)
+    for planned_key, arriving_key, kept in [(None, 0, True), (1, 1, True), (1, 2, False)]:
+        rt = Runtime()
+        planned = SendNext(1, uuid.uuid4(), 1, far, NORMAL, planned_key)
+        rt.install_sends([planned], len(rt.arrivals))
+        rt.news(wakeup.Arrival(NORMAL, uuid.uuid4(), "", arriving_key))
+        assert (rt.next_send(1) is not None) == kept, (planned_key, arriving_key)
