@@ -1,5 +1,8 @@
 """Checking a key: what is refused, the one answer it gets, and what a check costs."""
 
+import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -10,6 +13,7 @@ from django.utils import timezone
 from access import auth
 from access.models import ApiKey, hash_key
 from scheduler.api.errors import ApiError
+from tests.support.manage_process import ROOT
 
 pytestmark = pytest.mark.auth
 
@@ -118,3 +122,29 @@ def test_bootstrap_prints_a_demo_key_beside_the_admin_password(
     call_command("bootstrap")
     assert "demo API key" not in capsys.readouterr().out
     assert ApiKey.objects.count() == 1
+
+
+@pytest.mark.parametrize("mode, warned", [("off", True), ("required", False)])
+def test_auth_off_is_warned_of_at_start(mode, warned):
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env={**os.environ, "SWITCHYARD_AUTH": mode},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ("SWITCHYARD_AUTH=off" in done.stderr) == warned
+
+
+def test_an_unknown_auth_mode_refuses_to_start():
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env={**os.environ, "SWITCHYARD_AUTH": "maybe"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "SWITCHYARD_AUTH must be required or off" in done.stderr

@@ -1,0 +1,67 @@
+"""Usage per key per day: counted from the requests, kept when retention purges them."""
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from access import usage
+from access.models import KeyUsage
+from scheduler import retention
+from scheduler.models import Request
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def finished(api_key, ago: timedelta, prompt: int, completion: int, took_s: float) -> Request:
+    ended = timezone.now() - ago
+    r = factories.request("m", api_key=api_key)
+    Request.objects.filter(pk=r.pk).update(
+        state="completed",
+        started_at=ended - timedelta(seconds=took_s),
+        finished_at=ended,
+        result={"usage": {"prompt_tokens": prompt, "completion_tokens": completion}},
+    )
+    return r
+
+
+def test_usage_is_summed_by_key_and_day(make_key):
+    alice, _ = make_key("alice")
+    bob, _ = make_key("bob")
+    finished(alice, timedelta(0), 10, 2, 1.5)
+    finished(alice, timedelta(0), 5, 1, 0.5)
+    finished(bob, timedelta(0), 7, 7, 2.0)
+    failed = factories.request("m", api_key=alice)
+    Request.objects.filter(pk=failed.pk).update(state="failed", finished_at=timezone.now())
+    factories.request("m", api_key=alice)  # still waiting: not counted yet
+    today = timezone.now().date()
+    found = usage.usage()
+    assert found[alice.pk, today] == {
+        "requests": 3,
+        "prompt_tokens": 15,
+        "completion_tokens": 3,
+        "processing_s": pytest.approx(2.0),
+    }
+    assert found[bob.pk, today]["prompt_tokens"] == 7
+
+
+def test_usage_outlives_the_requests_retention_purges(make_key):
+    alice, _ = make_key("alice")
+    old_day = (timezone.now() - timedelta(days=40)).date()
+    finished(alice, timedelta(days=40), 10, 4, 3.0)
+    before = usage.usage(alice.pk)
+    assert retention.purge_finished(timezone.now() - timedelta(days=30)) == 1
+    assert not Request.objects.exists()
+    assert KeyUsage.objects.get().requests == 1
+    assert usage.usage(alice.pk) == before
+    assert usage.usage(alice.pk)[alice.pk, old_day]["completion_tokens"] == 4
+
+
+def test_todays_usage_is_in_metrics(make_key):
+    alice, _ = make_key("alice")
+    finished(alice, timedelta(0), 11, 3, 1.0)
+    text = Client().get("/metrics").content.decode()
+    assert f'switchyard_key_prompt_tokens_today{{key="alice",key_id="{alice.pk}"}} 11.0' in text
+    assert f'switchyard_key_requests_today{{key="alice",key_id="{alice.pk}"}} 1.0' in text
