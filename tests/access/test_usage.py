@@ -3,7 +3,6 @@
 from datetime import timedelta
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from access import usage
@@ -12,7 +11,7 @@ from scheduler import retention
 from scheduler.models import Request
 from tests import factories
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 
 def finished(api_key, ago: timedelta, prompt: int, completion: int, took_s: float) -> Request:
@@ -59,9 +58,9 @@ def test_usage_outlives_the_requests_retention_purges(make_key):
     assert usage.usage(alice.pk)[alice.pk, old_day]["completion_tokens"] == 4
 
 
-def test_todays_usage_is_in_metrics(make_key):
+def test_todays_usage_is_in_metrics(make_key, admin_client):
     alice, _ = make_key("alice")
     finished(alice, timedelta(0), 11, 3, 1.0)
-    text = Client().get("/metrics").content.decode()
+    text = admin_client.get("/metrics").content.decode()
     assert f'switchyard_key_prompt_tokens_today{{key="alice",key_id="{alice.pk}"}} 11.0' in text
     assert f'switchyard_key_requests_today{{key="alice",key_id="{alice.pk}"}} 1.0' in text

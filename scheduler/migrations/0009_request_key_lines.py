@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ('access', '0001_initial'),
         ('backends', '0004_drop_load_progress_estimated'),
-        ('scheduler', '0005_request_api_key'),
+        ('scheduler', '0008_callbacks'),
     ]
 
     operations = [
