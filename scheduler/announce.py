@@ -11,6 +11,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from . import faults
 from .coalesce import Coalescer
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,12 @@ async def send(group: str, message: dict[str, Any]) -> None:
         return
     try:
         await layer.group_send(group, dict(message))
+    except faults.REDIS_FAULTS as exc:  # listeners re-read the truth meanwhile
+        faults.REDIS.failed(exc, "sending a hint")
     except Exception:  # a hint that cannot be sent must never break a transition
         log.exception("could not send %s to %s", message.get("type"), group)
+    else:
+        faults.REDIS.works()
 
 
 class Outbox:

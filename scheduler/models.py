@@ -296,3 +296,23 @@ class Callback(models.Model):
 
     def __str__(self) -> str:
         return f"callback of {self.request_id} ({self.status})"
+
+
+class IdempotencyKey(models.Model):
+    """A caller's Idempotency-Key and the request it stored: a retry with the same key gets
+    that request back instead of storing (and running) another. Kept 24 h. Written in the
+    transaction that stores the request, so a key never names a request that is not."""
+
+    scope = models.CharField(max_length=32, help_text="The API key's id; empty with auth off.")
+    key = models.CharField(max_length=255)
+    request_id = models.UUIDField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key"], name="one_request_per_idempotency_key")
+        ]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_keys_by_age")]
+
+    def __str__(self) -> str:
+        return f"{self.key} → {self.request_id}"

@@ -76,7 +76,11 @@ def purge_events(before: datetime) -> None:
 
 
 def purge_due(batches: int) -> int:
-    """The worker's share, now and then: up to `batches` batches by the setting, logged."""
+    """The worker's share, now and then: up to `batches` batches by the setting, logged.
+    Idempotency keys older than a day go too, whatever the setting."""
+    from .api import idempotency  # the API's own table; the API imports much of the rest
+
+    idempotency.purge()
     before = cutoff()
     if before is None:
         return 0

@@ -25,6 +25,7 @@ class Relay:
         self.sent = False
         self.queued: list[dict[str, Any]] = []
         self.sender: asyncio.Task | None = None
+        self.published = 0  # characters of text in the chunks published so far
 
     async def run(self, chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
         text: list[str] = []
@@ -61,9 +62,22 @@ class Relay:
             await self.committed.wait()
             while self.queued:
                 chunks, self.queued = self.queued, []
-                await send(self.group, {"type": "stream.chunk", "id": self.id, "chunks": chunks})
+                # `at`: where its text begins in the answer, so that a caller can tell a gap
+                # (a message lost with Redis) or a second run (another worker's) from the rest.
+                message = {"type": "stream.chunk", "id": self.id, "chunks": chunks}
+                await send(self.group, message | {"at": self.published})
+                self.published += len(text_of(chunks))
         finally:
             self.sender = None
+
+
+def text_of(chunks: list[dict[str, Any]]) -> str:
+    """The text the chunks add to the answer (chat deltas or completion text)."""
+    return "".join(
+        (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+        for chunk in chunks
+        for choice in chunk.get("choices") or []
+    )
 
 
 def assemble(last: dict[str, Any], text: str, usage: dict | None, finish: str) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from rest_framework.exceptions import APIException, NotFound, ParseError, Valida
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from ..faults import is_transient
+
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +62,15 @@ class ApiError(Exception):
 def openai_exception_handler(exc, context) -> Response | None:
     if isinstance(exc, ApiError):
         return exc.as_drf_response()
+    if is_transient(exc):  # the database or Redis, down: a 503, never a bare 500
+        error = ApiError(
+            503,
+            f"A service Switchyard needs is not answering ({type(exc).__name__}). Try again.",
+            type="server_error",
+            code="unavailable",
+            retry_after_s=1,
+        )
+        return error.as_drf_response()
     if isinstance(exc, RequestDataTooBig):
         return request_too_large().as_drf_response()
     response = exception_handler(exc, context)

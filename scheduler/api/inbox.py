@@ -36,7 +36,7 @@ from channels_redis.utils import create_pool, decode_hosts
 from django.conf import settings
 from redis import asyncio as aioredis
 
-from .. import wakeup
+from .. import faults, wakeup
 from ..announce import request_group
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,12 @@ class Inbox:
                     await read()
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # the server went away: waiters re-read their rows
+                except faults.REDIS_FAULTS as exc:
+                    # The server went away: waiters re-read their rows meanwhile, more often
+                    # while Redis is down (see waiting.Subscription.messages).
+                    faults.REDIS.failed(exc, "reading the API inbox")
+                    await asyncio.sleep(RETRY_S)
+                except Exception:
                     log.exception("reading the API inbox failed; reading again")
                     await asyncio.sleep(RETRY_S)
 
@@ -132,6 +137,7 @@ class Inbox:
                 async for message in pubsub.listen():
                     if message["type"] == "psubscribe":
                         ready.set()
+                        faults.REDIS.works()
                     elif message["type"] == "pmessage":
                         self.deliver(self.layer.deserialize(message["data"]))
         finally:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import IntegrityError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
@@ -13,15 +14,17 @@ from access import auth
 from access.watch import watch_url
 from backends.models import Model
 
-from ..models import Request, State
+from .. import faults
+from ..models import WAITING_STATES, Request, State
 from ..pool_threads import released
-from . import intake
+from ..streams import text_of
+from . import idempotency, intake, recovery
 from .errors import ApiError, too_deep
 from .waiting import (
     Subscription,
     cancel_abandoned,
-    current,
     finished_after,
+    state_unknown,
     until_finished,
 )
 
@@ -92,30 +95,78 @@ class Reply:
         return cls(error.status, headers, error.body())
 
 
-async def answer(kind: str, raw: bytes, priority: str | None, api_key=None) -> Reply:
-    """Store the request, then wait for its end (or relay its events as they come)."""
+async def answer(
+    kind: str, raw: bytes, priority: str | None, api_key=None, idempotency_key: str | None = None
+) -> Reply:
+    """Store the request, then wait for its end (or relay its events as they come). With
+    an Idempotency-Key that stored a request already: that request (see `replay`)."""
     try:
         body = parse_json(raw)
-        sub = await Subscription().open()
+        claim = idempotency.claim_of(idempotency_key, api_key)
+        if claim is not None and (earlier := await released(claim.request)()):
+            return await replay(earlier, kind)
+        sub = await subscribe()
         try:
-            request = await released(intake.accept)(
-                kind, body, priority, sub.request_id, caller_waits=True, api_key=api_key
+            request = await released(recovery.accept)(
+                kind,
+                body,
+                priority,
+                sub.request_id,
+                caller_waits=True,
+                api_key=api_key,
+                idempotency=claim,
             )
+        except IntegrityError:
+            await sub.close()
+            if claim is None or (earlier := await released(claim.request)()) is None:
+                raise
+            return await replay(earlier, kind)  # a call with the same key stored first
         except BaseException:
             await sub.close()
             raise
     except ApiError as error:
         return Reply.error(error)
+    # A caller with a key may come back for it: hanging up does not cancel its request.
+    return await respond(request, sub, hang_up_cancels=claim is None)
+
+
+async def replay(earlier: Request, kind: str) -> Reply:
+    """The request an Idempotency-Key stored: its answer, or its end once it comes. A
+    stream not yet started is relayed from its start; one under way, as one chunk at its end
+    (the chunks already sent are not kept)."""
+    if error := idempotency.reused(earlier, kind):
+        return Reply.error(error, earlier.pk)
+    sub = await Subscription(earlier.pk).open()
+    try:
+        now = await sub.current()
+        if now is None:
+            raise state_unknown(earlier.pk)
+    except BaseException:
+        await sub.close()
+        raise
+    reply = await respond(now, sub, hang_up_cancels=False, live=now.state in WAITING_STATES)
+    reply.headers["Idempotent-Replayed"] = "true"
+    return reply
+
+
+async def respond(
+    request: Request, sub: Subscription, *, hang_up_cancels: bool = True, live: bool = True
+) -> Reply:
     accepted = accepted_headers(request)
     if request.stream:
         headers = {"Cache-Control": "no-cache", **accepted}
-        return Reply(200, headers, events=relay_sse(sub))
+        events = relay_sse(sub, known=request, live=live, hang_up_cancels=hang_up_cancels)
+        return Reply(200, headers, events=events)
     try:
-        finished = await until_finished(sub, settings.SWITCHYARD["WAITING_COMMENT_S"])
+        if request.is_terminal:
+            finished = request
+        else:
+            finished = await until_finished(sub, settings.SWITCHYARD["WAITING_COMMENT_S"])
     except ApiError as lost:
-        reply = Reply.error(lost)
+        reply = Reply.error(lost, request.pk)
     except asyncio.CancelledError:
-        await cancel_abandoned(request.pk)
+        if hang_up_cancels:
+            await cancel_abandoned(request.pk)
         await sub.close()
         raise
     else:
@@ -138,42 +189,134 @@ def accepted_headers(request: Request) -> dict[str, str]:
     }
 
 
-async def relay_sse(sub: Subscription) -> AsyncIterator[str]:
-    """Chunks as the worker sends them; a comment with the position while waiting."""
+async def subscribe() -> Subscription:
+    """A new request's subscription; if Redis fails here, nothing is stored yet."""
+    try:
+        return await Subscription().open()
+    except faults.REDIS_FAULTS as exc:
+        faults.REDIS.failed(exc, "subscribing a new request")
+        raise recovery.unavailable("Redis") from exc
+
+
+async def relay_sse(
+    sub: Subscription,
+    *,
+    known: Request | None = None,
+    live: bool = True,
+    hang_up_cancels: bool = True,
+) -> AsyncIterator[str]:
+    """Chunks as the worker sends them; a comment with the position while waiting.
+    Chunks that never came (Redis was down; or not `live`: a replay that joined late) come
+    with the end, as one chunk."""
     every_s = settings.SWITCHYARD["WAITING_COMMENT_S"]
     request_id = sub.request_id
     finished = False
+    relayed = CatchUp()
+    relayed.live = live
     try:
         yield f": queued as {request_id}\n\n"
         try:
+            if known is not None and known.is_terminal:
+                finished = True
+                for event in ending(known, relayed):
+                    yield event
+                return
             async for message in sub.messages(every_s):
                 if message and message["type"] == "stream.chunk":
-                    yield "".join(f"data: {json.dumps(c)}\n\n" for c in message["chunks"])
+                    if relayed.relay(message):
+                        yield "".join(f"data: {json.dumps(c)}\n\n" for c in message["chunks"])
                     continue
                 if message is None:
-                    request = await current(request_id)
+                    request = await sub.current()
+                    if request is None:  # the database is down; the request may run on
+                        yield ": waiting, the database is not answering\n\n"
+                        continue
                     if not request.is_terminal:
-                        position = await released(intake.position_in_line)(request)
-                        where = f"position {position}" if position else "processing"
-                        yield f": waiting, {request.state}, {where}\n\n"
+                        yield await waiting_comment(request)
                         continue
                 else:
-                    request = await finished_after(request_id, message)
+                    request = await finished_after(sub, message)
                     if request is None:
                         continue
                 finished = True
-                if request.state != State.COMPLETED:
-                    yield f"data: {json.dumps(error_of(request).body())}\n\n"
-                yield "data: [DONE]\n\n"
+                for event in ending(request, relayed):
+                    yield event
                 return
-        except ApiError as lost:  # its row is gone: see waiting.current
+        except ApiError as lost:  # its row is gone, or unreadable: see waiting
             finished = True
             yield f"data: {json.dumps(lost.body())}\n\n"
             yield "data: [DONE]\n\n"
     finally:
-        if not finished:
+        if not finished and hang_up_cancels:
             await cancel_abandoned(request_id)
         await sub.close()
+
+
+def ending(request: Request, relayed: "CatchUp") -> list[str]:
+    """A finished request's last events: its error, or what of its text was not relayed."""
+    if request.state != State.COMPLETED:
+        last = [f"data: {json.dumps(error_of(request).body())}\n\n"]
+    elif missed := relayed.ending(request.result, request.pk):
+        last = [f"data: {json.dumps(missed)}\n\n"]
+    else:
+        last = []
+    return [*last, "data: [DONE]\n\n"]
+
+
+async def waiting_comment(request: Request) -> str:
+    try:
+        position = await released(intake.position_in_line)(request)
+    except faults.DATABASE_FAULTS:
+        position = None
+    where = f"position {position}" if position else "processing"
+    return f": waiting, {request.state}, {where}\n\n"
+
+
+class CatchUp:
+    """The text relayed so far, to send at the end what the caller never saw. A message
+    that does not begin where the relayed text ends (one was lost with Redis, or another
+    worker ran the request again) stops the live relay: the rest comes with the end."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.live = True
+
+    def relay(self, message: dict) -> bool:
+        """Whether `message`'s chunks go to the caller now (and count as seen)."""
+        if self.live and message.get("at", len(self.text)) == len(self.text):
+            self.text += text_of(message["chunks"])
+            return True
+        self.live = False
+        return False
+
+    def ending(self, result: dict | None, request_id) -> dict | None:
+        """The event that completes what the caller saw of `result`: a chunk with the rest
+        of its text; an error if what it saw is not how the answer begins (the request ran
+        twice and the second run said otherwise); None if it saw it all."""
+        choice = ((result or {}).get("choices") or [{}])[0]
+        is_chat = "message" in choice
+        full = (choice.get("message") or {}).get("content") if is_chat else choice.get("text")
+        if not isinstance(full, str) or full == self.text:
+            return None
+        if not full.startswith(self.text):
+            return ApiError(
+                502,
+                f"Request {request_id} was run again after its worker stopped, and its answer"
+                f" differs from the part already streamed; GET /api/v1/requests/{request_id}"
+                " has the whole answer.",
+                type="server_error",
+                code="stream_diverged",
+            ).body()
+        part = {"index": 0, "finish_reason": choice.get("finish_reason")}
+        rest = full[len(self.text) :]
+        part |= {"delta": {"content": rest}} if is_chat else {"text": rest}
+        return {
+            "id": result.get("id", ""),
+            "object": "chat.completion.chunk" if is_chat else "text_completion",
+            "created": result.get("created", 0),
+            "model": result.get("model", ""),
+            "choices": [part],
+        }
 
 
 @require_GET

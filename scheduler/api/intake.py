@@ -17,6 +17,7 @@ from .. import sql, wakeup, webhooks
 from ..models import WAITING_STATES, Priority, Request, RequestKind, State, Trace
 from . import fields
 from .errors import ApiError
+from .idempotency import Claim, claim_in_transaction
 from .queue_bound import queue_bound
 
 MODEL_NAME_MAX = Request._meta.get_field("model_name").max_length  # a Model's name's too
@@ -115,8 +116,10 @@ def accept(
     caller_waits: bool = False,
     api_key: ApiKey | None = None,
     callback_url: str = "",
+    idempotency: Claim | None = None,
 ) -> Request:
-    """Validate and store a new request. Raises ApiError (and stores nothing) on bad input.
+    """Validate and store a new request (under the caller's `idempotency` key, if any).
+    Raises ApiError (and stores nothing) on bad input.
 
     A caller that waits on the open connection (`caller_waits`) is answered when the request
     ends, and told so (`request_lost`) should a database crash lose the row before then;
@@ -141,6 +144,7 @@ def accept(
         callback_url=callback_url,
         **fields,
     )
+    request.idempotency = idempotency
     # The model's id is looked up by the insert itself: a round trip less. A name that no
     # model has stores nothing, and is then looked up among the aliases.
     if not store(request, caller_waits, body["model"], by_name=True, note=capped):
@@ -169,6 +173,8 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool, note:
             note_in_trace(request, note)
         if request.callback_url:
             webhooks.add_callback(request.id)
+        if request.idempotency is not None:
+            claim_in_transaction(request, request.idempotency)
         # A request under its key's processing quota is not sent on arrival (that skips the
         # pass): the pass, which counts what its key has processing, sends it.
         quota = request.api_key is not None and request.api_key.max_processing is not None

@@ -4,6 +4,7 @@ import asyncio
 import math
 
 from asgiref.sync import sync_to_async
+from django.db import IntegrityError
 from django.http import JsonResponse
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
@@ -18,7 +19,7 @@ from access.watch import watch_url
 
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..transitions import move
-from . import callback_url, callers, intake, listing
+from . import callback_url, callers, idempotency, intake, listing, recovery
 from .errors import ApiError
 from .waiting import Subscription, current, stored, until_finished
 
@@ -140,24 +141,45 @@ class RequestList(APIView):
         data = submit.validated_data
         priority = http.headers.get("X-Priority") or data.get("priority")
         callback = callback_url.checked(data["callback_url"]) if "callback_url" in data else ""
-        created = intake.accept(
-            data["kind"], data["body"], priority, api_key=api_key, callback_url=callback
-        )
-        url = reverse("request-detail", args=[created.pk])
-        watch = watch_url(created.pk)
-        body = {
-            "id": str(created.pk),
-            "state": created.state,
-            "priority": created.priority_name,
-            "url": url,
-            "watch_url": watch,
-        }
-        headers = {
-            "Location": url,
-            "X-Switchyard-Priority": created.priority_name,
-            "X-Switchyard-Watch-Url": watch,
-        }
-        return Response(body, status=status.HTTP_202_ACCEPTED, headers=headers)
+        claim = idempotency.claim_of(http.headers.get(idempotency.HEADER), api_key)
+        earlier = claim.request() if claim else None
+        if earlier is None:
+            try:
+                created = recovery.accept(
+                    data["kind"],
+                    data["body"],
+                    priority,
+                    api_key=api_key,
+                    idempotency=claim,
+                    callback_url=callback,
+                )
+            except IntegrityError:  # a call with the same key stored first
+                if claim is None or (earlier := claim.request()) is None:
+                    raise
+        if earlier is not None:  # the key's request, as it is now: stored once
+            if error := idempotency.reused(earlier, data["kind"]):
+                raise error
+            return accepted(earlier, status.HTTP_200_OK, {"Idempotent-Replayed": "true"})
+        return accepted(created, status.HTTP_202_ACCEPTED)
+
+
+def accepted(created: Request, code: int, extra: dict[str, str] | None = None) -> Response:
+    """What a POST answers: the request's id, state and where to follow it."""
+    url = reverse("request-detail", args=[created.pk])
+    watch = watch_url(created.pk)
+    body = {
+        "id": str(created.pk),
+        "state": created.state,
+        "priority": created.priority_name,
+        "url": url,
+        "watch_url": watch,
+    }
+    headers = {
+        "Location": url,
+        "X-Switchyard-Priority": created.priority_name,
+        "X-Switchyard-Watch-Url": watch,
+    }
+    return Response(body, status=code, headers=headers | (extra or {}))
 
 
 def detail_body(request_id, api_key: ApiKey | None) -> dict:

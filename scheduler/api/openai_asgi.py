@@ -17,7 +17,10 @@ from django.conf import settings
 
 from access import auth
 
+from .. import faults
 from ..models import RequestKind
+from ..pool_threads import released
+from . import recovery
 from .errors import ApiError, request_too_large
 from .inference import Reply, answer
 
@@ -48,10 +51,16 @@ async def app(scope: dict[str, Any], receive, send) -> None:
     except ApiError as error:
         await send_reply(send, Reply.error(error))
         return
+    except faults.DATABASE_FAULTS as exc:  # finding the caller's key: nothing is stored yet
+        log.warning("finding the caller's key failed: %s", exc)
+        await released(faults.check_pool)()
+        await send_reply(send, Reply.error(recovery.unavailable("The database")))
+        return
     if raw is None:
         return
     kind, priority = KINDS[scope["path"]], header(scope, b"x-priority")
-    replying = asyncio.create_task(reply(kind, raw, priority, send, api_key))
+    idempotency_key = header(scope, b"idempotency-key")
+    replying = asyncio.create_task(reply(kind, raw, priority, send, api_key, idempotency_key))
     hang_up = asyncio.create_task(receive())  # all that can come now is http.disconnect
     try:
         await asyncio.wait([replying, hang_up], return_when=asyncio.FIRST_COMPLETED)
@@ -83,15 +92,13 @@ def header(scope: dict[str, Any], name: bytes) -> str | None:
     return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
-async def reply(kind: str, raw: bytes, priority: str | None, send, api_key=None) -> None:
+async def reply(
+    kind: str, raw: bytes, priority: str | None, send, api_key=None, idempotency_key=None
+) -> None:
     try:
-        found = await answer(kind, raw, priority, api_key)
-    except Exception:
-        log.exception("answering a %s request failed", kind)
-        error = ApiError(
-            500, "Switchyard failed; its log tells why.", type="server_error", code="internal"
-        )
-        found = Reply.error(error)
+        found = await answer(kind, raw, priority, api_key, idempotency_key)
+    except Exception as exc:
+        found = Reply.error(failed(exc, f"answering a {kind} request"))
     try:
         await send_reply(send, found)
     finally:
@@ -121,9 +128,30 @@ async def send_reply(send, found: Reply) -> None:
         try:
             async for event in events:
                 await send(part(event.encode(), more=True))
-        except Exception:  # the status is sent: all that is left is to end the body
-            log.exception("relaying request %s failed", headers.get("X-Request-Id"))
+        except Exception as exc:  # the status is sent: say why in the body, then end it
+            request_id = headers.get("X-Request-Id")
+            error = failed(exc, f"relaying request {request_id}")
+            ended = f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
+            with contextlib.suppress(Exception):
+                await send(part(ended.encode(), more=True))
     await send(part(b""))
+
+
+def failed(exc: Exception, doing: str) -> ApiError:
+    """The error for a fault we did not foresee: a service's (503) or our own (500)."""
+    if faults.is_transient(exc):
+        log.warning("%s failed: %s: %s", doing, type(exc).__name__, exc)
+        return ApiError(
+            503,
+            f"A service Switchyard needs failed ({type(exc).__name__}) while {doing}; the"
+            " X-Request-Id header, if sent, names the request to poll.",
+            type="server_error",
+            code="unavailable",
+        )
+    log.exception("%s failed", doing)
+    return ApiError(
+        500, "Switchyard failed; its log tells why.", type="server_error", code="internal"
+    )
 
 
 def start(status: int, content_type: str, headers: dict[str, str]) -> dict[str, Any]:

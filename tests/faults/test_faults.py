@@ -1,0 +1,212 @@
+"""The fault suite: real processes on private services, a fault under load, then an audit.
+
+The scenarios marked `full` run with `make test-faults` (SWITCHYARD_FAULTS=all); the
+others also in CI's PostgreSQL pass. An xfail names a fault the workers do not yet
+survive. Each prints its audit's summary line (pytest -s)."""
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+from django.conf import settings
+
+from tests.faults.cluster import PG_BIN, Cluster, until
+from tests.faults.load import FaultyUpstream, Load, audit
+
+FULL = os.environ.get("SWITCHYARD_FAULTS") == "all"
+REDIS_DOWN_S = 20 if FULL else 3
+full = pytest.mark.skipif(not FULL, reason="make test-faults (SWITCHYARD_FAULTS=all)")
+pytestmark = pytest.mark.skipif(
+    not (FULL or settings.IS_POSTGRES) or not PG_BIN or not shutil.which("redis-server"),
+    reason="the fault suite runs in the PostgreSQL pass (needs initdb and redis-server)",
+)
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    up = FaultyUpstream()
+    yield up
+    up.released.set()
+    up.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(upstream):
+    started = Cluster(upstream.url)
+    yield started
+    started.close()
+
+
+@pytest.fixture
+def fresh(cluster, upstream):
+    """Each scenario starts with no requests and a healthy upstream."""
+    upstream.mode = "ok"
+    upstream.released.clear()
+    if upstream.httpd is None:
+        upstream.start()
+    upstream.hits.clear()
+    until(lambda: cluster.pg.query("SELECT 1"), 30, "PostgreSQL")
+    cluster.pg.query("TRUNCATE scheduler_trace, scheduler_idempotencykey, scheduler_request")
+    cluster.mark = {name: len(log) for name, log in cluster.logs().items()}
+    return cluster
+
+
+def settle(cluster: Cluster, timeout_s: float = 90) -> None:
+    """Until every stored request has reached a terminal state."""
+    until(
+        lambda: (
+            not cluster.pg.query(
+                "SELECT 1 FROM scheduler_request WHERE state NOT IN"
+                " ('completed', 'failed', 'cancelled', 'expired') LIMIT 1"
+            )
+        ),
+        timeout_s,
+        "every request to end",
+    )
+
+
+def audited(name: str, cluster: Cluster, upstream: FaultyUpstream, load: Load, **allowed):
+    outcomes = load.finish()
+    settle(cluster)
+    found = audit(name, outcomes, cluster.pg.query, upstream.hits)
+    new = {name: log[cluster.mark.get(name, 0) :] for name, log in cluster.logs().items()}
+    tracebacks = {name: log.count("Traceback") for name, log in new.items() if "Traceback" in log}
+    restarts = sum(w.restarts for w in cluster.workers)
+    print(f"\n{found.summary()}; tracebacks {tracebacks}; worker restarts so far {restarts}")
+    assert not found.problems, found.problems[:10]
+    return found
+
+
+@full
+@pytest.mark.xfail(
+    reason="a worker whose serve task crashed on the restart leaves its request processing"
+    " while its heartbeat lives (stuck rows: issue 38, runtime.py)",
+    strict=False,
+)
+def test_postgresql_restarts_under_load(fresh, upstream):
+    cluster = fresh
+    load = Load(cluster.urls).start()
+    load.wait_for(20)
+    cluster.pg.pg_ctl("-w", "-m", "fast", "restart")
+    back = len(load.outcomes)
+    load.wait_for(back + 40)
+    found = audited("postgresql restart", cluster, upstream, load)
+    after = found.outcomes[back + 8 :]  # those sent once the pool had met the restart
+    assert all(o.status == 200 for o in after), [(o.status, o.code) for o in after][:5]
+
+
+def test_every_database_backend_is_terminated(fresh, upstream):
+    cluster = fresh
+    load = Load(cluster.urls).start()
+    load.wait_for(20)
+    ended = cluster.pg.terminate_backends()
+    load.wait_for(len(load.outcomes) + 20)
+    ended += cluster.pg.terminate_backends()
+    load.wait_for(len(load.outcomes) + 20)
+    audited(f"{ended} backends terminated", cluster, upstream, load)
+
+
+def test_redis_stops_and_comes_back(fresh, upstream):
+    cluster = fresh
+    logs_before = {name: log.count("Redis is down") for name, log in cluster.logs().items()}
+    load = Load(cluster.urls).start()
+    load.wait_for(20)
+    cluster.redis.stop()
+    down_at = len(load.outcomes)
+    time.sleep(REDIS_DOWN_S)  # the outage's length is the scenario, not a wait for an event
+    during = load.outcomes[down_at:]
+    cluster.redis.start()
+    load.wait_for(len(load.outcomes) + 20)
+    found = audited(f"redis down {REDIS_DOWN_S} s", cluster, upstream, load)
+    finished = dict(
+        cluster.pg.query(
+            "SELECT payload->'messages'->0->>'content', extract(epoch from finished_at)"
+            " FROM scheduler_request"
+        )
+    )
+    late = [o.ended_at - float(finished[o.marker]) for o in during if o.stream and o.status]
+    print(
+        f"during the outage: {len(during)} answered; streamed callers had their end at most"
+        f" {max(late, default=0):.2f} s after their row's"
+    )
+    assert during, "nothing was answered while Redis was down"
+    assert max(late, default=0) < 1.0
+    for name, log in cluster.logs().items():
+        assert log.count("Redis is down") - logs_before[name] <= 1, name
+    assert found
+
+
+@full
+def test_a_worker_killed_mid_load(fresh, upstream):
+    cluster = fresh
+    load = Load(cluster.urls).start()
+    load.wait_for(20)
+    victim = cluster.workers[0]
+    victim.signal(signal.SIGKILL)  # its supervisor starts it again, as systemd would
+    load.wait_for(len(load.outcomes) + 30)
+    audited("worker kill -9", cluster, upstream, load)
+
+
+@full
+def test_a_worker_killed_mid_request(fresh, upstream):
+    """Both workers hold requests at a stalled upstream; one dies; the other (or its
+    restart) takes its work over once its heartbeat is stale."""
+    cluster = fresh
+    upstream.mode = "stall"
+    load = Load(cluster.urls, callers=4).start()
+    until(lambda: sum(upstream.hits.values()) >= 2, 30, "requests at the upstream")
+    victim = cluster.workers[1]
+    victim.signal(signal.SIGKILL)
+    upstream.mode = "ok"
+    upstream.released.set()
+    load.wait_for(len(load.outcomes) + 8, timeout_s=90)
+    audited("worker kill -9 mid-request", cluster, upstream, load)
+
+
+@full
+@pytest.mark.parametrize("mode", ["500", "cut"])  # cut: a model unloaded mid-stream
+def test_upstream_fails_for_a_while(fresh, upstream, mode):
+    load = Load(fresh.urls).start()
+    load.wait_for(10)
+    upstream.mode = mode
+    load.wait_for(len(load.outcomes) + 10)
+    upstream.mode = "ok"
+    load.wait_for(len(load.outcomes) + 10)
+    audited(f"upstream {mode}", fresh, upstream, load)
+
+
+@full
+def test_upstream_refuses_connections(fresh, upstream):
+    load = Load(fresh.urls).start()
+    load.wait_for(10)
+    upstream.close()
+    load.wait_for(len(load.outcomes) + 10, timeout_s=120)
+    upstream.start()
+    load.wait_for(len(load.outcomes) + 10, timeout_s=120)
+    audited("upstream refusing", fresh, upstream, load)
+
+
+@full
+def test_upstream_stalls_then_answers(fresh, upstream):
+    load = Load(fresh.urls).start()
+    load.wait_for(10)
+    upstream.mode = "stall"
+    time.sleep(5)  # the stall's length is the scenario
+    upstream.mode = "ok"
+    upstream.released.set()
+    load.wait_for(len(load.outcomes) + 10)
+    audited("upstream stall 5 s", fresh, upstream, load)
+
+
+@full
+def test_a_worker_drains_on_sigterm(fresh, upstream):
+    load = Load(fresh.urls).start()
+    load.wait_for(20)
+    worker = fresh.workers[0]
+    restarts = worker.restarts
+    worker.signal(signal.SIGTERM)  # it drains and exits; its supervisor starts it again
+    until(lambda: worker.restarts > restarts, 60, "the drained worker to exit")
+    load.wait_for(len(load.outcomes) + 20)
+    audited("worker SIGTERM", fresh, upstream, load)

@@ -1,0 +1,136 @@
+"""Faults at the edges, in process: a stream that fails after its status still ends with
+an error event and [DONE]; a store whose connection died is stored once; chunks lost with
+Redis come with the end; an outage is logged once down and once back."""
+
+import asyncio
+import json
+import logging
+
+import psycopg
+import pytest
+from django.db import connection
+
+from scheduler import faults
+from scheduler.api import openai_asgi, recovery
+from scheduler.api.inference import CatchUp, Reply
+from scheduler.models import Request
+from tests import factories
+
+BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_a_stream_that_fails_midway_ends_with_an_error_event_and_done():
+    async def events():
+        yield ": queued as r1\n\n"
+        yield 'data: {"choices": []}\n\n'
+        raise psycopg.OperationalError("the database went away")
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    reply = Reply(200, {"X-Request-Id": "r1"}, events=events())
+    await openai_asgi.send_reply(send, reply)
+    body = b"".join(m.get("body", b"") for m in sent[1:]).decode()
+    error_event, done = body.split("\n\n")[-3:-1]
+    assert json.loads(error_event.removeprefix("data: "))["error"]["code"] == "unavailable"
+    assert done == "data: [DONE]"
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def chunk(text: str) -> dict:
+    return {"choices": [{"index": 0, "delta": {"content": text}}]}
+
+
+RESULT = {
+    "id": "c1",
+    "object": "chat.completion",
+    "model": "m1",
+    "choices": [{"message": {"content": "Hello, world"}, "finish_reason": "stop"}],
+}
+
+
+def test_the_text_a_caller_never_saw_comes_as_one_chunk():
+    relayed = CatchUp()
+    assert relayed.relay({"chunks": [chunk("Hello")], "at": 0})
+    assert not relayed.relay({"chunks": [chunk(" world")], "at": 7})  # ", " was lost
+    assert not relayed.relay({"chunks": [chunk("!")], "at": 12})  # nothing live after a gap
+    missed = relayed.ending(RESULT, "r1")
+    assert missed["choices"] == [
+        {"index": 0, "finish_reason": "stop", "delta": {"content": ", world"}}
+    ]
+
+
+def test_a_second_run_is_not_relayed_twice():
+    relayed = CatchUp()
+    assert relayed.relay({"chunks": [chunk("Hello")], "at": 0})
+    assert not relayed.relay({"chunks": [chunk("Hello")], "at": 0})  # another worker's run
+    assert relayed.ending(RESULT, "r1")["choices"][0]["delta"] == {"content": ", world"}
+    other = {"choices": [{"message": {"content": "Goodbye"}, "finish_reason": "stop"}]}
+    assert relayed.ending(other, "r1")["error"]["code"] == "stream_diverged"
+    relayed.relay({"chunks": [chunk(", world")], "at": 5})
+    assert CatchUp().ending(RESULT, "r1") is not None
+
+
+def test_an_outage_is_logged_once_down_and_once_back(caplog):
+    outage = faults.Outage("Redis")
+    with caplog.at_level(logging.INFO, logger="scheduler.faults"):
+        for _ in range(5):
+            outage.failed(ConnectionError("refused"), "sending a hint")
+        for _ in range(3):
+            outage.works()
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "Redis is down",
+        "Redis is back",
+    ]
+
+
+def kill_own_backend() -> None:
+    """End this thread's database session from outside, as a restart does."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    db = connection.settings_dict
+    with psycopg.connect(
+        dbname=db["NAME"], user=db["USER"], host=db["HOST"] or "127.0.0.1", port=db["PORT"]
+    ) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_store_on_a_dead_connection_is_stored_once(caplog):
+    if connection.vendor != "postgresql":
+        pytest.skip("terminates a PostgreSQL backend")
+    server = factories.server("up")
+    factories.deployment(server, "m1", state="loaded")
+    kill_own_backend()
+    request = recovery.accept("chat", BODY)
+    assert Request.objects.filter(pk=request.pk).count() == 1
+    assert Request.objects.count() == 1
+    assert "hit a database fault" in caplog.text  # the first insert did meet the dead one
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_connection_to_be_had_is_a_503_that_stored_nothing(monkeypatch):
+    def refuse() -> None:
+        raise faults.OperationalError("connection refused")
+
+    monkeypatch.setattr(connection, "ensure_connection", refuse)
+    with pytest.raises(recovery.ApiError) as refused:
+        recovery.accept("chat", BODY)
+    assert (refused.value.status, refused.value.code) == (503, "unavailable")
+    assert refused.value.headers() == {"Retry-After": "1"}
+    monkeypatch.undo()
+    assert not Request.objects.exists()
+
+
+async def test_waiters_reread_often_while_redis_is_down(monkeypatch):
+    from scheduler.api.waiting import DEGRADED_EVERY_S, Subscription
+
+    sub = Subscription()
+    sub.queue = asyncio.Queue()
+    monkeypatch.setattr(faults.REDIS, "down", True)
+    ticks = sub.messages(every_s=60)
+    async with asyncio.timeout(DEGRADED_EVERY_S * 4):
+        assert await anext(ticks) is None  # a re-read within the degraded interval
