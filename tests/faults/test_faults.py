@@ -48,7 +48,7 @@ def fresh(cluster, upstream):
         upstream.start()
     upstream.hits.clear()
     until(lambda: cluster.pg.query("SELECT 1"), 30, "PostgreSQL")
-    cluster.pg.query("TRUNCATE scheduler_trace, scheduler_idempotencykey, scheduler_request")
+    cluster.pg.query("TRUNCATE scheduler_request, scheduler_idempotencykey CASCADE")
     cluster.mark = {name: len(log) for name, log in cluster.logs().items()}
     return cluster
 
