@@ -1,17 +1,21 @@
 """Who is calling, for the API views that care: the operator API and the list of one's own
 requests. The API skips the site's middleware (config.asgi), so a staff session is read
 here from its cookie, and a session's unsafe calls must carry its CSRF token, as DRF's own
-session authentication demands."""
+session authentication demands. A call with an `Authorization` header is a key's call: its
+session cookie, if any, is not read (nor its CSRF token asked for)."""
 
 from dataclasses import dataclass
 from importlib import import_module
 
 from django.conf import settings
-from django.contrib import auth
+from django.contrib import auth as sessions
 from django.db.models import QuerySet
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request as DrfRequest
+
+from access import auth
+from access.models import ApiKey
 
 from ..models import Request
 from .errors import ApiError
@@ -33,7 +37,7 @@ class StaffSession(SessionAuthentication):
         if not hasattr(http, "user"):
             store = import_module(settings.SESSION_ENGINE).SessionStore
             http.session = store(http.COOKIES.get(settings.SESSION_COOKIE_NAME))
-            http.user = auth.get_user(http)
+            http.user = sessions.get_user(http)
         return super().authenticate(request)
 
     def authenticate_header(self, request: DrfRequest) -> str:
@@ -50,8 +54,15 @@ class StaffSessionScheme(OpenApiAuthenticationExtension):
         return {"type": "apiKey", "in": "cookie", "name": settings.SESSION_COOKIE_NAME}
 
 
+def key_caller(api_key: ApiKey) -> Caller:
+    return Caller(name=f"key {api_key}", operator=api_key.operator, staff=False)
+
+
 def caller_of(request: DrfRequest) -> Caller | None:
-    """The caller as the view's authentication found it, or None if anonymous."""
+    """The caller: a key's if the call carries one (401 if it is not good), else as the
+    view's session authentication found it, or None if anonymous."""
+    if request._request.headers.get("Authorization"):
+        return key_caller(auth.verified(request._request.headers["Authorization"]))
     user = request.user
     if user is not None and user.is_authenticated and user.is_active:
         return Caller(
@@ -66,13 +77,16 @@ def operator_of(request: DrfRequest) -> Caller:
     if caller is None:
         raise ApiError(
             401,
-            "The operator API needs a staff login (or an operator key).",
+            "The operator API needs a staff login or an operator key"
+            " (`Authorization: Bearer <key>`).",
             type="authentication_error",
             code="unauthorized",
         )
     if not caller.operator:
         raise ApiError(
-            403, "Only staff (or an operator key) may do this.", code="permission_denied"
+            403,
+            "Only staff (or a key with the operator flag) may do this.",
+            code="permission_denied",
         )
     return caller
 

@@ -335,6 +335,7 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
     schemes = components.setdefault("securitySchemes", {})
     schemes["staffSession"] = {"type": "apiKey", "in": "cookie", "name": "sessionid"}
     schemes["metricsToken"] = {"type": "http", "scheme": "bearer"}
+    schemes["apiKey"] = {"type": "http", "scheme": "bearer", "description": "An API key"}
     for path, item in result["paths"].items():
         for method, operation in item.items():
             responses = operation["responses"]
@@ -342,6 +343,8 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
                 if int(status) >= 400:
                     responses[status] = json_body(ref("Error"), response.get("description", ""))
             responses.update({k: v for k, v in errors(400, 405, 500).items() if k not in responses})
+            if path.startswith("/api/v1/servers"):
+                operation["security"] = [{"apiKey": []}, {"staffSession": []}]
             if path == "/api/v1/requests" and method == "post":
                 operation.setdefault("parameters", []).append(PRIORITY_HEADER)
                 responses["202"]["headers"] = {"Location": {"schema": {"type": "string"}}}

@@ -170,7 +170,11 @@ class ServerList(APIView):
 
     @extend_schema(
         summary="List servers (operators)",
-        responses={200: ServerListOut, 401: OpenApiResponse(description="No staff login")},
+        responses={
+            200: ServerListOut,
+            401: OpenApiResponse(description="No staff login nor operator key"),
+            403: OpenApiResponse(description="Not staff, or a key without the operator flag"),
+        },
     )
     def get(self, request: DrfRequest) -> Response:
         operator_of(request)
@@ -247,7 +251,7 @@ def asked_unload(server: Server, data: dict, by: str) -> Intent:
 
 
 ERRORS = {
-    401: OpenApiResponse(description="No staff login (or operator key)"),
+    401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
     403: OpenApiResponse(description="Not an operator, or a session's CSRF token missing"),
     404: OpenApiResponse(description="No such server or deployment, or the model not loaded"),
 }
