@@ -7,7 +7,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from . import usage
-from .models import KEY_MARK, ApiKey
+from .models import KEY_MARK, ApiKey, masked
 
 
 @admin.register(ApiKey)
@@ -28,11 +28,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
     ]
     list_filter = ["revoked", "operator", "max_priority"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["shown_prefix", "created_at", "usage_by_day"]
-    actions = ["revoke", "restore"]
+    readonly_fields = ["shown_prefix", "created_at", "shown_webhook_secret", "usage_by_day"]
+    actions = ["revoke", "restore", "rotate_webhook_secret"]
     fieldsets = [
         (None, {"fields": ["name", "shown_prefix", "created_at", "expires_at", "revoked"]}),
         ("What it may do", {"fields": ["operator", "allowed_models", "max_priority"]}),
+        ("Job callbacks", {"fields": ["shown_webhook_secret"]}),
         (
             "Limits",
             {"fields": ["default_priority", "rpm", "max_waiting", "max_processing", "weight"]},
@@ -43,6 +44,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.display(description="key starts", ordering="prefix")
     def shown_prefix(self, key: ApiKey) -> str:
         return f"{KEY_MARK}{key.prefix}…" if key.prefix else "(made on save)"
+
+    @admin.display(description="webhook secret")
+    def shown_webhook_secret(self, key: ApiKey) -> str:
+        if key.pk is None:
+            return "(made on save, shown once)"
+        if not key.webhook_secret:
+            return "none: its callbacks are signed with SWITCHYARD_WEBHOOK_SECRET"
+        return f"{masked(key.webhook_secret)} (shown once; the action Rotate makes a new one)"
 
     @admin.display(description="usage")
     def usage_by_day(self, key: ApiKey) -> str:
@@ -79,11 +88,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if not change:
             made, secret = ApiKey.generate(obj.name)
             obj.prefix, obj.hashed_key = made.prefix, made.hashed_key
+            obj.webhook_secret = made.webhook_secret
             super().save_model(request, obj, form, change)
             self.message_user(
                 request,
                 f"The key for {obj.name} is {secret} — copy it now: it is shown only once"
-                " and cannot be recovered.",
+                f" and cannot be recovered. Its webhook secret is {obj.webhook_secret} (it"
+                " signs the callbacks of its jobs; shown once too).",
                 messages.WARNING,
             )
             return
@@ -93,6 +104,16 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         count = queryset.update(revoked=True)
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
+
+    @admin.action(description="Rotate the webhook secret of the selected keys (shown once)")
+    def rotate_webhook_secret(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        for key in queryset:
+            self.message_user(
+                request,
+                f"The new webhook secret of {key} is {key.rotate_webhook_secret()} — copy it"
+                " now: it is shown only once. Callbacks are signed with it from now on.",
+                messages.WARNING,
+            )
 
     @admin.action(description="Restore the selected keys")
     def restore(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:

@@ -10,6 +10,16 @@ from django.utils import timezone
 from scheduler.models import Priority
 
 KEY_MARK = "sy-"  # every key starts with it: easy to spot in a config file or a leak scan
+WEBHOOK_MARK = "whsec-"  # and a key's webhook secret with this
+
+
+def new_webhook_secret() -> str:
+    return f"{WEBHOOK_MARK}{secrets.token_urlsafe(32)}"
+
+
+def masked(secret: str) -> str:
+    """How a stored secret is shown back: its last 4 characters."""
+    return f"…{secret[-4:]}" if secret else ""
 
 
 def hash_key(key: str) -> str:
@@ -70,6 +80,13 @@ class ApiKey(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Its share of the slots against other keys with work waiting in a class.",
     )
+    # Kept as it is (the worker signs with it), shown once, never shown back in full.
+    webhook_secret = models.CharField(
+        max_length=100,
+        blank=True,
+        editable=False,
+        help_text="Signs the callbacks of its jobs; empty: SWITCHYARD_WEBHOOK_SECRET does.",
+    )
 
     class Meta:
         verbose_name = "API key"
@@ -80,13 +97,20 @@ class ApiKey(models.Model):
 
     @classmethod
     def generate(cls, name: str, **fields) -> tuple["ApiKey", str]:
-        """A new unsaved key and its secret, to be shown once."""
+        """A new unsaved key and its secret, to be shown once (its `webhook_secret` too)."""
         while True:
             prefix = secrets.token_hex(4)
             if not cls.objects.filter(prefix=prefix).exists():
                 break
         key = f"{KEY_MARK}{prefix}.{secrets.token_urlsafe(32)}"
+        fields.setdefault("webhook_secret", new_webhook_secret())
         return cls(name=name, prefix=prefix, hashed_key=hash_key(key), **fields), key
+
+    def rotate_webhook_secret(self) -> str:
+        """A new webhook secret, saved; the old one signs nothing from now on."""
+        self.webhook_secret = new_webhook_secret()
+        ApiKey.objects.filter(pk=self.pk).update(webhook_secret=self.webhook_secret)
+        return self.webhook_secret
 
     def is_usable(self, now=None) -> bool:
         return not self.revoked and (

@@ -10,7 +10,9 @@ receiver tells repeats apart by `X-Switchyard-Request-Id`.
 
 The body is the request as `GET /api/v1/requests/{id}` shows it. The signature header
 `X-Switchyard-Signature: sha256=<hex>` is the HMAC-SHA256 of the exact body bytes with the
-secret `SWITCHYARD_WEBHOOK_SECRET`."""
+webhook secret of the API key that sent the job (read at each attempt, so a rotated secret
+signs the attempts after it), or `SWITCHYARD_WEBHOOK_SECRET` for a job sent without a key
+(`SWITCHYARD_AUTH=off`) or by a key that has none."""
 
 import asyncio
 import hashlib
@@ -60,8 +62,14 @@ def signature(body: bytes, secret: str) -> str:
 
 
 def secret_for(request: Request) -> str:
-    """The secret a request's callback is signed with."""
-    return settings.WEBHOOK_SECRET
+    """The secret a request's callback is signed with: its key's, else the global one."""
+    api_key = request.api_key if request.api_key_id else None
+    return signing_secret(api_key)
+
+
+def signing_secret(api_key) -> str:
+    """What a key's callbacks are signed with ('' if nothing: callbacks are off for it)."""
+    return (api_key and api_key.webhook_secret) or settings.WEBHOOK_SECRET
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ def claim_due() -> list[Delivery]:
     with transaction.atomic():
         due = list(
             waiting.select_for_update(skip_locked=True, of=("self",))
-            .select_related("request")
+            .select_related("request__api_key")
             .order_by("next_at")[:BATCH]
         )
         lease = now + timedelta(seconds=LEASE_S + settings.SWITCHYARD["WEBHOOK_TIMEOUT_S"])

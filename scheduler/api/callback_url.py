@@ -6,17 +6,19 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from .. import webhooks
 from .errors import ApiError
 
 
-def checked(url: object) -> str:
-    """The URL, or a 400 saying why not."""
+def checked(url: object, api_key=None) -> str:
+    """The URL, or a 400 saying why not. A job is signed with its key's webhook secret, or
+    without a key (or a key made before keys had one) with SWITCHYARD_WEBHOOK_SECRET."""
     if not isinstance(url, str) or not url:
         raise refused("callback_url must be an http(s) URL", "invalid_type")
-    if not settings.WEBHOOK_HOSTS or not settings.WEBHOOK_SECRET:
+    if not settings.WEBHOOK_HOSTS or not webhooks.signing_secret(api_key):
         raise refused(
             "callbacks are off here: the operator allows none"
-            " (SWITCHYARD_WEBHOOK_HOSTS and SWITCHYARD_WEBHOOK_SECRET)",
+            " (SWITCHYARD_WEBHOOK_HOSTS, and a secret to sign them with)",
             "callbacks_disabled",
         )
     try:

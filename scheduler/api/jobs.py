@@ -140,7 +140,9 @@ class RequestList(APIView):
         submit.is_valid(raise_exception=True)
         data = submit.validated_data
         priority = http.headers.get("X-Priority") or data.get("priority")
-        callback = callback_url.checked(data["callback_url"]) if "callback_url" in data else ""
+        callback = (
+            callback_url.checked(data["callback_url"], api_key) if "callback_url" in data else ""
+        )
         claim = idempotency.claim_of(http.headers.get(idempotency.HEADER), api_key)
         earlier = claim.request() if claim else None
         if earlier is None:

@@ -37,6 +37,23 @@ def test_adding_a_key_shows_it_once_and_keeps_its_hash(admin_client):
     assert api_key.hashed_key != secret and api_key.prefix in secret
     page = admin_client.get(reverse("admin:access_apikey_change", args=[api_key.pk]))
     assert secret not in page.content.decode()
+    # Its webhook secret: shown once beside it, then only its last 4 characters.
+    webhook = next(w for w in shown.split() if w.startswith("whsec-"))
+    assert webhook == api_key.webhook_secret
+    page = page.content.decode()
+    assert webhook not in page and f"…{webhook[-4:]}" in page
+
+
+def test_rotating_a_webhook_secret_shows_the_new_one_once(admin_client, make_key):
+    api_key, _ = make_key("team-a")
+    old = api_key.webhook_secret
+    changelist = reverse("admin:access_apikey_changelist")
+    shown = act(admin_client, changelist, "rotate_webhook_secret", [api_key.pk])
+    new = ApiKey.objects.get().webhook_secret
+    assert new != old and new.startswith("whsec-")
+    assert new in shown and old not in shown
+    page = admin_client.get(reverse("admin:access_apikey_change", args=[api_key.pk]))
+    assert new not in page.content.decode() and old not in page.content.decode()
 
 
 def test_revoke_and_restore_actions(admin_client, make_key):

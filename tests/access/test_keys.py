@@ -98,8 +98,10 @@ def test_create_api_key_prints_the_key_alone_on_its_last_line(db, capsys):
         "--max-processing=2",
         "--weight=3",
     )
-    secret = capsys.readouterr().out.strip().splitlines()[-1]
+    *said, secret = capsys.readouterr().out.strip().splitlines()
     api_key = auth.caller(f"Bearer {secret}")
+    assert api_key.webhook_secret.startswith("whsec-")
+    assert api_key.webhook_secret in said[0]  # shown once, before the key
     assert (api_key.name, api_key.max_priority, api_key.default_priority) == ("batch-jobs", 1, 3)
     assert api_key.allowed_models == ["qwen", "llama"]
     assert (api_key.rpm, api_key.max_waiting, api_key.max_processing, api_key.weight) == (

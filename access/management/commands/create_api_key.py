@@ -1,4 +1,5 @@
-"""python manage.py create_api_key NAME [limits]: prints the new key alone on its last line."""
+"""python manage.py create_api_key NAME [limits]: prints the key's webhook secret, then the
+new key alone on its last line."""
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -48,6 +49,10 @@ class Command(BaseCommand):
             operator=options["operator"],
         )
         api_key.save()
+        self.stdout.write(
+            "Its webhook secret (signs the callbacks of its jobs; shown once, rotate it in the"
+            f" admin): {api_key.webhook_secret}"
+        )
         self.stdout.write(
             f"Created API key {api_key} (shown once; only its hash is kept). Send it as"
             " `Authorization: Bearer <key>`:"
