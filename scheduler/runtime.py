@@ -452,13 +452,12 @@ class Runtime:
         self.loop.call_soon_threadsafe(callback, *args, context=self.loop_context)
 
     async def committed(self, write: Callable[[store.Sending], T]) -> T:
-        """Run a write in the database thread that may send requests before its commit:
-        given a `send_now`, it hands over the jobs as soon as their rows' and slots' locks
-        are held, and their calls to the servers start at once, so that the commit's round
-        trip (and the hop back to the loop) runs beside them instead of before them. What
-        the commit writes is already decided by the locks; should it fail all the same (the
-        database went away), the calls are cancelled. A streamed answer's chunks wait for
-        the commit, and the request's end is written after it (one database thread)."""
+        """Run a write in the database thread that may send requests: given a `send_now`,
+        it hands over the jobs as soon as their rows' and slots' locks are held, and their
+        serve tasks start at once (an adapter is ready by the commit), but each call to its
+        server waits for the commit: a call cannot be taken back, and should the commit fail
+        or its outcome be unknown (the database went away), the request is sent again. The
+        tasks are then cancelled before they call anyone."""
         for attempt in range(conflicts.ATTEMPTS):
             commit = asyncio.Event()
             tasks: list[asyncio.Task] = []
@@ -666,6 +665,9 @@ class Runtime:
 
     async def serve(self, job: store.ServeJob, committed: asyncio.Event) -> FreedSlot | None:
         adapter = await self.adapter(job.server_id)
+        # A call cannot be taken back: it waits for its dispatch's commit. Should that fail,
+        # or its outcome be unknown, the request is sent again, and must not have run.
+        await committed.wait()
         started = time.monotonic()
         relay = streams.Relay(job.request_id, committed)
         try:

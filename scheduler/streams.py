@@ -15,8 +15,8 @@ class Relay:
     in the next, so a burst (a fast server, a busy moment here) costs one publish instead
     of one each, and no chunk waits for a later one. `sent` tells, after a failure, whether
     the caller may already have seen part of the answer. Nothing goes out before
-    `committed` is set: the call may start before its dispatch's commit returns, and the
-    caller must see no chunk of a send that the database then refused."""
+    `committed` is set (the worker's calls wait for it too): the caller must see no chunk
+    of a send that the database refused."""
 
     def __init__(self, request_id, committed: asyncio.Event) -> None:
         self.committed = committed

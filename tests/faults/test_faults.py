@@ -97,11 +97,6 @@ def test_postgresql_restarts_under_load(fresh, upstream):
     assert all(o.status == 200 for o in after), [(o.status, o.code) for o in after][:5]
 
 
-@pytest.mark.xfail(
-    reason="seen once in CI on 2026-11-27: with every backend terminated, one request ran"
-    " twice in one attempt (the audit's 'run 2 times in 1 attempts'); not yet explained",
-    strict=False,
-)
 def test_every_database_backend_is_terminated(fresh, upstream):
     cluster = fresh
     load = Load(cluster.urls).start()

@@ -15,10 +15,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from backends.adapters.simulated import simulated_server
+from backends.adapters.simulated import SimulatedAdapter, simulated_server
 from backends.models import Deployment, DeploymentState, Model, Server
 from scheduler import sql, store, wakeup
 from scheduler.api import intake
@@ -546,17 +546,25 @@ async def test_after_a_pass_only_servers_with_a_waiting_model_call_for_a_pass_wh
         await rt.stop()
 
 
-async def test_the_call_to_the_server_starts_before_the_dispatch_commits(monkeypatch):
-    """The locks decide what the commit writes: the call goes out beside its round trip."""
+async def test_the_serve_task_starts_in_the_transaction_and_its_call_after_the_commit(
+    monkeypatch,
+):
+    """The locks decide what the commit writes: the serve task starts beside its round
+    trip, but the call itself waits for the commit, since a call cannot be taken back
+    (tests/scheduler/test_dispatch_commit.py terminates the backend at that moment)."""
     request = await db(_one_loaded_request)()
     serving = threading.Event()
+    commits: list[bool] = []
     seen_in_transaction: list[bool] = []
+    called_after_commit: list[bool] = []
     real_dispatch, real_serve = store.dispatch_all, Runtime.serve
+    real_run = SimulatedAdapter.run
 
     def dispatch_all(sends, worker_id, routes=None, send_now=None):
         def send_and_watch(jobs):
+            transaction.on_commit(lambda: commits.append(True))
             send_now(jobs)
-            # The loop starts the call while this thread still holds the transaction.
+            # The loop starts the task while this thread still holds the transaction.
             seen_in_transaction.append(serving.wait(5) and connection.in_atomic_block)
 
         return real_dispatch(sends, worker_id, routes, send_and_watch)
@@ -565,11 +573,17 @@ async def test_the_call_to_the_server_starts_before_the_dispatch_commits(monkeyp
         serving.set()
         return await real_serve(self, job, committed)
 
+    async def run(self, call):
+        called_after_commit.append(commits == [True])
+        return await real_run(self, call)
+
     monkeypatch.setattr(store.dispatch, "dispatch_all", dispatch_all)
     monkeypatch.setattr(Runtime, "serve", serve)
+    monkeypatch.setattr(SimulatedAdapter, "run", run)
     await Runtime().run(asyncio.Event(), until_idle=True)
 
     assert seen_in_transaction == [True]
+    assert called_after_commit == [True]
     assert await db(state_of)(request) == State.COMPLETED
 
 
