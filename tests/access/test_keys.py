@@ -1,9 +1,8 @@
-"""Checking a key: what is refused, the one answer it gets, and what a check costs."""
+"""Checking a key: what is refused, the one answer it gets, and what the cache spares."""
 
 import os
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import pytest
@@ -74,16 +73,15 @@ def test_auth_off_lets_everyone_in_as_no_one(make_key, settings):
     assert auth.caller(None) is None
 
 
-def test_a_cached_check_costs_a_few_microseconds(make_key):
+def test_a_cached_check_asks_the_database_nothing(make_key, django_assert_num_queries):
+    """What a check costs is the bench's to measure (docs/performance.md); what keeps it
+    cheap is that a key seen within the cache's lifetime is not read again."""
     _, secret = make_key("alice")
     header = f"Bearer {secret}"
     auth.caller(header)
-    runs = 2000
-    began = time.perf_counter()
-    for _ in range(runs):
-        auth.caller(header)
-    per_check_ms = (time.perf_counter() - began) / runs * 1000
-    assert per_check_ms < 0.1, per_check_ms  # measured about 0.005 ms here
+    with django_assert_num_queries(0):
+        for _ in range(3):
+            assert auth.caller(header).name == "alice"
 
 
 def test_create_api_key_prints_the_key_alone_on_its_last_line(db, capsys):
