@@ -28,8 +28,9 @@ class DeploymentInline(admin.TabularInline):
         "preload",
         "idle_ttl_s",
         "load_options",
+        "load_overrides",
     ]
-    readonly_fields = ["state", "in_flight"]
+    readonly_fields = ["state", "in_flight", "load_overrides"]
     autocomplete_fields = ["model"]
 
 

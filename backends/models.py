@@ -122,6 +122,13 @@ class Deployment(models.Model):
         help_text="Merged over the model's. Simulated servers read load_seconds, "
         "tokens_per_second and fail_load here.",
     )
+    load_overrides = models.JSONField(
+        default=dict,
+        blank=True,
+        editable=False,
+        help_text="The options an operator's load intent asked for, over the load options,"
+        " for the load under way or in place only; the next load replaces them.",
+    )
     pinned = models.BooleanField(default=False, help_text="Never evicted.")
     preload = models.BooleanField(default=False, help_text="Loaded when the worker starts.")
     idle_ttl_s = models.PositiveIntegerField(
@@ -160,9 +167,9 @@ class Deployment(models.Model):
         return f"{self.model.name}@{self.server.name}"
 
     def effective_load_options(self) -> dict:
-        return merged_load_options(self.model.load_options, self.load_options)
+        return merged_load_options(self.model.load_options, self.load_options, self.load_overrides)
 
 
-def merged_load_options(model_defaults: dict, own: dict) -> dict:
-    """A deployment's load options over its model's defaults."""
-    return {**model_defaults, **own}
+def merged_load_options(model_defaults: dict, own: dict, overrides: dict | None = None) -> dict:
+    """A deployment's load options over its model's defaults, and its load's over both."""
+    return {**model_defaults, **own, **(overrides or {})}

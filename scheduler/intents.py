@@ -7,7 +7,8 @@ runtime's one place for each kind, or a server switched on or off. So the invari
 for intents too: one load or unload at a time per server (an intent waits for the one under
 way), and no busy or pinned model is evicted (a load waits until its victims are idle).
 An intent waits behind the earlier open intents of its server. Every change of an intent's
-status, and every new reason it waits, is a trace row."""
+status, and every new reason it waits, is a trace row. A load intent's options stay on the
+intent: the load it starts reads them (scheduler.store.loads), for that load only."""
 
 import logging
 import time
@@ -19,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.models import Deployment, Server
+from backends.models import Server
 
 from . import wakeup
 from .decisions import StartLoad, Unload
@@ -159,15 +160,6 @@ def write_step(step: Step) -> None:
     log.info("intent %s (%s): %s, %s", intent.pk, intent.action, step.status, step.reason)
 
 
-def apply_options(step: Step) -> None:
-    """A load's options become the deployment's own, before the load reads them."""
-    options = Intent.objects.values_list("options", flat=True).get(pk=step.intent_id)
-    if options and isinstance(step.decision, StartLoad):
-        d = Deployment.objects.get(pk=step.decision.deployment_id)
-        d.load_options = {**d.load_options, **options}
-        d.save(update_fields=["load_options"])
-
-
 class Intents:
     """The loop's hook: `after_pass` carries out what is due. It reads the table only when
     there may be news: after a wake-up that was not an arrival (the API's, for a new
@@ -191,8 +183,6 @@ class Intents:
         intents = await released(read_open)()
         self.open = bool(intents)
         for step in plan_intents(snapshot, intents, self.runtime.clock()):
-            if step.decision is not None:
-                await released(apply_options)(step)
-                if not await self.runtime.execute(step.decision):
-                    continue  # the rows moved: the next pass sees them and plans again
+            if step.decision is not None and not await self.runtime.execute(step.decision):
+                continue  # the rows moved: the next pass sees them and plans again
             await released(write_step)(step)

@@ -34,6 +34,10 @@ class DeploymentOut(serializers.Serializer):
     loaded_at = serializers.DateTimeField(allow_null=True)
     last_used_at = serializers.DateTimeField(allow_null=True)
     in_flight = serializers.IntegerField()
+    load_overrides = serializers.DictField(
+        help_text="The options the load in place or under way was asked with (an operator's"
+        " load), over the deployment's own load options."
+    )
     pinned = serializers.BooleanField()
     last_error = serializers.CharField()
 
@@ -82,7 +86,9 @@ class ServerListOut(serializers.Serializer):
 class LoadIn(serializers.Serializer):
     model = serializers.CharField(help_text="The model's name or alias.")
     options = serializers.DictField(
-        required=False, help_text="Load options, kept as the deployment's own."
+        required=False,
+        help_text="Options for this load only, over the deployment's own load options"
+        " (which stay as they are).",
     )
 
 
@@ -131,6 +137,7 @@ def servers_body() -> dict[str, Any]:
                 "loaded_at": d.loaded_at,
                 "last_used_at": d.last_used_at,
                 "in_flight": d.in_flight,
+                "load_overrides": d.load_overrides,
                 "pinned": d.pinned,
                 "last_error": d.last_error,
             }

@@ -48,10 +48,10 @@ def _loaded(
     """Each server's requests in flight, and its loaded deployments."""
     busy = dict.fromkeys(slots, 0)
     loaded = {}
-    for did, model_id, server_id, name, server_model_id, defaults, own, state, in_flight in rows:
+    for did, model_id, server_id, name, server_model_id, *options, state, in_flight in rows:
         busy[server_id] += in_flight
         if state == DS.LOADED:
-            options = merged_load_options(json.loads(defaults), json.loads(own))
+            options = merged_load_options(*map(json.loads, options))
             loaded[did] = LoadedDeployment(did, model_id, server_id, name, server_model_id, options)
     return busy, loaded
 

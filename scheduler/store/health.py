@@ -95,7 +95,11 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
             changes.append(f"{d.server_model_id} was unloaded outside Switchyard")
         elif d.state == DS.UNLOADED and d.server_model_id in loaded:
             Deployment.objects.filter(pk=d.pk, state=DS.UNLOADED).update(
-                state=DS.LOADED, state_changed_at=now, loaded_at=now, last_used_at=now
+                state=DS.LOADED,
+                state_changed_at=now,
+                loaded_at=now,
+                last_used_at=now,
+                load_overrides={},  # not a load an operator asked for
             )
             changes.append(f"{d.server_model_id} was loaded outside Switchyard")
     if changes or was_down:

@@ -11,7 +11,7 @@ from backends.adapters.base import AdapterError, ErrorCode, LoadTarget
 from backends.models import Deployment, DeploymentState, Server
 
 from .. import announce
-from ..models import MetricEvent
+from ..models import Intent, MetricEvent
 from ..retry import backoff_s
 from .knobs import knob
 
@@ -28,6 +28,22 @@ class LoadJob:
     worker_id: int
     target: LoadTarget
     evict: tuple[tuple[int, str], ...]  # (deployment id, server model id)
+
+
+def this_loads_options(deployment_id: int) -> dict:
+    """The options of the oldest open load intent for the deployment ({} if none): the load
+    starting now is the one it asked for (scheduler.intents marks it running on seeing it)."""
+    asked = (
+        Intent.objects.filter(
+            deployment_id=deployment_id,
+            action=Intent.Action.LOAD,
+            status__in=(Intent.Status.PENDING, Intent.Status.RUNNING),
+        )
+        .order_by("created_at", "id")
+        .values_list("options", flat=True)
+        .first()
+    )
+    return asked or {}
 
 
 def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reason: str):
@@ -59,6 +75,10 @@ def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reaso
             ):
                 transaction.set_rollback(True)
                 return None
+        # The options of an operator's load intent for it apply to this load only (they are
+        # kept on the intent and here, never merged into the deployment's own).
+        asked = this_loads_options(deployment_id)
+        Deployment.objects.filter(pk=deployment_id).update(load_overrides=asked)
         d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
         victims = tuple(
             Deployment.objects.filter(pk__in=evict).values_list("pk", "server_model_id")

@@ -1,7 +1,16 @@
 """Operators' intents as the loop plans them: pure, on hand-built snapshots."""
 
+import json
+
+import pytest
+
+from backends.models import Deployment
+from scheduler import store
 from scheduler.decisions import StartLoad, Unload
 from scheduler.intents import IntentView, plan_intents
+from scheduler.models import Intent, Worker
+from scheduler.store.dispatch import _loaded
+from tests import factories
 from tests.scheduler.builders import T0, dep, server, snap
 
 
@@ -75,3 +84,36 @@ def test_intents_of_a_server_go_in_order_and_drain_enable_at_once():
     ]
     assert steps[1].reason == "waiting for the server's earlier intents"
     assert steps[2].enable is True
+
+
+@pytest.mark.django_db
+def test_a_load_intents_options_go_to_that_load_only():
+    srv = factories.server("sim")
+    d = factories.deployment(srv, "a", load_options={"num_ctx": 4096})
+    worker = Worker.objects.create(host="h", pid=1)
+    Intent.objects.create(
+        server=srv, action="load", deployment=d, options={"num_ctx": 8192, "keep_alive": "5m"}
+    )
+    job = store.start_load(d.pk, (), worker.pk, "operator intent")
+    assert job.target.options["num_ctx"] == 8192 and job.target.options["keep_alive"] == "5m"
+    d.refresh_from_db()
+    assert d.load_options["num_ctx"] == 4096  # its own, untouched
+    assert d.load_overrides == {"num_ctx": 8192, "keep_alive": "5m"}
+    # Sent while that load is in place: the server is asked with the same options.
+    busy, loaded = _loaded({srv.pk: 0}, [row(d, "loaded")])
+    assert loaded[d.pk].load_options["num_ctx"] == 8192
+    # The intent ends; the next load (the policy's) has only the deployment's own.
+    Intent.objects.update(status="done")
+    store.evicted(d.pk)
+    job = store.start_load(d.pk, (), worker.pk, "policy")
+    assert job.target.options["num_ctx"] == 4096 and "keep_alive" not in job.target.options
+    d.refresh_from_db()
+    assert d.load_overrides == {}
+    assert _loaded({srv.pk: 0}, [row(d, "loaded")])[1][d.pk].load_options["num_ctx"] == 4096
+
+
+def row(d: Deployment, state: str) -> tuple:
+    """A deployment as the dispatch's query reads it."""
+    own = (d.model.load_options, d.load_options, d.load_overrides)
+    names = (d.pk, d.model_id, d.server_id, d.server.name, d.server_model_id)
+    return (*names, *map(json.dumps, own), state, 0)

@@ -103,13 +103,24 @@ def test_intents_run_through_the_scheduler(served):
     refused = httpx.post(f"{live.url}/api/v1/servers/sim/drain", headers=no_csrf)
     assert refused.status_code == 403 and "CSRF" in refused.json()["error"]["message"]
 
-    r = ask("load", {"model": "a", "options": {"load_seconds": 0.01}})
+    # A load's options apply to that load only: one that fails it does not stay behind.
+    r = ask("load", {"model": "a", "options": {"fail_load": True}})
     assert r.status_code == 202, r.text
+    assert r.json()["options"] == {"fail_load": True}
+    done = until_done(live, headers, r.json()["id"])
+    assert (done.status, done.outcome) == ("failed", "the load failed: simulated load failure")
+    own = {"load_seconds": 0.01, "tokens_per_second": 10_000}
+    assert Deployment.objects.get(model__name="a").load_options == own
+
+    r = ask("load", {"model": "a", "options": {"load_seconds": 0.02}})
     done = until_done(live, headers, r.json()["id"])
     assert done.status == "done", done.outcome
     assert [t.status for t in done.traces.all()] == ["pending", "running", "done"]
     a = Deployment.objects.get(model__name="a")
-    assert a.state == "loaded" and a.load_options["load_seconds"] == 0.01
+    assert a.state == "loaded" and a.load_options == own
+    assert a.load_overrides == {"load_seconds": 0.02}
+    listed = httpx.get(f"{live.url}/api/v1/servers", headers=headers).json()["data"][0]
+    assert listed["deployments"][0]["load_overrides"] == {"load_seconds": 0.02}
 
     assert ask("load", {"model": "a"}).json()["error"]["code"] == "already_loaded"
     done = until_done(live, headers, ask("load", {"model": "b"}).json()["id"])
@@ -120,6 +131,12 @@ def test_intents_run_through_the_scheduler(served):
     done = until_done(live, headers, ask("unload", {"model": "b"}).json()["id"])
     assert done.status == "done"
     assert Deployment.objects.get(model__name="b").state == "unloaded"
+    # The next load of a, asked without options, has none of the last one's.
+    done = until_done(live, headers, ask("load", {"model": "a"}).json()["id"])
+    assert done.status == "done", done.outcome
+    a = Deployment.objects.get(model__name="a")
+    assert (a.state, a.load_overrides, a.load_options) == ("loaded", {}, own)
+    until_done(live, headers, ask("unload", {"model": "a"}).json()["id"])
 
     until_done(live, headers, ask("drain").json()["id"])
     assert not Server.objects.get().enabled
