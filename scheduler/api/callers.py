@@ -5,6 +5,7 @@ session authentication demands. A call with an `Authorization` header is a key's
 session cookie, if any, is not read (nor its CSRF token asked for)."""
 
 from dataclasses import dataclass
+from functools import wraps
 from importlib import import_module
 
 from django.conf import settings
@@ -89,6 +90,35 @@ def operator_of(request: DrfRequest) -> Caller:
             code="permission_denied",
         )
     return caller
+
+
+def may_read_the_schema(http) -> None:
+    """/api/schema/ and /api/docs/ (behind the site's middleware: its session is read): with
+    SWITCHYARD_AUTH=required, for a good key or a staff login; else 401 invalid_api_key."""
+    if not auth.required():
+        return
+    if http.headers.get("Authorization"):
+        auth.verified(http.headers["Authorization"])
+        return
+    user = getattr(http, "user", None)
+    if not (user and user.is_active and user.is_staff):
+        raise auth.invalid_api_key()
+
+
+def schema_view(view):
+    """The schema's view (or its docs page's), for those `may_read_the_schema` lets in."""
+
+    @wraps(view)
+    def guarded(http, *args, **kwargs):
+        try:
+            may_read_the_schema(http)
+        except ApiError as error:
+            refused = error.as_json_response()
+            refused["WWW-Authenticate"] = 'Bearer realm="switchyard"'
+            return refused
+        return view(http, *args, **kwargs)
+
+    return guarded
 
 
 def own_requests(api_key) -> QuerySet:

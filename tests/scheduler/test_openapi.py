@@ -13,10 +13,10 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
+from access.models import ApiKey
 from scheduler import health
 from scheduler.api import openai_asgi
 from tests import factories
-from tests.scheduler.test_operator_api import login
 
 # Examples per operation (about 15 of them): a few thousand requests in all, within a minute
 # or two on a 2-core machine. SWITCHYARD_FUZZ_EXAMPLES raises it for a longer hunt.
@@ -75,16 +75,22 @@ def error_is_json_in_openai_shape(ctx, response, case) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_generated_inputs_never_get_a_5xx_or_a_non_json_error(served, fast_passwords):
+def test_generated_inputs_never_get_a_5xx_or_a_non_json_error(served):
     srv = factories.server("sim", slots=4)
     factories.deployment(srv, "m", load_options={"tokens_per_second": 1_000_000})
     factories.model("e", type="embedding")
     factories.deployment(srv, "e")
-    live = served()
+    # Keys required, as in production: one key with the operator flag reads the schema
+    # (401 without it) and calls every endpoint, the operator API's too.
+    api_key, key = ApiKey.generate("fuzz", operator=True)
+    api_key.save()
+    headers = {"Authorization": f"Bearer {key}"}
+    live = served(SWITCHYARD_AUTH="required")
     # Its log (a line per refused request) read as it comes: a full pipe would stall it.
     threading.Thread(target=lambda: live.log.extend(live.proc.stdout), daemon=True).start()
-    headers = login()  # the operator API too, past its login
-    schema = schemathesis.openapi.from_url(f"{live.url}/api/schema/?format=json")
+    schema_url = f"{live.url}/api/schema/?format=json"
+    assert httpx.get(schema_url).status_code == 401
+    schema = schemathesis.openapi.from_url(schema_url, headers=headers)
     checked = 0
     for result in schema.get_all_operations():
         operation = result.ok()
