@@ -110,11 +110,7 @@ class RequestSummary(serializers.Serializer):
     url = serializers.CharField()
 
 
-class RequestPage(serializers.Serializer):
-    object = serializers.CharField(default="list")
-    data = RequestSummary(many=True)
-    has_more = serializers.BooleanField()
-    next_cursor = serializers.CharField(allow_null=True, help_text="Pass as `cursor`.")
+RequestPage = listing.page_schema("RequestPage", RequestSummary(many=True))
 
 
 class RequestList(APIView):
@@ -124,14 +120,13 @@ class RequestList(APIView):
             OpenApiParameter("state", str, description="A state, or several separated by commas"),
             OpenApiParameter("model", str, description="A model name, or several"),
             OpenApiParameter("priority", str, description="A class, or several"),
-            OpenApiParameter("limit", int, description=f"1 to {listing.MAX_LIMIT} (20)"),
-            OpenApiParameter("cursor", str, description="`next_cursor` of the page before"),
+            *listing.page_parameters(),
         ],
         responses={200: RequestPage},
     )
     def get(self, http):
         api_key = auth.caller(http.headers.get("Authorization"))
-        return Response(listing.page(callers.own_requests(api_key), http.query_params))
+        return Response(listing.requests_page(callers.own_requests(api_key), http.query_params))
 
     @extend_schema(request=SubmitSerializer, responses={202: SubmittedSerializer})
     def post(self, http):

@@ -1,17 +1,22 @@
-"""`GET /api/v1/requests`: the caller's own requests, newest first, a page at a time.
+"""The API's lists, a page at a time in one shape: `GET /api/v1/requests` (the caller's own
+requests, newest first) and `GET /api/v1/servers` (by name) answer
+`{"object": "list", "data": [...], "has_more": ..., "next_cursor": ...}` (`page`).
 
-Pages are cut by a cursor (the last row's creation time and id, opaque to the caller), not
-by an offset: a page costs the same however deep, and rows that arrive meanwhile do not
+Pages are cut by a cursor (the last row's values of the list's order, opaque to the caller),
+not by an offset: a page costs the same however deep, and rows that arrive meanwhile do not
 shift the next page."""
 
 import base64
 import binascii
-import uuid
-from datetime import datetime
+import json
+from collections.abc import Callable
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.core.exceptions import ValidationError
+from django.db.models import Model, Q, QuerySet
 from django.urls import reverse
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import serializers
 
 from ..models import Priority, Request, State
 from .errors import ApiError
@@ -24,23 +29,85 @@ def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
-def encode_cursor(request: Request) -> str:
-    raw = f"{request.created_at.isoformat()}|{request.pk}"
+def encode_cursor(row: Model, order: tuple[str, ...]) -> str:
+    values = [getattr(row, name.lstrip("-")) for name in order]
+    raw = json.dumps([v.isoformat() if hasattr(v, "isoformat") else str(v) for v in values])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+def decode_cursor(cursor: str, model: type[Model], order: tuple[str, ...]) -> list[Any]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        at, _, pk = raw.partition("|")
-        return datetime.fromisoformat(at), uuid.UUID(pk)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        values = json.loads(raw)
+        if not isinstance(values, list) or len(values) != len(order):
+            raise ValueError(cursor)
+        return [
+            model._meta.get_field(name.lstrip("-")).to_python(value)
+            for name, value in zip(order, values, strict=True)
+        ]
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError, ValidationError):
         raise bad("cursor", "cursor is not one this API gave") from None
 
 
-def parse_limit(value: str | None) -> int:
+def after(order: tuple[str, ...], values: list[Any]) -> Q:
+    """The rows that come after `values` in `order` (each name, `-` for descending)."""
+    found = Q(pk__in=[])
+    for i, name in enumerate(order):
+        field = name.lstrip("-")
+        beyond = {f"{field}__{'lt' if name.startswith('-') else 'gt'}": values[i]}
+        same = {n.lstrip("-"): v for n, v in zip(order[:i], values[:i], strict=True)}
+        found |= Q(**same, **beyond)
+    return found
+
+
+def page(
+    rows: QuerySet,
+    params,
+    order: tuple[str, ...],
+    items: Callable[[list], list[dict[str, Any]]],
+    default_limit: int = DEFAULT_LIMIT,
+) -> dict[str, Any]:
+    """One page of `rows` in `order` as `params` ask (`limit`, `cursor`); `items` turns the
+    page's rows into what the API shows of each."""
+    limit = parse_limit(params.get("limit"), default_limit)
+    rows = rows.order_by(*order)
+    if cursor := params.get("cursor"):
+        rows = rows.filter(after(order, decode_cursor(cursor, rows.model, order)))
+    found = list(rows[: limit + 1])
+    more = len(found) > limit
+    found = found[:limit]
+    return {
+        "object": "list",
+        "data": items(found),
+        "has_more": more,
+        "next_cursor": encode_cursor(found[-1], order) if more else None,
+    }
+
+
+def page_schema(name: str, item: serializers.Serializer) -> type[serializers.Serializer]:
+    """The schema of a page of `item`s, for drf-spectacular."""
+    return type(
+        name,
+        (serializers.Serializer,),
+        {
+            "object": serializers.CharField(default="list"),
+            "data": item,
+            "has_more": serializers.BooleanField(),
+            "next_cursor": serializers.CharField(allow_null=True, help_text="Pass as `cursor`."),
+        },
+    )
+
+
+def page_parameters(default_limit: int = DEFAULT_LIMIT) -> list[OpenApiParameter]:
+    return [
+        OpenApiParameter("limit", int, description=f"1 to {MAX_LIMIT} ({default_limit})"),
+        OpenApiParameter("cursor", str, description="`next_cursor` of the page before"),
+    ]
+
+
+def parse_limit(value: str | None, default: int = DEFAULT_LIMIT) -> int:
     if value is None or value == "":
-        return DEFAULT_LIMIT
+        return default
     try:
         limit = int(value)
     except ValueError:
@@ -87,19 +154,7 @@ def summary(r: Request) -> dict[str, Any]:
     }
 
 
-def page(own: QuerySet, params) -> dict[str, Any]:
-    """One page of `own` (the caller's requests) as `params` ask."""
-    limit = parse_limit(params.get("limit"))
-    rows = filtered(own, params).select_related("server").order_by("-created_at", "-id")
-    if cursor := params.get("cursor"):
-        at, pk = decode_cursor(cursor)
-        rows = rows.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=pk))
-    found = list(rows[: limit + 1])
-    more = len(found) > limit
-    found = found[:limit]
-    return {
-        "object": "list",
-        "data": [summary(r) for r in found],
-        "has_more": more,
-        "next_cursor": encode_cursor(found[-1]) if more else None,
-    }
+def requests_page(own: QuerySet, params) -> dict[str, Any]:
+    """One page of `own` (the caller's requests), newest first, filtered as `params` ask."""
+    rows = filtered(own, params).select_related("server")
+    return page(rows, params, ("-created_at", "-id"), lambda found: [summary(r) for r in found])

@@ -20,6 +20,7 @@ from backends.models import Deployment, DeploymentState, Server
 
 from .. import wakeup
 from ..models import Intent, IntentTrace, Request, State
+from . import listing
 from .callers import StaffSession, operator_of
 from .errors import ApiError
 from .intake import find_model
@@ -78,9 +79,7 @@ class ServerOut(serializers.Serializer):
     intents = IntentOut(many=True, help_text="Intents not yet finished, oldest first.")
 
 
-class ServerListOut(serializers.Serializer):
-    object = serializers.CharField(default="list")
-    data = ServerOut(many=True)
+ServerListOut = listing.page_schema("ServerList", ServerOut(many=True))
 
 
 class LoadIn(serializers.Serializer):
@@ -119,16 +118,26 @@ def intent_body(intent: Intent) -> dict[str, Any]:
     }
 
 
-def servers_body() -> dict[str, Any]:
-    servers = list(Server.objects.order_by("name"))
+def servers_page(params) -> dict[str, Any]:
+    """A page of servers by name (all of them, up to 100, unless `limit` says fewer)."""
+    return listing.page(
+        Server.objects.all(), params, ("name",), servers_body, default_limit=listing.MAX_LIMIT
+    )
+
+
+def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
+    """What the listing shows of each of these servers."""
+    ids = [s.pk for s in servers]
     busy = dict(
-        Request.objects.filter(state=State.PROCESSING)
+        Request.objects.filter(state=State.PROCESSING, server_id__in=ids)
         .values_list("server_id")
         .annotate(n=Count("pk"))
         .order_by()
     )
     deployments: dict[int, list[dict]] = {}
-    for d in Deployment.objects.select_related("model").order_by("model__name"):
+    for d in (
+        Deployment.objects.filter(server_id__in=ids).select_related("model").order_by("model__name")
+    ):
         deployments.setdefault(d.server_id, []).append(
             {
                 "model": d.model.name,
@@ -144,7 +153,9 @@ def servers_body() -> dict[str, Any]:
         )
     intents: dict[int, list[dict]] = {}
     open_intents = (
-        Intent.objects.filter(status__in=(Intent.Status.PENDING, Intent.Status.RUNNING))
+        Intent.objects.filter(
+            status__in=(Intent.Status.PENDING, Intent.Status.RUNNING), server_id__in=ids
+        )
         .select_related("server", "deployment__model")
         .prefetch_related("traces")
     )
@@ -169,7 +180,7 @@ def servers_body() -> dict[str, Any]:
                 "intents": intents.get(s.pk, []),
             }
         )
-    return {"object": "list", "data": data}
+    return data
 
 
 class ServerList(APIView):
@@ -177,6 +188,7 @@ class ServerList(APIView):
 
     @extend_schema(
         summary="List servers (operators)",
+        parameters=listing.page_parameters(listing.MAX_LIMIT),
         responses={
             200: ServerListOut,
             401: OpenApiResponse(description="No staff login nor operator key"),
@@ -185,7 +197,7 @@ class ServerList(APIView):
     )
     def get(self, request: DrfRequest) -> Response:
         operator_of(request)
-        return Response(servers_body())
+        return Response(servers_page(request.query_params))
 
 
 def server_named(name: str) -> Server:

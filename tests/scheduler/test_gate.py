@@ -1,44 +1,23 @@
 """The API paths skip the site's middleware, not its checks: a Host outside ALLOWED_HOSTS and a
 browser's cross-site write are refused, in the OpenAI shape, before anything is stored."""
 
-import asyncio
 import json
 
 import pytest
 
 from config.asgi import http
 from scheduler.models import Request
+from tests.support import asgi
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BODY = json.dumps({"model": "m1", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
 async def call(path: str, headers: dict[str, str], method: str = "POST") -> tuple[int, dict]:
-    sent: list[dict] = []
-    incoming = [{"type": "http.request", "body": BODY, "more_body": False}]
-    done = asyncio.Event()
-
-    async def receive() -> dict:
-        if incoming:
-            return incoming.pop()
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            done.set()
-
-    scope = {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        "server": ("127.0.0.1", 8000),
-    }
-    await http(scope, receive, send)
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], json.loads(body)
+    answered = await asgi.call(
+        http, asgi.scope(method, path, headers, server=("127.0.0.1", 8000)), BODY
+    )
+    return answered.status, json.loads(answered.body)
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models", "/api/v1/jobs", "/healthz"])

@@ -11,6 +11,7 @@ from django.test import Client
 from scheduler.api import openai_asgi
 from scheduler.models import IdempotencyKey, Request
 from tests import factories
+from tests.support import asgi
 from tests.support.openai_upstream import Upstream
 from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
 
@@ -24,28 +25,10 @@ def body(stream: bool = False) -> bytes:
 
 async def call(raw: bytes, key: str, path: str = "/v1/chat/completions") -> tuple[dict, str]:
     """One POST through the ASGI app: its response headers and whole body."""
-    done = asyncio.Event()
-    incoming = [{"type": "http.request", "body": raw, "more_body": False}]
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        if incoming:
-            return incoming.pop()
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            done.set()
-
-    headers = [(b"idempotency-key", key.encode())]
-    scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
-    await openai_asgi.app(scope, receive, send)
+    scope = asgi.scope("POST", path, {"Idempotency-Key": key})
+    answered = await asgi.call(openai_asgi.app, scope, raw)
     await asyncio.gather(*openai_asgi._after_replies)
-    start = sent[0]
-    head = {k.decode(): v.decode() for k, v in start["headers"]} | {"status": start["status"]}
-    return head, b"".join(m.get("body", b"") for m in sent[1:]).decode()
+    return answered.headers | {"status": answered.status}, answered.body.decode()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from scheduler.api import openai_asgi
 from scheduler.api.inbox import inbox
 from scheduler.api.inference import Reply
 from tests import factories
+from tests.support import asgi
 from tests.support.openai_upstream import Upstream
 from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
 
@@ -36,24 +37,8 @@ def answered(monkeypatch):
 
 async def drive(sent: list[dict], send_fails: bool = False) -> None:
     """One POST through the app; daphne's `http.disconnect` as soon as the body is sent."""
-    done = asyncio.Event()
-    incoming = [{"type": "http.request", "body": BODY, "more_body": False}]
-
-    async def receive() -> dict:
-        if incoming:
-            return incoming.pop()
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        if send_fails:
-            raise OSError("the caller is gone")
-        sent.append(message)
-        if not message.get("more_body") and message["type"] == "http.response.body":
-            done.set()
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
-    await openai_asgi.app(scope, receive, send)
+    scope = asgi.scope("POST", "/v1/chat/completions")
+    await asgi.call(openai_asgi.app, scope, BODY, sent, send_fails)
     await asyncio.gather(*openai_asgi._after_replies)
 
 

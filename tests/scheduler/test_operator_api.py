@@ -181,3 +181,25 @@ def test_a_worker_in_another_process_carries_out_an_intent_at_once():
         web.stop()
         worker.proc.terminate()
         worker.output(timeout=30)
+
+
+@pytest.mark.django_db
+def test_servers_are_listed_a_page_at_a_time_in_the_jobs_lists_shape(admin_client):
+    for name in ["gpu-3", "gpu-1", "gpu-2"]:
+        factories.deployment(factories.server(name), f"m-{name}", state="loaded", in_flight=1)
+    everything = admin_client.get("/api/v1/servers").json()
+    assert (everything["object"], everything["has_more"], everything["next_cursor"]) == (
+        "list",
+        False,
+        None,
+    )
+    assert [s["name"] for s in everything["data"]] == ["gpu-1", "gpu-2", "gpu-3"]
+    seen, cursor = [], None
+    for _ in range(3):
+        body = admin_client.get("/api/v1/servers", {"limit": 1, "cursor": cursor or ""}).json()
+        seen += [(s["name"], [d["model"] for d in s["deployments"]]) for s in body["data"]]
+        cursor = body["next_cursor"]
+        assert body["has_more"] == (cursor is not None)
+    assert seen == [(f"gpu-{i}", [f"m-gpu-{i}"]) for i in (1, 2, 3)] and cursor is None
+    r = admin_client.get("/api/v1/servers", {"cursor": "!!not-ours"})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_value")
