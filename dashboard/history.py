@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from backends.models import Deployment
 from backends.models import DeploymentState as DS
+from scheduler import faults
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State
 from scheduler.pool_threads import released
 
@@ -222,9 +223,15 @@ async def record_forever(stop: asyncio.Event, tick_s: float = TICK_S) -> None:
     the next one tries again: history must never stop the worker)."""
     recorder = Recorder()
     tick = released(recorder.tick)
+    database_down = False
     while not stop.is_set():
         try:
             await tick()
+            database_down = False
+        except faults.DATABASE_FAULTS as error:  # said once per outage, without a traceback
+            if not database_down:
+                log.warning("could not record the dashboard's history: %r", error)
+            database_down = True
         except Exception:
             log.exception("could not record the dashboard's history")
         with contextlib.suppress(TimeoutError):

@@ -22,7 +22,7 @@ from backends.adapters.registry import adapter_for, settings_of
 from backends.models import Health, Server
 from config import event_loop
 
-from . import announce, conflicts, retention, store, streams, wakeup
+from . import announce, conflicts, faults, retention, store, streams, wakeup
 from .batching import Batcher
 from .database_thread import in_database_thread
 from .decisions import (
@@ -158,7 +158,11 @@ class Runtime:
         self.write_marks()  # of the answers while draining
         await asyncio.gather(*self.tasks.values(), *self.chores, return_exceptions=True)
         if self.worker_id is not None:
-            _, recheck = await db(store.release_worker)(self.worker_id)
+            try:
+                _, recheck = await db(store.release_worker)(self.worker_id)
+            except faults.DATABASE_FAULTS as error:  # handed back once it answers (`restarts`)
+                log.info("worker %s could not hand back its work: %r", self.worker_id, error)
+                recheck = []
             for deployment_id in recheck:
                 await self.recheck(deployment_id)
         for adapter in [*self.adapters.values(), *self.retired]:
@@ -567,8 +571,12 @@ class Runtime:
             if not t.cancelled() and t.exception():
                 # Its rows (a request processing, a load under way) would stay held by a
                 # worker that is alive: the worker stops instead, and hands them back.
-                log.error("task %s crashed; the worker stops", name, exc_info=t.exception())
-                self.crashed = self.crashed or t.exception()
+                crash = t.exception()
+                if not faults.is_database_fault(crash):
+                    log.error("task %s crashed; the worker stops", name, exc_info=crash)
+                elif self.crashed is None:  # the database's fault: said once, by `restarts`
+                    log.info("task %s met a database fault; the worker stops", name)
+                self.crashed = self.crashed or crash
             elif not t.cancelled() and not self.calls_for_pass(t.result()):
                 self.write_marks()  # no pass comes to write them after
                 self.chore(self.count_quiet_end())
@@ -724,7 +732,16 @@ class Runtime:
         """A database write no task waits for (it is awaited when the worker stops)."""
         future = asyncio.ensure_future(write)
         self.chores.add(future)
-        future.add_done_callback(self.chores.discard)
+        future.add_done_callback(self.chore_done)
+
+    def chore_done(self, future: asyncio.Future) -> None:
+        self.chores.discard(future)
+        if future.cancelled() or (error := future.exception()) is None:
+            return
+        if faults.is_database_fault(error):  # the worker starts again (`restarts`)
+            log.info("a write no task waits for met a database fault: %r", error)
+        else:
+            log.error("a write no task waits for failed", exc_info=error)
 
     async def serve_failed(self, job: store.ServeJob, error: AdapterError, may_retry: bool) -> None:
         self.forget_answers(job.server_id)

@@ -30,7 +30,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
-from . import sql
+from . import faults, sql
 from .models import TERMINAL_STATES, Callback, Request, Trace
 from .pool_threads import released
 from .retry import backoff_s
@@ -161,6 +161,8 @@ class Webhooks:
                             task = asyncio.create_task(self.send(client, delivery))
                             self.sending.add(task)
                             task.add_done_callback(self.sending.discard)
+                    except faults.DATABASE_FAULTS as error:  # the worker starts again
+                        log.info("looking for callbacks to send failed: %r", error)
                     except Exception:  # a failed look must not end the worker
                         log.exception("looking for callbacks to send failed")
                     await asyncio.sleep(max(MIN_GAP_S - (time.monotonic() - started), 0))

@@ -19,9 +19,22 @@ log = logging.getLogger(__name__)
 
 
 class WorkerHealth:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, runtime: Runtime | None = None) -> None:
+        self.runtime = runtime  # the worker's current one (`follow`)
         self.last_pass: float | None = None  # monotonic
+        self.serving = False
+        self.watching: asyncio.Task | None = None
+
+    def follow(self, runtime: Runtime) -> None:
+        """Watch `runtime` from now on (a worker starts a new one after a database fault)."""
+        self.runtime = runtime
+        self.watch_current()
+
+    def watch_current(self) -> None:
+        if self.watching is not None:
+            self.watching.cancel()
+        if self.serving and self.runtime is not None:
+            self.watching = asyncio.create_task(self.watch(self.runtime))
 
     @property
     def stale_s(self) -> float:
@@ -29,8 +42,9 @@ class WorkerHealth:
 
     def state(self) -> tuple[int, dict]:
         rt = self.runtime
-        if self.last_pass is None:
-            return 503, {"status": "starting", "worker": rt.worker_id, "passes": rt.passes}
+        if rt is None or self.last_pass is None:
+            worker, passes = (rt.worker_id, rt.passes) if rt else (None, 0)
+            return 503, {"status": "starting", "worker": worker, "passes": passes}
         age = time.monotonic() - self.last_pass
         healthy = age <= self.stale_s
         body = {
@@ -42,9 +56,8 @@ class WorkerHealth:
         }
         return (200 if healthy else 503), body
 
-    async def watch(self) -> None:
+    async def watch(self, rt: Runtime) -> None:
         """Note the time of every pass the loop ends."""
-        rt = self.runtime
         while True:
             async with rt.passed:
                 seen = rt.passes
@@ -77,11 +90,13 @@ class WorkerHealth:
 
     async def serve(self, host: str, port: int) -> None:
         """Serve until cancelled."""
-        watching = asyncio.create_task(self.watch())
+        self.serving = True
+        self.watch_current()
         server = await asyncio.start_server(self.answer, host, port)
         log.info("worker health on http://%s:%s/healthz", host, port)
         try:
             async with server:
                 await server.serve_forever()
         finally:
-            watching.cancel()
+            self.serving = False
+            self.watch_current()

@@ -7,7 +7,7 @@ from django.db import InterfaceError, OperationalError
 
 from config import event_loop
 from dashboard.history import record_forever
-from scheduler.runtime import Runtime
+from scheduler import restarts
 from scheduler.worker_health import WorkerHealth
 
 log = logging.getLogger("scheduler")
@@ -42,14 +42,12 @@ class Command(BaseCommand):
         try:
             event_loop.run(run_worker(until_idle, health))
         except (OperationalError, InterfaceError) as exc:
-            # Not reconnected: a database that crashed took the commits of this worker that
-            # did not wait for its disk (an answer stored, a request sent), so what it holds
-            # must be taken over as a dead worker's is, and run again.
+            # Only once stopping (else it starts again): what this worker held is taken
+            # over as a dead worker's is, and runs again.
             log.error(
-                "lost the database (%s); exiting. What this worker held is taken over once its"
-                " lease is stale (SWITCHYARD_WORKER_STALE_S), by this worker restarted or"
-                " by another, and runs again.",
-                str(exc).strip(),
+                "lost the database (%s) while stopping; exiting. What this worker held is"
+                " taken over once its lease is stale (SWITCHYARD_WORKER_STALE_S).",
+                restarts.one_line(exc),
             )
             raise SystemExit(1) from exc
 
@@ -59,13 +57,14 @@ async def run_worker(until_idle: bool = False, health: tuple[str, int] | None = 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runtime = Runtime()
-    serving = asyncio.create_task(WorkerHealth(runtime).serve(*health)) if health else None
+    watcher = WorkerHealth() if health else None
+    serving = asyncio.create_task(watcher.serve(*health)) if watcher and health else None
     # The dashboard's history (load spans, per-minute figures, ETA checks) beside the loop:
     # a fixed cost per worker, none per open dashboard.
     history = asyncio.create_task(record_forever(stop), name="history")
     try:
-        await runtime.run(stop, until_idle=until_idle)
+        # A database fault starts the worker's work again (scheduler/restarts.py).
+        await restarts.run_worker(stop, until_idle, watcher.follow if watcher else None)
     finally:
         stop.set()
         await history

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand
 from config import event_loop
 from config.asgi import application
 from dashboard.history import record_forever
-from scheduler.runtime import Runtime
+from scheduler import restarts
 
 log = logging.getLogger("scheduler")
 
@@ -30,7 +30,7 @@ class Command(BaseCommand):
         def start_scheduler() -> None:
             if not no_scheduler:
                 loop = asyncio.get_event_loop()
-                tasks.append(loop.create_task(Runtime().run(stop)))
+                tasks.append(loop.create_task(restarts.run_worker(stop)))
                 tasks.append(loop.create_task(record_forever(stop), name="history"))
             loop = event_loop.name(asyncio.get_event_loop())
             self.stdout.write(f"Switchyard is serving on http://{host}:{port}/ ({loop})")
