@@ -729,6 +729,21 @@ def test_parallel_load_evicts_only_what_the_queue_is_worth():
     assert loads(plan(s, at(0))) == [(2, (3,))]
 
 
+def test_parallel_load_beside_a_long_load_queue():
+    """A batch for A waits on its load on s1 (one slot): once it is done, one request runs
+    and the rest queue. With two already queued behind the slot, the next request starts a
+    second load on s2, where there is room, instead of joining (the simulated day's flood
+    of 200 background requests waited for one server's load before the second began)."""
+    loading = dep(1, 1, "a", "loading")
+    batch = [req("a", age_s=5, state="needs_loading", deployment_id=1) for _ in range(3)]
+    r, servers, deployments = req("a"), [server(1), server(2)], [loading, dep(2, 2, "a")]
+    decisions = plan(snap(servers, deployments, [*batch, r]), at(0))
+    assert loads(decisions) == [(2, ())] and routed(decisions) == {r.id: 2}
+    # Two waiting (one runs at once, one queues): the new request joins the load.
+    decisions = plan(snap(servers, deployments, [*batch[1:], r]), at(0))
+    assert of(decisions, StartLoad) == [] and routed(decisions) == {r.id: 1}
+
+
 def test_parallel_load_queue_is_a_knob():
     deployments, waiting = long_queue(1)
     s = snap([server(1), server(2)], deployments, [*waiting, req("a")], parallel_load_queue=1)
