@@ -51,6 +51,7 @@ from .snapshot import DeploymentView, RequestView, Snapshot
 
 INTERACTIVE, HIGH, NORMAL, BACKGROUND = 0, 1, 2, 3
 CLASS_NAMES = {INTERACTIVE: "interactive", HIGH: "high", NORMAL: "normal", BACKGROUND: "background"}
+RESCUED = -(10**6)  # the line level of a request close to its expiry: before every class
 Wakes = list[tuple[datetime, str]]
 
 
@@ -107,7 +108,17 @@ class _Pass:
     # -- helpers -------------------------------------------------------------------------
 
     def rank(self, r: RequestView) -> tuple:
+        if self.rescued(r):  # earliest expiry first
+            return (RESCUED, r.expires_at, r.id)
         return (self.effective(r), r.created_at, r.id)  # ids as the database orders them
+
+    def rescued(self, r: RequestView) -> bool:
+        """Within `rescue_s` of its expiry: it goes before every request that is not."""
+        return r.expires_at - self.now <= timedelta(seconds=self.config.rescue_s)
+
+    def level(self, r: RequestView) -> int:
+        """The class a request is lined up in: its effective class, or first when rescued."""
+        return RESCUED if self.rescued(r) else self.effective(r)
 
     def effective(self, r: RequestView) -> int:
         return effective_priority(r, self.now, self.config.aging_step_s)
@@ -596,7 +607,7 @@ class _Pass:
 
     def fairly(self, ranked: list[RequestView]) -> list[RequestView]:
         """Within each class, API keys share the slots by weight (see fair_share)."""
-        return fair_share.fair_order(ranked, self.effective, self.keys)
+        return fair_share.fair_order(ranked, self.level, self.keys)
 
     def dispatch(self) -> None:
         for r in self.fairly(self.ranked("ready")):

@@ -19,6 +19,8 @@ class PolicyConfig:
     parallel_load_queue: int = 2
     no_server_grace_s: float = 15.0
     """A request whose model no server can serve now fails after this long."""
+    rescue_s: float = 30.0
+    """A request this close to its expiry goes first (earliest expiry first)."""
     """Start a load on a second server once this many requests queue for a busy model."""
 
 

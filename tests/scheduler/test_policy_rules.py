@@ -95,6 +95,26 @@ def test_aging_background_served_under_steady_interactive_stream():
     assert of(decisions, Dispatch) == [Dispatch(stream[1].id, 1)]
 
 
+def test_rescue_a_request_about_to_expire_goes_first():
+    """An interactive request 20 s from its expiry (2 minutes) goes before a background
+    request aged past interactive, which has most of its hour left; without the rescue it
+    would wait behind every aged one and expire (the simulated flood's interactive requests
+    did, queued on a loaded model). Among rescued requests, the earliest expiry goes first."""
+    loaded = dep(1, 1, "a", "loaded")
+    ia = req("a", INTERACTIVE, age_s=100, state="ready", deployment_id=1, expires_at=at(20))
+    bg = req("a", BACKGROUND, age_s=600, state="ready", deployment_id=1)
+    assert of(plan(snap([server(1)], [loaded], [ia, bg]), at(0)), Dispatch) == [Dispatch(ia.id, 1)]
+    # 40 s from its expiry it waits its turn (rescue_s is 30 s).
+    later = replace(ia, expires_at=at(40))
+    assert of(plan(snap([server(1)], [loaded], [later, bg]), at(0)), Dispatch) == [
+        Dispatch(bg.id, 1)
+    ]
+    dying = replace(bg, expires_at=at(10))
+    assert of(plan(snap([server(1)], [loaded], [ia, dying]), at(0)), Dispatch) == [
+        Dispatch(dying.id, 1)
+    ]
+
+
 def test_aging_step_is_a_knob():
     """With aging_step_s=10 a background request 30 s old already beats fresh interactive."""
     ia = req("a", INTERACTIVE, age_s=1, state="ready", deployment_id=1)
