@@ -7,8 +7,9 @@ Read `scheduler/README.md` first. One pass, in this order:
    away, failed or sits on an unusable server sends them back to routing;
 2. route pending requests, best first, in two rounds. First those that disturb nothing: to
    a server with the model loaded and a free slot, to one with it loaded and a short queue,
-   or to a load of it under way. Then the rest, best first: a free parallel load beside a
-   long queue, else the loaded model's queue; or a new load with the least disruption.
+   or to a load of it under way that few wait for. Then the rest, best first: a parallel
+   load beside a long queue or a long batch waiting for a load, else that queue or load; or
+   a new load with the least disruption.
    Routing the cheap ones first lets collation see every request for a loaded model;
 3. dispatch ready requests into free slots, best first, on any server that has their
    model loaded (their own first);
@@ -19,9 +20,10 @@ Read `scheduler/README.md` first. One pass, in this order:
    arrives next, if no waiting request could use that server (`SendOnArrival`);
 6. one `Defer` for the earliest moment something above changes by itself.
 
-"Best first" is (effective class, arrival, id). The effective class of a request is its
-priority minus one for every `aging_step_s` it has waited; it keeps falling below 0 so that
-an interactive request that has waited a full step outranks fresh interactive ones.
+"Best first" is (effective class, arrival, id), except that a request within `rescue_s` of
+its expiry goes before all others, earliest expiry first. The effective class of a request
+is its priority minus one for every `aging_step_s` it has waited; it keeps falling below 0
+so that an interactive request that has waited a full step outranks fresh interactive ones.
 """
 
 from collections import defaultdict
