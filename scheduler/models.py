@@ -96,6 +96,9 @@ class Request(models.Model):
     callback_url = models.CharField(
         max_length=2000, blank=True, help_text="POSTed the final state when it ends."
     )
+    # Why it waits, as the last pass that changed it said: {"kind", "text", "details"}
+    # (scheduler/reasons.py). Written only when it changes (scheduler/store/reasons.py).
+    reason = models.JSONField(null=True, blank=True, help_text="Why it waits (the policy's).")
 
     class Meta:
         ordering = ["priority", "created_at", "id"]

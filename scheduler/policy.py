@@ -27,12 +27,13 @@ so that an interactive request that has waited a full step outranks fresh intera
 """
 
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from uuid import UUID
 
 from . import fair_share, holding
+from . import reasons as waits
 from .decisions import (
     Decision,
     Defer,
@@ -59,6 +60,21 @@ Wakes = list[tuple[datetime, str]]
 
 def plan(snapshot: Snapshot, now: datetime) -> list[Decision]:
     return _Pass(snapshot, now).run()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A pass's decisions, and why each request it leaves waiting waits (`scheduler/reasons.py`)."""
+
+    decisions: list[Decision]
+    reasons: Mapping[UUID, waits.Reason]
+
+
+def plan_explained(snapshot: Snapshot, now: datetime) -> Plan:
+    """`plan`, with the reason of each request left waiting."""
+    p = _Pass(snapshot, now)
+    decisions = p.run()
+    return Plan(decisions, waits.explain(p))
 
 
 def effective_priority(request: RequestView, now: datetime, aging_step_s: float) -> int:
@@ -100,6 +116,9 @@ class _Pass:
         self.unseen = snapshot.unseen
         self.decisions: list[Decision] = []
         self.wake_times: Wakes = []
+        # Why requests wait, as only the pass knows it (the rest is read off its end).
+        self.notes: dict[UUID, waits.Reason] = {}
+        self.held_heads: dict[str, UUID] = {}  # the request each `held_back` model's fared as
         self.in_flight: dict[int, int] = defaultdict(int)
         for d in snapshot.deployments:
             self.in_flight[d.server_id] += d.in_flight
@@ -133,6 +152,10 @@ class _Pass:
     def wake_at(self, at: datetime | None, reason: str, into: Wakes | None = None) -> None:
         if at is not None and at > self.now:
             (self.wake_times if into is None else into).append((at, reason))
+
+    def note(self, r: RequestView, reason: waits.Reason) -> None:
+        """Why `r` waits, as far as this rule knows (of two, the one that lifts first)."""
+        self.notes[r.id] = waits.sooner(self.notes.get(r.id), reason)
 
     def on_server(self, server_id: int) -> list[DeploymentView]:
         return [d for d in self.deployments.values() if d.server_id == server_id]
@@ -300,6 +323,7 @@ class _Pass:
             self.fail(r, "no_server_available", f"no server can serve {r.model}: {why}")
         else:
             self.wake_at(deadline, f"no server can serve {r.model}")
+            self.notes[r.id] = waits.no_server(r.model, why, deadline)
 
     def candidates(self, model: str, state: str | None = None) -> list[DeploymentView]:
         """The usable deployments of `model` (in `state`), as the pass has them now."""
@@ -333,6 +357,8 @@ class _Pass:
             # for a model that no server can take now is hundreds of them, pass after pass.
             if seen[1] is not None:
                 self.fail(r, seen[1].code, seen[1].message)
+            elif (head := self.held_heads.get(r.model)) in self.notes:
+                self.notes[r.id] = self.notes[head]
             return
         loaded = self.least_busy(self.candidates(r.model, "loaded"))
         loading = self.least_busy(self.candidates(r.model, "loading"))
@@ -349,6 +375,7 @@ class _Pass:
             failed = self.decisions[-1] if r.id not in self.requests else None
             assert failed is None or isinstance(failed, Fail)
             self.held_back[r.model] = (self.deployment_changes, failed)
+            self.held_heads[r.model] = r.id
 
     def least_busy(self, deployments: list[DeploymentView]) -> DeploymentView | None:
         return min(deployments, key=lambda d: (self.busyness(d.server_id), d.id), default=None)
@@ -388,12 +415,16 @@ class _Pass:
                 message = d.last_error or f"{d.model} failed to load"
                 reasons.append(NoRoom(message, True, d.last_error_code or "load_failed"))
             elif d.state != "unloaded":
-                reasons.append(NoRoom(f"{d.model} is {d.state} there"))
+                reasons.append(
+                    NoRoom(f"{d.model} is {d.state} on {self.servers[d.server_id].name}")
+                )
             elif d.next_load_at and d.next_load_at > self.now:
                 self.wake_at(d.next_load_at, f"retry loading {d.model}", wakes)
-                reasons.append(NoRoom("waiting to retry the load"))
+                reasons.append(NoRoom(f"its load on {self.servers[d.server_id].name} is retried"))
             elif self.load_under_way(d.server_id):
-                reasons.append(NoRoom("another load is under way there"))
+                reasons.append(
+                    NoRoom(f"another load is under way on {self.servers[d.server_id].name}")
+                )
             else:
                 outcome = self.room_for(d, r, wakes, free_only)
                 if isinstance(outcome, NoRoom):
@@ -413,6 +444,9 @@ class _Pass:
         if free_only:
             return False
         self.wake_times.extend(wakes)
+        if r.id not in self.notes:
+            until = min((at for at, _ in wakes), default=None)
+            self.notes[r.id] = waits.no_room(r.model, (n.reason for n in reasons), until)
         all_reachable = len(candidates) == sum(
             1 for d in self.deployments.values() if d.model == r.model
         )
@@ -514,6 +548,7 @@ class _Pass:
         theirs = self.waiting_on(victim.id)
         # No wasted load: the requests that waited for the victim's load go first.
         if victim.loaded_at and any(w.created_at <= victim.loaded_at for w in theirs):
+            self.note(r, waits.held("no_wasted_load", server.name, victim.model, None))
             return False
         batch = self.batch_of(r.model)
         if theirs and not holding.outranks(
@@ -524,6 +559,7 @@ class _Pass:
             server.slots,
             self.config,
         ):
+            self.note(r, waits.held("collation", server.name, victim.model, None))
             return False
         if victim.loaded_at:
             resident_until = victim.loaded_at + timedelta(seconds=self.config.min_residency_s)
@@ -532,6 +568,7 @@ class _Pass:
             )
             if resident_until > self.now and users and mine >= min(users):
                 self.wake_at(resident_until, f"{victim.model} minimum residency ends", wakes)
+                self.note(r, waits.held("residency", server.name, victim.model, resident_until))
                 return False
         protected, protected_until = self.protection(victim, server.id, mine)
         free_slot = self.in_flight[server.id] < server.slots
@@ -548,6 +585,8 @@ class _Pass:
         if release is None:
             return True
         self.wake_at(release, f"held: switch on {server.name} for {r.model}", wakes)
+        rule, saves = ("batching", self.load_s(target)) if batching else ("protected", None)
+        self.note(r, waits.held(rule, server.name, victim.model, release, saves))
         return False
 
     def may_evict_for_queue(

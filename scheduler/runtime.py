@@ -9,7 +9,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -42,8 +42,9 @@ from .decisions import (
 )
 from .intents import Intents
 from .models import WAITING_STATES, State
-from .policy import plan
+from .policy import plan_explained
 from .pool_threads import released
+from .reasons import Reason
 from .snapshot import Snapshot
 from .transitions import Transition
 from .wakeup import Arrival
@@ -106,6 +107,8 @@ class Runtime:
         self.knobs = settings.SWITCHYARD
         self.config = store.policy_config()
         self.snapshots = store.SnapshotReader()
+        self.reasons = store.ReasonWriter()  # why each request waits, stored as it changes
+        self.pass_reasons: Mapping[Any, Reason] = {}
         self.last_sync = -float("inf")
         self.next_purge = -float("inf")
         self.waiting = 0  # requests still waiting after the last pass (of those it saw)
@@ -392,6 +395,9 @@ class Runtime:
                 record(decision, await self.execute(decision))
         if batch.size:
             finish(await self.committed(batch.write))
+        # Why the requests left waiting wait: stored where it changed, after the moves.
+        if changed := self.reasons.changed(self.pass_reasons):
+            await db(store.write_reasons)(changed)
         # Those it sent or ended wait no more: their completion alone calls for no pass.
         ended = {d.request_id for d in done if isinstance(d, Dispatch | Expire | Fail)}
         models = {r.model for r in snapshot.requests if r.id not in ended}
@@ -409,7 +415,8 @@ class Runtime:
         snapshot = self.snapshots.read(self.config)
         self.server_of = {d.id: d.server_id for d in snapshot.deployments}
         self.slots = {s.id: s.slots for s in snapshot.servers}
-        decisions = plan(snapshot, self.clock())
+        planned = plan_explained(snapshot, self.clock())
+        decisions = planned.decisions
         later = [d for d in decisions if isinstance(d, SendNext | SendOnArrival)]
         decisions = [d for d in decisions if not isinstance(d, SendNext | SendOnArrival)]
         self.call_on_loop(self.install_sends, later, arrivals_seen)
@@ -417,6 +424,7 @@ class Runtime:
         for decision in decisions:
             if not batch.add(decision):
                 break
+        self.pass_reasons = planned.reasons
         return snapshot, decisions, batch.write(send_now) if batch.size else batch
 
     def install_sends(self, planned: list[SendNext | SendOnArrival], arrivals_seen: int) -> None:

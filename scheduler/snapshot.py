@@ -46,6 +46,8 @@ class DeploymentView:
     next_load_at: datetime | None = None
     last_error_code: str = ""
     last_error: str = ""
+    load_started_at: datetime | None = None
+    """When its load under way started (a wait reason says how far it is)."""
 
     @property
     def occupies_room(self) -> bool:

@@ -12,6 +12,7 @@ database thread (`database_thread`).
 - `dispatch`: sending requests to their deployments.
 - `completion`: a request's end on its server.
 - `health`: server health, probes and status sync.
+- `reasons`: why requests wait, stored as it changes.
 """
 
 from .completion import Answer, request_failed, requests_completed
@@ -46,6 +47,7 @@ from .loads import (
     start_unload,
 )
 from .queries import HEAD_SQL, IN_INDEX_ORDER
+from .reasons import ReasonWriter, write_reasons
 from .snapshots import MODEL_HEAD, SNAPSHOT_HEAD, SnapshotReader, pass_reads
 from .workers import (
     heartbeat,
@@ -65,6 +67,7 @@ __all__ = [
     "Answer",
     "LoadJob",
     "LoadedDeployment",
+    "ReasonWriter",
     "Sending",
     "SentRequest",
     "ServeJob",
@@ -99,4 +102,5 @@ __all__ = [
     "start_load",
     "start_unload",
     "take_over_stale_workers",
+    "write_reasons",
 ]

@@ -36,8 +36,16 @@ async def test_request_for_unloaded_model_is_loaded_processed_and_answered():
     await run_until_idle()
     await request.arefresh_from_db()
     assert request.state == State.COMPLETED
-    states = [t.to_state async for t in request.traces.all()]
-    assert states == ["needs_loading", "ready", "processing", "completed"]
+    states = [(t.from_state, t.to_state) async for t in request.traces.all()]
+    # The one wait with a reason: for the load (traced in the state it waits in).
+    assert [to for _, to in states] == [
+        "needs_loading",
+        "needs_loading",
+        "ready",
+        "processing",
+        "completed",
+    ]
+    assert states[1] == ("needs_loading", "needs_loading")
     assert request.result["choices"][0]["message"]["content"]
 
 

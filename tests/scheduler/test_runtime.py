@@ -61,11 +61,15 @@ async def test_request_travels_from_pending_to_completed_with_its_trace():
         traces = list(request.traces.all())
         assert [(t.from_state, t.to_state) for t in traces] == [
             ("pending", "needs_loading"),
+            # Why it waits, stored as it changed (a trace row in its own state).
+            ("needs_loading", "needs_loading"),
             ("needs_loading", "ready"),
             ("ready", "processing"),
             ("processing", "completed"),
         ]
         assert all(t.reason for t in traces)
+        assert traces[1].reason == "waiting for the load of m1 on s1 (~10.0 s)"
+        assert request.reason["kind"] == "loading"
         assert traces[-1].server == "s1"
         assert request.result["choices"][0]["message"]["content"]
         assert request.routed_at <= request.ready_at <= request.started_at <= request.finished_at

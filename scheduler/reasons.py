@@ -1,0 +1,229 @@
+"""Why each waiting request waits: data the policy returns beside its decisions. Pure.
+
+`explain(pass)` reads a finished pass (`policy._Pass`) and gives every request still waiting
+in its snapshot one `Reason`: what it waits for now. The pass notes what only it knows as it
+goes (a hold and its price, a server that cannot serve, why no load could start); the rest
+is read off where the request ended up (its load under way, its place in the ready line).
+
+A reason's `text` stays the same while the reason does (it is stored, and traced, only when
+it changes); `live(now)` is what a display shows: a load's progress counted to `now`.
+"""
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from . import fair_share
+
+if TYPE_CHECKING:  # the pass, read only
+    from .policy import _Pass
+
+# The kinds, a closed set (docs/api.md lists them).
+LOADING = "loading"  # its model is loading for it
+HELD = "held"  # a switch that would serve it is held back (a priced rule, a guard window)
+BEHIND = "behind"  # routed; other requests go first into the slots
+NO_SERVER = "no_server"  # no server can serve its model now (fails after a grace)
+NO_ROOM = "no_room"  # no load of its model can start now (rooms busy, a load, a backoff)
+QUOTA = "quota"  # its API key's max_processing is reached
+RETRY = "retry"  # a retry, not sent before its backoff ends
+EVICTED = "evicted"  # sent back by our own eviction of its model
+REQUEUED = "requeued"  # sent back for another cause (its server went away, a load failed)
+WAITING = "waiting"  # none of the above is known (to be placed at the next pass)
+KINDS = (LOADING, HELD, BEHIND, NO_SERVER, NO_ROOM, QUOTA, RETRY, EVICTED, REQUEUED, WAITING)
+
+CLASS_NAMES = ("interactive", "high", "normal", "background")
+EXACT_UP_TO = 10  # "behind 7 requests" exactly; beyond, by steps, so a long line moving
+STEPS = (10, 20, 50, 100, 200, 500, 1000)  # forward changes (and stores) few reasons
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    kind: str
+    text: str
+    details: tuple[tuple[str, Any], ...] = ()
+    """Facts behind the text, as (name, value) pairs: `server`, `model`, `until` (when it
+    lifts, if known), `started_at` and `expected_s` (a load), `ahead` (a line), …"""
+
+    def detail(self, name: str, default: Any = None) -> Any:
+        return dict(self.details).get(name, default)
+
+    def live(self, now: datetime) -> str:
+        """The text as of `now`: a load says how far it is."""
+        return live_text(self.kind, self.text, dict(self.details), now)
+
+    def as_json(self) -> dict:
+        details = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.details}
+        return {"kind": self.kind, "text": self.text, "details": details}
+
+
+def live_text(kind: str, text: str, details: Mapping[str, Any], now: datetime) -> str:
+    """A stored reason's text as of `now` (its details as `Reason.as_json` gives them)."""
+    started, expected = details.get("started_at"), details.get("expected_s")
+    if kind != LOADING or started is None or expected is None:
+        return text
+    if isinstance(started, str):
+        started = datetime.fromisoformat(started)
+    elapsed = max((now - started).total_seconds(), 0.0)
+    return (
+        f"waiting for the load of {details.get('model')} on {details.get('server')},"
+        f" {elapsed:.1f} s of ~{expected:.1f} s"
+    )
+
+
+def clock(at: datetime) -> str:
+    return f"{at:%H:%M:%S}"
+
+
+def make(kind: str, text: str, **details: Any) -> Reason:
+    return Reason(kind, text, tuple((k, v) for k, v in details.items() if v is not None))
+
+
+# -- what the pass notes as it goes ------------------------------------------------------
+
+
+def held(
+    rule: str, server: str, victim: str, until: datetime | None, saves_s: float | None = None
+) -> Reason:
+    """A switch on `server` (evicting `victim`) held back by `rule`."""
+    when = f" until {clock(until)}" if until else ""
+    text = {
+        "no_wasted_load": f"held: {victim} on {server} first serves the requests that waited"
+        " for its load",
+        "collation": f"held: {victim} on {server} serves the requests waiting for it first",
+        "residency": f"held: {victim} on {server} keeps its minimum residency{when}",
+        "protected": f"held: switch on {server} keeps {victim} for interactive work{when}",
+    }.get(rule, f"held: switch on {server} batched{when}")
+    if rule == "batching" and saves_s:
+        text += f", saves a load of {saves_s:.0f} s"
+    return make(HELD, text, rule=rule, server=server, model=victim, until=until, saves_s=saves_s)
+
+
+def no_server(model: str, why: str, deadline: datetime) -> Reason:
+    return make(
+        NO_SERVER,
+        f"no server can serve {model}: {why}; fails at {clock(deadline)} unless one comes back",
+        model=model,
+        until=deadline,
+    )
+
+
+def no_room(model: str, why: Iterable[str], until: datetime | None) -> Reason:
+    when = f" (again at {clock(until)})" if until else ""
+    text = "; ".join(dict.fromkeys(why)) or "no server can take it now"
+    return make(
+        NO_ROOM, f"no load of {model} can start now: {text}{when}", model=model, until=until
+    )
+
+
+def sooner(a: Reason | None, b: Reason) -> Reason:
+    """Of two notes for one request, the one that lifts first (known times first)."""
+    if a is None:
+        return b
+    ta, tb = a.detail("until"), b.detail("until")
+    return b if tb is not None and (ta is None or tb < ta) else a
+
+
+# -- what is read off the pass's end ----------------------------------------------------
+
+
+def explain(p: "_Pass") -> dict[UUID, Reason]:
+    """The reason of each request the pass leaves waiting."""
+    requeued: dict[UUID, str] = {}
+    for d in p.decisions:
+        if type(d).__name__ == "Requeue":
+            requeued[d.request_id] = d.reason
+    found: dict[UUID, Reason] = {}
+    for r in p.requests.values():
+        if r.state == "needs_loading":
+            found[r.id] = loading(p, r)
+        elif r.state == "pending":
+            note = p.notes.get(r.id)
+            if note is None and r.id in requeued:
+                why = requeued[r.id]
+                note = make(EVICTED if why.startswith("evicted from") else REQUEUED, why)
+            found[r.id] = note or make(WAITING, "waiting to be placed")
+    found.update(ready_line(p))
+    return found
+
+
+def loading(p: "_Pass", r) -> Reason:
+    d = p.deployments[r.deployment_id]
+    server = p.servers[d.server_id].name
+    expected = p.load_s(d)
+    started = d.load_started_at or p.now
+    return make(
+        LOADING,
+        f"waiting for the load of {d.model} on {server} (~{expected:.1f} s)",
+        model=d.model,
+        server=server,
+        started_at=started,
+        expected_s=round(expected, 1),
+    )
+
+
+def ready_line(p: "_Pass") -> dict[UUID, Reason]:
+    """Routed requests not sent: a retry's backoff, a key's quota, or those ahead of it for
+    its server's slots (in the order `dispatch` sends them). Linear in the line: past
+    `EXACT_UP_TO` ahead, the requests of one server share a reason per step."""
+    found: dict[UUID, Reason] = {}
+    ready = p.ranked("ready")  # the pass's own order: no ranking again
+    if not ready:
+        return found
+    level = {r.id: p.effective(r) for r in ready}
+    ahead: dict[int, Counter[str]] = {}
+    by_step: dict[tuple[str, int], Reason] = {}
+    for r in fair_share.fair_order(ready, lambda r: level[r.id], p.keys):
+        if p.backing_off(r):
+            found[r.id] = make(
+                RETRY, f"a retry, sent after {clock(r.not_before)}", until=r.not_before
+            )
+            continue
+        if not p.quota.allows(r):
+            key = p.keys.get(r.api_key)
+            most = key.max_processing if key is not None else None
+            found[r.id] = make(
+                QUOTA,
+                f"its API key's quota is full ({most} processing at once)",
+                max_processing=most,
+            )
+            continue
+        server = p.servers[p.deployments[r.deployment_id].server_id]
+        line = ahead.setdefault(server.id, Counter())
+        n = line.total()
+        if n > EXACT_UP_TO:
+            step = max(s for s in STEPS if s <= n)
+            if (server.name, step) not in by_step:
+                by_step[server.name, step] = make(
+                    BEHIND,
+                    f"behind {step}+ requests on {server.name}",
+                    server=server.name,
+                    ahead=step,
+                )
+            found[r.id] = by_step[server.name, step]
+        else:
+            found[r.id] = behind(line, server.name)
+        line[class_name(level[r.id])] += 1
+    return found
+
+
+def class_name(effective: int) -> str:
+    return CLASS_NAMES[min(max(effective, 0), len(CLASS_NAMES) - 1)]
+
+
+def behind(line: Counter[str], server: str) -> Reason:
+    """Behind the requests of `line` (counts by class), at most `EXACT_UP_TO` of them."""
+    n = line.total()
+    if n == 0:
+        return make(BEHIND, f"next for a slot on {server}", server=server, ahead=0)
+    classes = [(c, line[c]) for c in CLASS_NAMES if line[c]]
+    if len(classes) == 1:
+        cls, _ = classes[0]
+        noun = "request" if n == 1 else "requests"
+        text = f"behind {n} {cls} {noun} on {server}"
+    else:
+        parts = ", ".join(f"{k} {c}" for c, k in classes)
+        text = f"behind {n} requests on {server} ({parts})"
+    return make(BEHIND, text, server=server, ahead=n)

@@ -1,0 +1,96 @@
+"""Storing why requests wait: only what changed, in one UPDATE and one INSERT per pass."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from scheduler import reasons
+from scheduler.models import Request, State, Trace
+from scheduler.policy import plan_explained
+from scheduler.store import ReasonWriter, SnapshotReader, policy_config, write_reasons
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def behind(n: int) -> reasons.Reason:
+    return reasons.make(reasons.BEHIND, f"behind {n} normal requests on s1", server="s1")
+
+
+HELD = reasons.make(reasons.HELD, "held: switch on s1 batched until 12:00:06", server="s1")
+
+
+def test_the_writer_writes_a_reason_once_and_traces_a_new_kind_only():
+    """A line moving forward changes the field ("behind 3" → "behind 2"), not the trace."""
+    writer = ReasonWriter()
+    a, b = factories.request("m").pk, factories.request("m").pk
+    assert [(rid, t) for rid, _, t in writer.changed({a: behind(3), b: HELD})] == [
+        (a, True),
+        (b, True),
+    ]
+    assert writer.changed({a: behind(3), b: HELD}) == []
+    assert [(rid, t) for rid, _, t in writer.changed({a: behind(2), b: HELD})] == [(a, False)]
+    assert [(rid, t) for rid, _, t in writer.changed({a: HELD})] == [(a, True)]
+    # b left the snapshot's view (sent, or behind the heads): forgotten, written anew.
+    assert [rid for rid, _, _ in writer.changed({a: HELD, b: HELD})] == [b]
+
+
+def updates_and_inserts(queries) -> tuple[int, int]:
+    """The statements sent (on PostgreSQL joined into one query: one round trip)."""
+    text = " ; ".join(q["sql"] for q in queries)
+    return (
+        text.count(f"UPDATE {Request._meta.db_table} SET reason"),
+        text.count(f"INSERT INTO {Trace._meta.db_table}"),
+    )
+
+
+def test_a_pass_of_reasons_is_one_update_and_one_insert():
+    line = [factories.request("m", state=State.READY) for _ in range(30)]
+    writer = ReasonWriter()
+    changes = writer.changed({r.pk: behind(i) for i, r in enumerate(line)})
+    with CaptureQueriesContext(connection) as captured:
+        write_reasons(changes)
+    assert updates_and_inserts(captured.captured_queries) == (1, 1)
+    stored = Request.objects.get(pk=line[3].pk)
+    assert stored.reason == {
+        "kind": "behind",
+        "text": "behind 3 normal requests on s1",
+        "details": {"server": "s1"},
+    }
+    trace = Trace.objects.filter(request=line[3]).get()
+    assert (trace.from_state, trace.to_state, trace.server, trace.reason) == (
+        "ready",
+        "ready",
+        "s1",
+        "behind 3 normal requests on s1",
+    )
+
+
+def test_a_request_no_longer_waiting_is_left_alone():
+    gone = factories.request("m", state=State.PROCESSING)
+    write_reasons(ReasonWriter().changed({gone.pk: HELD}))
+    gone.refresh_from_db()
+    assert gone.reason is None and not Trace.objects.filter(request=gone).exists()
+
+
+def test_reasons_of_a_real_snapshot_are_stored_once():
+    """A request for a model whose server is down: its reason is written at the first pass
+    and not again while it stays the same."""
+    down = factories.server("s1", health="down")
+    factories.deployment(down, "m")
+    r = factories.request("m")
+    reader, writer = SnapshotReader(), ReasonWriter()
+
+    def one_pass() -> int:
+        planned = plan_explained(reader.read(policy_config()), r.created_at)
+        changes = writer.changed(planned.reasons)
+        if changes:
+            write_reasons(changes)
+        return len(changes)
+
+    assert one_pass() == 1
+    assert one_pass() == 0
+    r.refresh_from_db()
+    assert r.reason["kind"] == "no_server"
+    assert r.reason["text"].startswith("no server can serve m: s1 is down; fails at ")
+    assert Trace.objects.filter(request=r).count() == 1
