@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, Server
+from scheduler import reasons
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 
 from . import charts, forecast
@@ -117,7 +118,9 @@ def waited_until(r: Request, now: datetime) -> datetime:
     return r.started_at or r.finished_at or now
 
 
-def request_row(r: Request, now: datetime) -> dict:
+def request_row(r: Request, now: datetime, ahead: int | None = None) -> dict:
+    """A request as the pages list it; `reason` while it waits (`ahead`: how many are
+    before it in line, for one a pass has not explained yet)."""
     return {
         "id": str(r.pk),
         "model": r.model_name,
@@ -127,7 +130,16 @@ def request_row(r: Request, now: datetime) -> dict:
         "server": r.server.name if r.server else None,
         "created_at": iso(r.created_at),
         "waited_s": seconds((waited_until(r, now) - r.created_at).total_seconds()),
+        **reason_fields(reasons.shown(r.reason, r.state, now, ahead)),
     }
+
+
+def reason_fields(shown: dict | None) -> dict:
+    """Why it waits, as the pages show it: the text (`reason`, what dashboard.js and
+    watch.js show) and its kind."""
+    if shown is None:
+        return {"reason": None, "reason_kind": None}
+    return {"reason": shown["text"], "reason_kind": shown["kind"]}
 
 
 def waiting_rows(now: datetime) -> list[dict]:
@@ -136,7 +148,7 @@ def waiting_rows(now: datetime) -> list[dict]:
     line = forecast.head(now, WAITING_SHOWN, related=True)
     rows = []
     for position, r in enumerate(line.requests, start=1):
-        row = request_row(r, now)
+        row = request_row(r, now, ahead=position - 1)
         row["position"] = position
         row["eta_s"] = seconds(line.etas.get(r.pk))
         rows.append(row)
@@ -224,7 +236,7 @@ def request_detail(
         eta = run_left_s(r, now)
     check = EtaCheck.objects.filter(request_id=r.pk).first()
     return {
-        **request_row(r, now),
+        **request_row(r, now, ahead=position - 1 if position else None),
         "at": iso(now),
         "position": position,
         "waiting_total": waiting_total,

@@ -28,6 +28,8 @@ SHOWN = (
     "started_at",
     "finished_at",
     "waited_s",
+    "reason",
+    "reason_kind",
     "error",
     "answer",
     "trace",

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import IntegrityError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from access import auth
 from access.watch import watch_url
 from backends.models import Model
 
-from .. import faults
+from .. import faults, reasons
 from ..models import WAITING_STATES, Request, State
 from ..pool_threads import released
 from ..streams import text_of
@@ -269,7 +270,9 @@ async def waiting_comment(request: Request) -> str:
     except faults.DATABASE_FAULTS:
         position = None
     where = f"position {position}" if position else "processing"
-    return f": waiting, {request.state}, {where}\n\n"
+    why = reasons.shown(request.reason, request.state, timezone.now())
+    because = f": {why['text']}" if why else ""
+    return f": waiting, {request.state}, {where}{because}\n\n"
 
 
 class CatchUp:

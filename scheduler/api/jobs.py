@@ -7,6 +7,7 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError
 from django.http import JsonResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -17,6 +18,7 @@ from access import auth
 from access.models import ApiKey
 from access.watch import watch_url
 
+from .. import reasons
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..transitions import move
 from . import callback_url, callers, idempotency, intake, listing, recovery
@@ -54,6 +56,7 @@ class RequestSerializer(serializers.ModelSerializer):
     priority = serializers.CharField(source="priority_name")
     server = serializers.CharField(source="server.name", default=None)
     position = serializers.SerializerMethodField()
+    reason = serializers.SerializerMethodField()
     watch_url = serializers.SerializerMethodField()
     trace = TraceSerializer(source="traces", many=True)
 
@@ -66,6 +69,7 @@ class RequestSerializer(serializers.ModelSerializer):
             "priority",
             "state",
             "position",
+            "reason",
             "watch_url",
             "server",
             "created_at",
@@ -82,7 +86,15 @@ class RequestSerializer(serializers.ModelSerializer):
         ]
 
     def get_position(self, obj: Request) -> int | None:
-        return intake.position_in_line(obj)
+        if not hasattr(obj, "position_in_line"):
+            obj.position_in_line = intake.position_in_line(obj)
+        return obj.position_in_line
+
+    def get_reason(self, obj: Request) -> dict | None:
+        """Why it waits (scheduler/reasons.py); a tail not yet seen by a pass: its place."""
+        position = self.get_position(obj)
+        ahead = position - 1 if position else None
+        return reasons.shown(obj.reason, obj.state, timezone.now(), ahead)
 
     def get_watch_url(self, obj: Request) -> str:
         return watch_url(obj.pk)
@@ -107,6 +119,11 @@ class RequestSummary(serializers.Serializer):
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     error_code = serializers.CharField(allow_null=True)
+    reason = serializers.DictField(
+        allow_null=True,
+        help_text="While it waits, why (kind, text, details), as the last pass that changed"
+        " it said; null otherwise.",
+    )
     url = serializers.CharField()
 
 

@@ -10,14 +10,17 @@ import base64
 import binascii
 import json
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db.models import Model, Q, QuerySet
 from django.urls import reverse
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
+from .. import reasons
 from ..models import Priority, Request, State
 from .errors import ApiError
 
@@ -139,7 +142,7 @@ def filtered(rows: QuerySet, params) -> QuerySet:
     return rows
 
 
-def summary(r: Request) -> dict[str, Any]:
+def summary(r: Request, now: datetime) -> dict[str, Any]:
     return {
         "id": str(r.pk),
         "kind": r.kind,
@@ -150,6 +153,7 @@ def summary(r: Request) -> dict[str, Any]:
         "created_at": r.created_at,
         "finished_at": r.finished_at,
         "error_code": r.error_code or None,
+        "reason": reasons.shown(r.reason, r.state, now),
         "url": reverse("request-detail", args=[r.pk]),
     }
 
@@ -157,4 +161,7 @@ def summary(r: Request) -> dict[str, Any]:
 def requests_page(own: QuerySet, params) -> dict[str, Any]:
     """One page of `own` (the caller's requests), newest first, filtered as `params` ask."""
     rows = filtered(own, params).select_related("server")
-    return page(rows, params, ("-created_at", "-id"), lambda found: [summary(r) for r in found])
+    now = timezone.now()
+    return page(
+        rows, params, ("-created_at", "-id"), lambda found: [summary(r, now) for r in found]
+    )

@@ -5,6 +5,8 @@ tests/scheduler/test_openapi.py checks every URL the app routes is in the schema
 
 from typing import Any
 
+from .. import reasons
+
 ERROR_CODES = {
     400: "Bad input: the body, a field or a parameter (`param` names it)",
     401: "No login or token",
@@ -167,6 +169,21 @@ SCHEMAS: dict[str, Any] = {
                 "type": "integer",
                 "nullable": True,
                 "description": "1-based, while waiting",
+            },
+            "reason": {
+                "type": "object",
+                "nullable": True,
+                "description": "While it waits, why: as the last scheduling pass that changed"
+                " it said (a load's progress counted to now); `behind N requests in line` for"
+                " a request a pass has not reached yet; null once it no longer waits.",
+                "properties": {
+                    "kind": {
+                        "type": "string",
+                        "enum": [*reasons.KINDS],
+                    },
+                    "text": {"type": "string"},
+                    "details": {"type": "object", "additionalProperties": True},
+                },
             },
             "server": {"type": "string", "nullable": True},
             **{

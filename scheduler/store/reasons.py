@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from .. import sql
+from .. import announce, sql
 from ..models import WAITING_STATES, Request, Trace
 from ..reasons import BEHIND, Reason
 from ..transitions import REQUESTS, TRACE_INSERT, locking
@@ -51,6 +51,7 @@ def write_reasons(changes: list[tuple[UUID, Reason, bool]]) -> None:
         sql.without_waiting_for_disk()  # lost in a crash, the next pass writes it again
         for chunk in sql.batches(changes, PER_STATEMENT):
             _write(chunk, timezone.now())
+    announce.dashboard_changed()  # the pages that show them read them again
 
 
 def _write(changes: list[tuple[UUID, Reason, bool]], now: datetime) -> None:

@@ -1,4 +1,5 @@
-"""Watch URLs: a signed link shows where a request is, never its prompt or its answer."""
+"""Watch URLs: a signed link to the request's one (live) watch page: where it is and why,
+its answer (issue 36: to the watcher who holds the URL), never its prompt."""
 
 import httpx
 import pytest
@@ -12,26 +13,28 @@ from tests.access.conftest import bearer
 SECRET_PROMPT = "the-prompt-nobody-else-may-read"
 
 
-def test_the_watch_url_is_the_pages_path(db):
+def test_the_watch_url_is_the_live_pages_path(db):
     request_id = "0b5a1c7e-3a43-4c6b-9d2e-1f0a2b3c4d5e"
-    assert watch_url(request_id) == reverse("watch", args=[token_for(request_id)])
+    assert watch_url(request_id) == reverse("watch-live", args=[token_for(request_id)])
 
 
-def test_a_watch_page_shows_progress_without_prompt_or_answer(client, db):
+def test_the_first_links_lead_to_the_one_watch_page(client, db):
+    """`/watch/<token>` (the links first handed out) redirects to the live page; the .json
+    answers what that page shows: the answer, never the prompt."""
     request = factories.request("qwen")
     Request.objects.filter(pk=request.pk).update(
         state="completed",
         payload={"model": "qwen", "messages": [{"role": "user", "content": SECRET_PROMPT}]},
         result={"choices": [{"message": {"content": "the-answer"}}]},
     )
-    for path in [watch_url(request.pk), watch_url(request.pk) + ".json"]:
-        r = client.get(path)
-        assert r.status_code == 200
-        text = r.content.decode()
-        assert "completed" in text
-        assert SECRET_PROMPT not in text and "the-answer" not in text
-    data = client.get(watch_url(request.pk) + ".json").json()
-    assert data["state"] == "completed" and "trace" in data and "answer" not in data
+    token = token_for(request.pk)
+    old = client.get(f"/watch/{token}")
+    assert old.status_code == 302 and old["Location"] == watch_url(request.pk)
+    page = client.get(old["Location"])
+    assert page.status_code == 200 and SECRET_PROMPT not in page.content.decode()
+    data = client.get(f"/watch/{token}.json").json()
+    assert data["state"] == "completed" and "trace" in data
+    assert data["answer"] == "the-answer" and SECRET_PROMPT not in str(data)
 
 
 def test_a_forged_or_altered_token_finds_nothing(client, db):

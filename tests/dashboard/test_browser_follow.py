@@ -76,7 +76,9 @@ def test_a_request_is_followed_through_its_models_load(live, browser_page):
     first, second = submit(live.url, "slow"), submit(live.url, "slow")
     row = page.locator(f'#waiting tr[data-request="{second}"]')
     expect(row.locator("td").first).to_have_text("2")
-    expect(row.locator(".reason")).to_have_text("its model is loading")
+    # The policy's reason, as the worker stored it: the load, with its progress.
+    expect(row.locator(".reason")).to_contain_text("waiting for the load of slow on sim-1, ")
+    expect(row.locator(".reason")).to_contain_text(" s of ~3.0 s")
     expect(row.locator(".eta")).to_contain_text("estimate")
 
     bar = page.locator('[data-server="sim-1"] .load progress')
@@ -90,7 +92,7 @@ def test_a_request_is_followed_through_its_models_load(live, browser_page):
 
     # The load is done: the first is sent, the second is next, for a free slot.
     expect(row.locator("td").first).to_have_text("1")
-    expect(row.locator(".reason")).to_have_text("waiting for a free slot")
+    expect(row.locator(".reason")).to_have_text("next for a slot on sim-1")
     expect(page.locator(f'#running tr[data-request="{first}"]')).to_be_visible()
 
     page.goto(f"{live.url}/requests/{second}/")

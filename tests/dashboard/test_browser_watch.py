@@ -79,7 +79,9 @@ def test_a_caller_watches_a_streamed_request_on_a_phone(live, browser_page):
     expect(page.locator("#live")).to_have_text("live")
     headline = page.locator("#watch-headline")
     expect(headline).to_have_text("Place 2 of 2")
-    expect(page.locator("#watch-reason")).to_have_text("Its model is being loaded.")
+    reason = page.locator("#watch-reason")
+    expect(reason).to_contain_text("waiting for the load of slow on sim-1, ")
+    expect(reason).to_contain_text(" s of ~3.0 s")
     expect(page.locator("#watch-load progress")).to_be_visible()
     expect(page.locator("#watch-eta")).to_contain_text("estimate")
     assert "a question nobody else may read" not in page.content()
@@ -87,7 +89,7 @@ def test_a_caller_watches_a_streamed_request_on_a_phone(live, browser_page):
     assert serious_accessibility_problems(page) == []
 
     expect(headline).to_have_text("Place 1 of 1")
-    expect(page.locator("#watch-reason")).to_have_text("It waits for a free slot.")
+    expect(reason).to_have_text("next for a slot on sim-1")
     expect(headline).to_have_text("Being answered")
     # The answer appears as it is written, before the request ends.
     page.wait_for_function(

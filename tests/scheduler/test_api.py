@@ -184,3 +184,26 @@ def test_streamed_relay_ends_with_done(live):
         lines = [line for line in r.iter_lines() if line.startswith("data:")]
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[0][5:])["choices"][0]["delta"]["content"] == "Hello"
+
+
+def test_a_waiting_request_says_why_in_the_api_and_in_its_stream(served):
+    """Its model's one server is disabled: the worker's pass stores why it waits, and the
+    jobs API (one and the list) and the waiting SSE comment of a streamed call say it."""
+    factories.deployment(factories.server("off", enabled=False), "parked")
+    live = served(SWITCHYARD_NO_SERVER_GRACE_S="120")
+    hi = {"model": "parked", "messages": [{"role": "user", "content": "hi"}]}
+    job = httpx.post(f"{live.url}/api/v1/requests", json={"body": hi}).json()
+    why = "no server can serve parked: off is disabled; fails at "
+    with httpx.stream(
+        "POST", f"{live.url}/v1/chat/completions", json={**hi, "stream": True}, timeout=30
+    ) as r:
+        comment = next(line for line in r.iter_lines() if why in line)
+    assert comment.startswith(": waiting, pending, position 2: " + why)
+    detail = httpx.get(f"{live.url}/api/v1/requests/{job['id']}").json()
+    assert detail["reason"]["kind"] == "no_server"
+    assert detail["reason"]["text"].startswith(why)
+    assert "until" in detail["reason"]["details"]
+    listed = httpx.get(f"{live.url}/api/v1/requests", params={"state": "pending"}).json()
+    assert [item["reason"]["kind"] for item in listed["data"]] == ["no_server"]
+    httpx.delete(f"{live.url}/api/v1/requests/{job['id']}")
+    assert httpx.get(f"{live.url}/api/v1/requests/{job['id']}").json()["reason"] is None

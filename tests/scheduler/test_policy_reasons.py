@@ -184,3 +184,12 @@ def test_reason_as_json_and_live_text_of_a_stored_one():
     assert stored["details"]["started_at"] == at(-1).isoformat()
     live = reasons.live_text(stored["kind"], stored["text"], stored["details"], at(2))
     assert live == "waiting for the load of m on s1, 3.0 s of ~9.0 s"
+
+
+def test_reason_as_shown_while_waiting_and_for_a_tail_no_pass_reached():
+    stored = reasons.make(reasons.HELD, "held: x").as_json()
+    assert reasons.shown(stored, "ready", at(0))["text"] == "held: x"
+    assert reasons.shown(stored, "processing", at(0)) is None
+    assert reasons.shown(None, "pending", at(0)) is None
+    tail = reasons.shown(None, "pending", at(0), ahead=812)
+    assert (tail["kind"], tail["text"]) == ("behind", "behind 812 requests in line")
