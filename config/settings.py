@@ -231,6 +231,9 @@ SWITCHYARD = {
     "WEBHOOK_ATTEMPTS": env.int("SWITCHYARD_WEBHOOK_ATTEMPTS", default=8),
     "WEBHOOK_RETRY_MAX_S": env.float("SWITCHYARD_WEBHOOK_RETRY_MAX_S", default=60.0),
     "WEBHOOK_TIMEOUT_S": env.float("SWITCHYARD_WEBHOOK_TIMEOUT_S", default=10.0),
+    # PostgreSQL: let the commits the system redoes by itself skip the WAL flush
+    # (docs/operating.md, "Durability"). Off: every commit waits for the disk.
+    "SKIP_FLUSH": env.bool("SWITCHYARD_SKIP_FLUSH", default=False),
 }
 
 LOGGING = {

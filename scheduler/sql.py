@@ -214,15 +214,17 @@ def write_later(statement: str, params: Sequence[Any] = ()) -> Written:
 
 
 def without_waiting_for_disk() -> None:
-    """Inside a transaction: commit it without waiting for its WAL to reach the disk
-    (PostgreSQL's `synchronous_commit` off; a flush costs 0.1 ms on this machine's quiet
-    disk, 3 ms while another process writes). Only for writes the system redoes by itself
-    should a database crash lose them. A killed Switchyard process loses nothing: the
-    commit is already in the database server's memory, which writes it out within a
-    fraction of a second; only a crash of the database server in that fraction can lose
-    it, leaving the rows as they were before. A later durable commit flushes it too, so a
-    durable state never rests on a lost move. README: "Which commits wait for the disk"."""
-    if settings.IS_POSTGRES:
+    """Inside a transaction whose loss the system repairs by itself: commit it without
+    waiting for its WAL to reach the disk (PostgreSQL's `synchronous_commit` off), but only
+    with `SWITCHYARD_SKIP_FLUSH` on. Off (the default), every commit waits for the disk.
+
+    A flush costs 0.1 ms on a quiet disk, 3 ms while another process writes. A killed
+    Switchyard process loses nothing either way: the commit is already in the database
+    server's memory, which writes it out within a fraction of a second; only a crash of the
+    database server in that fraction can lose it, leaving the rows as they were before. A
+    later durable commit flushes it too, so a durable state never rests on a lost move.
+    What each such commit risks: docs/operating.md, "Durability"."""
+    if settings.IS_POSTGRES and settings.SWITCHYARD.get("SKIP_FLUSH", False):
         write_later("SET LOCAL synchronous_commit TO OFF")
 
 

@@ -123,8 +123,9 @@ def accept(
 
     A caller that waits on the open connection (`caller_waits`) is answered when the request
     ends, and told so (`request_lost`) should a database crash lose the row before then;
-    after, it has its answer. So its insert need not wait for the disk. A job's id is a
-    promise made at once: its insert waits."""
+    after, it has its answer. So its insert may skip the disk's flush (only with
+    `SWITCHYARD_SKIP_FLUSH` on; by default it waits). A job's id is a promise made at
+    once: its insert always waits."""
     body = dict(validate_body(kind, body))
     if len(body["model"]) > MODEL_NAME_MAX:  # no model's, nor a name a request can keep
         raise model_not_found(body["model"])

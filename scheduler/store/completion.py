@@ -58,10 +58,11 @@ def requests_completed(answers: list[Answer], send_now: Sending | None = None) -
     (two more round trips: the sends read the freed slots). False for a request taken from
     this worker meanwhile; its slot is not ours to fill.
 
-    The commit does not wait for the disk (a flush was about a millisecond of every
-    answer's wait here): should a crash of the database lose it, the request is back in
-    `processing` under a worker whose connection died with the database. That worker exits
-    (`run_scheduler`), and whoever takes its work over runs the request again."""
+    With `SWITCHYARD_SKIP_FLUSH` on, the commit does not wait for the disk (a flush was
+    about a millisecond of every answer's wait here): should a crash of the database lose
+    it, the request is back in `processing` under a worker whose connection died with the
+    database. That worker exits (`run_scheduler`), and whoever takes its work over runs the
+    request again."""
     sends = [a.then_send for a in answers if a.then_send is not None]
     with sql.atomic():
         sql.without_waiting_for_disk()

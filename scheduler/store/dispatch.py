@@ -183,10 +183,10 @@ def move_and_dispatch(
 ) -> tuple[list[bool], list[ServeJob | None]]:
     """`move_all`, then `dispatch_all`, in one transaction: a request routed and sent in the
     same pass costs one commit, and one UPDATE of its row. Unless it ends a request (an
-    expiry, a failure), that commit does not wait for the disk either: should a database
-    crash lose it, each request is back where the pass found it and is planned again (one
-    already sent is sent again, as after a worker's crash, whose fate the crash gives this
-    worker: see `requests_completed`)."""
+    expiry, a failure), that commit may skip the disk's flush (`SWITCHYARD_SKIP_FLUSH`):
+    should a database crash lose it, each request is back where the pass found it and is
+    planned again (one already sent is sent again, as after a worker's crash, whose fate
+    the crash gives this worker: see `requests_completed`)."""
     to_send = {request_id for request_id, _ in sends}
     routed_ready = (t for t in transitions if t.to_state == State.READY)
     routes = {
@@ -226,8 +226,8 @@ def send_on_arrival(
     worker_id: int,
     send_now: Sending | None = None,
 ) -> list[ServeJob | None]:
-    """New requests routed and sent as they arrived, in one transaction (not waiting for the
-    disk, as `move_and_dispatch`): each one sent, or left pending for a pass."""
+    """New requests routed and sent as they arrived, in one transaction (which may skip the
+    disk's flush, as `move_and_dispatch`): each one sent, or left pending for a pass."""
     with sql.atomic():
         sql.without_waiting_for_disk()
         return dispatch_all(sends, worker_id, {t.request_id: t for t in routes}, send_now)

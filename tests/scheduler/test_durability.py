@@ -1,7 +1,8 @@
-"""Which commits wait for the disk. A job's acceptance and a request's end by a failure, a
-cancel or an expiry do; what the system redoes by itself (a pass's routes and dispatches,
-unless it also ends a request; an answer stored by its worker; the insert of a request whose
-caller waits for its answer) does not. A caller whose row a database crash lost is told so."""
+"""Which commits wait for the disk. By default, every one. With SWITCHYARD_SKIP_FLUSH on, a
+job's acceptance and a request's end by a failure, a cancel or an expiry still do; what the
+system redoes by itself (a pass's routes and dispatches, unless it also ends a request; an
+answer stored by its worker; the insert of a request whose caller waits for its answer) does
+not. A caller whose row a database crash lost is told so."""
 
 from collections.abc import AsyncIterator
 
@@ -32,11 +33,13 @@ def waits_for_disk(work) -> bool:
     return not any(NO_WAIT in q["sql"] for q in captured.captured_queries)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_without_waiting_for_disk_holds_for_its_own_transaction_only():
-    def synchronous_commit() -> str:
-        return sql.fetch("SHOW synchronous_commit")[0][0] if settings.IS_POSTGRES else ""
+def synchronous_commit() -> str:
+    return sql.fetch("SHOW synchronous_commit")[0][0] if settings.IS_POSTGRES else ""
 
+
+@pytest.mark.django_db(transaction=True)
+def test_without_waiting_for_disk_holds_for_its_own_transaction_only(knobs):
+    knobs(SKIP_FLUSH=True)
     before = synchronous_commit()
     with transaction.atomic():
         sql.without_waiting_for_disk()
@@ -46,14 +49,13 @@ def test_without_waiting_for_disk_holds_for_its_own_transaction_only():
         assert (before, inside) == ("on", "off")
 
 
-@pytest.mark.django_db
-def test_what_commits_without_waiting_for_disk():
-    """On SQLite (WAL, synchronous=NORMAL) no commit waits for the disk anyway: nothing to set."""
-    redone = not settings.IS_POSTGRES
+def commits_that_wait() -> dict[str, bool]:
+    """Each kind of commit, and whether it waited for the disk."""
     factories.model("m1")
-    assert waits_for_disk(lambda: intake.accept("chat", BODY))  # a job: a promise
-    assert waits_for_disk(lambda: intake.accept("chat", BODY, caller_waits=True)) == redone
-
+    waited = {
+        "job accepted": waits_for_disk(lambda: intake.accept("chat", BODY)),
+        "request accepted": waits_for_disk(lambda: intake.accept("chat", BODY, caller_waits=True)),
+    }
     worker = Worker.objects.create(host="a", pid=1)
     d = factories.deployment(factories.server("s1", slots=2), "m1", state=DeploymentState.LOADED)
     ready = factories.request("m1", state=State.READY, deployment=d)
@@ -62,19 +64,46 @@ def test_what_commits_without_waiting_for_disk():
     def a_pass() -> None:
         jobs.extend(store.move_and_dispatch([], [(ready.pk, d.pk)], worker.pk)[1])
 
-    assert waits_for_disk(a_pass) == redone
+    waited["dispatch"] = waits_for_disk(a_pass)
     assert jobs[0] is not None
+    arriving = factories.request("m1")
+    route = Transition(arriving.pk, (State.PENDING,), State.READY, "on arrival")
+    waited["send on arrival"] = waits_for_disk(
+        lambda: store.send_on_arrival([route], [(arriving.pk, d.pk)], worker.pk)
+    )
 
     waiting = factories.request("m1")
     expiry = Transition(waiting.pk, (State.PENDING,), State.EXPIRED, "waited too long")
-    assert waits_for_disk(lambda: store.move_and_dispatch([expiry], [], worker.pk))
+    waited["expiry"] = waits_for_disk(lambda: store.move_and_dispatch([expiry], [], worker.pk))
 
     # An answer stored: should the database crash and lose it, the worker's connection dies
     # with it, the worker exits, and the request runs again (tests/scheduler/
     # test_worker_process.py).
     answer = store.Answer(jobs[0], {"ok": True}, 0.1)
-    assert waits_for_disk(lambda: store.requests_completed([answer])) == redone
+    waited["answer"] = waits_for_disk(lambda: store.requests_completed([answer]))
     assert Request.objects.get(pk=ready.pk).state == State.COMPLETED
+    return waited
+
+
+@pytest.mark.django_db
+def test_every_commit_waits_for_the_disk_by_default():
+    assert settings.SWITCHYARD["SKIP_FLUSH"] is False
+    assert all(commits_that_wait().values())
+
+
+@pytest.mark.django_db
+def test_skip_flush_lets_the_commits_the_system_redoes_skip_it(knobs):
+    """On SQLite (WAL, synchronous=NORMAL) no commit waits for the disk anyway: nothing to set."""
+    knobs(SKIP_FLUSH=True)
+    redone = not settings.IS_POSTGRES
+    assert commits_that_wait() == {
+        "job accepted": True,  # its 202 and id are a promise
+        "request accepted": redone,  # its caller waits on its open connection
+        "dispatch": redone,
+        "send on arrival": redone,
+        "expiry": True,  # a request's end
+        "answer": redone,
+    }
 
 
 @pytest.fixture
