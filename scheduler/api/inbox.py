@@ -41,6 +41,7 @@ from ..announce import request_group
 
 log = logging.getLogger(__name__)
 Message = dict[str, Any]
+WAKE: Message = {"type": "wake"}  # no hint: re-read the row now
 RETRY_S = 1.0  # after its server went away; meanwhile waiters re-read their rows
 LISTEN_WAIT_S = 5.0  # for the pattern's subscription, before a first request goes on without
 
@@ -116,6 +117,7 @@ class Inbox:
                     # The server went away: waiters re-read their rows meanwhile, more often
                     # while Redis is down (see waiting.Subscription.messages).
                     faults.REDIS.failed(exc, "reading the API inbox")
+                    self.wake_all()
                     await asyncio.sleep(RETRY_S)
                 except Exception:
                     log.exception("reading the API inbox failed; reading again")
@@ -155,6 +157,14 @@ class Inbox:
     def deliver(self, message: Message) -> None:
         for queue in self.queues.get(message.get("id", ""), ()):
             queue.put_nowait(message)
+
+    def wake_all(self) -> None:
+        """Redis failed a reader: every waiter re-reads its row at once, and every 0.5 s
+        while it is down, instead of after the silence it was waiting out (a hint may be
+        lost)."""
+        for queues in self.queues.values():
+            for queue in queues:
+                queue.put_nowait(WAKE)
 
     async def close(self) -> None:
         """Stop reading, and let go of the connections read from."""

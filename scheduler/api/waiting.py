@@ -13,7 +13,7 @@ from ..models import TERMINAL_STATES, WAITING_STATES, Request, State
 from ..pool_threads import released
 from ..transitions import move
 from .errors import ApiError
-from .inbox import Message, inbox
+from .inbox import WAKE, Message, inbox
 
 # While Redis or the database is down, a waiter re-reads its row this often: hints may be
 # lost, and the caller must learn of its end within a second of it.
@@ -54,7 +54,7 @@ class Subscription:
             except TimeoutError:
                 yield None
             else:
-                yield message
+                yield None if message is WAKE else message
 
     async def current(self) -> Request | None:
         """The row, or None while the database fails (it may come back): the waiter waits

@@ -28,6 +28,9 @@ KNOBS = {
     "SWITCHYARD_RETRY_BASE_S": "0.2",
     "SWITCHYARD_RETRY_MAX_S": "1",
     "SWITCHYARD_DRAIN_S": "5",
+    "SWITCHYARD_MAX_QUEUE": "400",  # the flood meets it; eight callers never do
+    "SWITCHYARD_NO_SERVER_GRACE_S": "5",
+    "SWITCHYARD_BREAKER_COOLDOWN_S": "2",  # a faulted upstream is probed back within seconds
     "SWITCHYARD_AUTH": "off",
     "LOG_LEVEL": "INFO",
     "PYTHONUNBUFFERED": "1",

@@ -95,6 +95,8 @@ class Load:
 
     urls: list[str]
     callers: int = 8
+    jobs: bool = False  # POST /api/v1/requests (202 at once) instead of chat completions
+    total: int | None = None  # calls in all, then the callers stop by themselves
     outcomes: list[Outcome] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -125,8 +127,15 @@ class Load:
 
     async def caller(self, client: httpx.AsyncClient, n: int) -> None:
         while not self.stop.is_set():
+            if self.total is not None:
+                if self.total <= 0:
+                    return
+                self.total -= 1  # one event loop: no other caller runs meanwhile
             url = self.urls[n % len(self.urls)]
-            self.outcomes.append(await call(client, url, stream=n % 2 == 0))
+            if self.jobs:
+                self.outcomes.append(await submit(client, url))
+            else:
+                self.outcomes.append(await call(client, url, stream=n % 2 == 0))
 
 
 async def call(client: httpx.AsyncClient, url: str, stream: bool) -> Outcome:
@@ -144,6 +153,26 @@ async def call(client: httpx.AsyncClient, url: str, stream: bool) -> Outcome:
             else:
                 await read_stream(out, response)
     except httpx.HTTPError as exc:
+        out.transport = type(exc).__name__
+    out.seconds = time.monotonic() - started
+    out.ended_at = time.time()
+    return out
+
+
+async def submit(client: httpx.AsyncClient, url: str) -> Outcome:
+    """A job: 202 and its id at once (or 429 `queue_full`); the answer stays on its row."""
+    marker = uuid.uuid4().hex
+    body = {"model": "m1", "messages": [{"role": "user", "content": marker}]}
+    out = Outcome(marker, stream=False)
+    started = time.monotonic()
+    try:
+        response = await client.post(f"{url}/api/v1/requests", json={"body": body})
+        out.status = response.status_code
+        data = response.json()
+        if "error" in data:
+            out.code = data["error"].get("code")
+        out.request_id = data.get("id")
+    except (httpx.HTTPError, ValueError) as exc:
         out.transport = type(exc).__name__
     out.seconds = time.monotonic() - started
     out.ended_at = time.time()
@@ -242,8 +271,10 @@ def audit(name: str, outcomes: list[Outcome], query, hits: Counter) -> Audit:
                 found.problems.append(f"{out.request_id}: answered 200 ({out.code}), row {state}")
         elif (out.status or 0) >= 500 and state == "completed" and not_unknown(out):
             found.problems.append(f"{out.request_id}: {out.status} {out.code}, completed")
-        if out.code == "unavailable" and out.status == 503 and row is not None:
-            found.problems.append(f"{out.marker}: 503 unavailable, yet stored")
+        if out.code in ("unavailable", "queue_full") and row is not None:
+            found.problems.append(f"{out.marker}: {out.status} {out.code}, yet stored")
+        if out.status == 202 and state != "completed":
+            found.problems.append(f"{out.request_id}: a job accepted, its row {state}")
         if out.status == 200 and state == "completed" and out.text != "".join(WORDS):
             found.problems.append(f"{out.request_id}: the answer is {out.text!r}")
     return found

@@ -8,15 +8,18 @@ import os
 import shutil
 import signal
 import time
+from collections import Counter
 
 import pytest
 from django.conf import settings
 
-from tests.faults.cluster import PG_BIN, Cluster, until
+from tests.faults.cluster import KNOBS, PG_BIN, Cluster, until
 from tests.faults.load import FaultyUpstream, Load, audit
 
 FULL = os.environ.get("SWITCHYARD_FAULTS") == "all"
 REDIS_DOWN_S = 20 if FULL else 3
+QUEUE_BOUND = int(KNOBS["SWITCHYARD_MAX_QUEUE"])
+GRACE_S = float(KNOBS["SWITCHYARD_NO_SERVER_GRACE_S"])
 full = pytest.mark.skipif(not FULL, reason="make test-faults (SWITCHYARD_FAULTS=all)")
 pytestmark = pytest.mark.skipif(
     not (FULL or settings.IS_POSTGRES) or not PG_BIN or not shutil.which("redis-server"),
@@ -48,10 +51,33 @@ def fresh(cluster, upstream):
         upstream.start()
     upstream.hits.clear()
     until(lambda: cluster.pg.query("SELECT 1"), 30, "PostgreSQL")
+    # The last scenario's faults behind it: the upstream up and its model loaded again.
+    until(
+        lambda: cluster.pg.query(
+            "SELECT 1 FROM backends_server s JOIN backends_deployment d ON d.server_id = s.id"
+            " WHERE s.health = 'up' AND d.state = 'loaded'"
+        ),
+        60,
+        "the upstream to be up with its model loaded",
+    )
     cluster.pg.query("TRUNCATE scheduler_request, scheduler_idempotencykey CASCADE")
     cluster.mark = {name: len(log) for name, log in cluster.logs().items()}
     cluster.restarts_before = sum(w.restarts for w in cluster.workers)
     return cluster
+
+
+def served_again(load: Load, since: int) -> None:
+    """Until a caller after the `since`th is served (the fault behind, the server back)."""
+    served = lambda: any(o.status == 200 and not o.code for o in load.outcomes[since:])  # noqa: E731
+    until(served, 120, "a caller served once the fault is over")
+
+
+def waiting(cluster: Cluster) -> int:
+    [(count,)] = cluster.pg.query(
+        "SELECT count(*) FROM scheduler_request"
+        " WHERE state IN ('pending', 'needs_loading', 'ready')"
+    )
+    return count
 
 
 def settle(cluster: Cluster, timeout_s: float = 90) -> None:
@@ -68,11 +94,18 @@ def settle(cluster: Cluster, timeout_s: float = 90) -> None:
     )
 
 
-def audited(name: str, cluster: Cluster, upstream: FaultyUpstream, load: Load, quiet: bool = False):
+def audited(
+    name: str,
+    cluster: Cluster,
+    upstream: FaultyUpstream,
+    load: Load,
+    quiet: bool = False,
+    settle_s: float = 90,
+):
     """The audit, and with `quiet`: no traceback in any log, no worker process restarted
     (a worker that loses the database starts its work again in its process)."""
     outcomes = load.finish()
-    settle(cluster)
+    settle(cluster, settle_s)
     found = audit(name, outcomes, cluster.pg.query, upstream.hits)
     new = {name: log[cluster.mark.get(name, 0) :] for name, log in cluster.logs().items()}
     tracebacks = {name: log.count("Traceback") for name, log in new.items() if "Traceback" in log}
@@ -176,19 +209,8 @@ def test_upstream_fails_for_a_while(fresh, upstream, mode):
     upstream.mode = mode
     load.wait_for(len(load.outcomes) + 10)
     upstream.mode = "ok"
-    load.wait_for(len(load.outcomes) + 10)
+    served_again(load, len(load.outcomes))
     audited(f"upstream {mode}", fresh, upstream, load)
-
-
-@full
-def test_upstream_refuses_connections(fresh, upstream):
-    load = Load(fresh.urls).start()
-    load.wait_for(10)
-    upstream.close()
-    load.wait_for(len(load.outcomes) + 10, timeout_s=120)
-    upstream.start()
-    load.wait_for(len(load.outcomes) + 10, timeout_s=120)
-    audited("upstream refusing", fresh, upstream, load)
 
 
 @full
@@ -213,3 +235,51 @@ def test_a_worker_drains_on_sigterm(fresh, upstream):
     until(lambda: worker.restarts > restarts, 60, "the drained worker to exit")
     load.wait_for(len(load.outcomes) + 20)
     audited("worker SIGTERM", fresh, upstream, load)
+
+
+@full
+def test_a_flood_of_jobs_meets_the_queue_bound(fresh, upstream):
+    """50 clients submit 5,000 jobs as fast as each is answered: the line stops at its
+    bound (429 queue_full, nothing stored), and every job accepted runs once."""
+    load = Load(fresh.urls, callers=50, jobs=True, total=5000).start()
+    deepest = 0
+    started = time.monotonic()
+    while load.thread.is_alive():  # the line's depth, sampled in the outside database
+        deepest = max(deepest, waiting(fresh))
+        load.thread.join(0.2)
+    submitted_s = time.monotonic() - started
+    found = audited("flood of 5,000 jobs", fresh, upstream, load, settle_s=180)
+    statuses = Counter(o.status for o in found.outcomes)
+    print(
+        f"flood: {dict(statuses)} in {submitted_s:.1f} s; deepest line {deepest}"
+        f" (bound {QUEUE_BOUND})"
+    )
+    assert statuses[429] and statuses[202]  # the bound was met, and work went on
+    assert deepest <= QUEUE_BOUND * 1.5  # as operating.md says it may be overshot
+
+
+@full
+def test_callers_fail_fast_while_the_upstream_refuses_connections(fresh, upstream):
+    """No server can serve: each caller gets 503 no_server_available (or a stream's error
+    event) about SWITCHYARD_NO_SERVER_GRACE_S after it arrived, not its class's maximum
+    wait; once the upstream is back, callers are served again."""
+    load = Load(fresh.urls).start()
+    load.wait_for(10)
+    upstream.close()
+    down_at = len(load.outcomes)
+
+    def failed_fast() -> list:
+        return [o for o in load.outcomes[down_at:] if o.code == "no_server_available"]
+
+    until(lambda: len(failed_fast()) >= 16, 120, "callers told no_server_available")
+    failed = failed_fast()
+    upstream.start()
+    served_again(load, len(load.outcomes))
+    audited("upstream refusing, fail fast", fresh, upstream, load)
+    slowest = max(o.seconds for o in failed)
+    print(
+        f"fail fast: {len(failed)} callers told no_server_available after"
+        f" {min(o.seconds for o in failed):.2f}-{slowest:.2f} s (grace {GRACE_S:.0f} s)"
+    )
+    assert all(o.status == 503 or (o.stream and o.status == 200) for o in failed)
+    assert slowest < GRACE_S + 10

@@ -134,3 +134,29 @@ async def test_waiters_reread_often_while_redis_is_down(monkeypatch):
     ticks = sub.messages(every_s=60)
     async with asyncio.timeout(DEGRADED_EVERY_S * 4):
         assert await anext(ticks) is None  # a re-read within the degraded interval
+
+
+async def test_a_waiter_re_reads_at_once_when_redis_fails_its_reader(monkeypatch):
+    """Not after the silence it was waiting out (its next SSE comment): its end may have
+    been hinted to a Redis that is gone."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from scheduler.api.waiting import Subscription
+
+    monkeypatch.setattr(faults.REDIS, "down", False)  # restored after the outage below
+    sub = Subscription()
+    sub.queue = asyncio.Queue()
+    sub.inbox.queues[str(sub.request_id)].add(sub.queue)
+
+    async def read() -> None:
+        raise RedisConnectionError("Redis went away")
+
+    ticks = sub.messages(every_s=60)
+    reader = sub.inbox.read_forever(read)
+    try:
+        async with asyncio.timeout(5):  # a guard: the silence waited out would be 60 s
+            assert await anext(ticks) is None  # re-read now
+    finally:
+        reader.cancel()
+        sub.inbox.queues.pop(str(sub.request_id))
+    assert faults.REDIS.down
