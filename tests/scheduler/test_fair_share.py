@@ -118,3 +118,22 @@ def test_an_arrival_holds_back_the_planned_sends_of_other_keys_in_its_class():
         rt.install_sends([planned], len(rt.arrivals))
         rt.news(wakeup.Arrival(NORMAL, uuid.uuid4(), "", arriving_key))
         assert (rt.next_send(1) is not None) == kept, (planned_key, arriving_key)
+
+
+def test_a_tie_goes_to_the_key_with_less_waiting():
+    """The trickler holds one of two slots, the flooder the other: their next requests tie.
+    The slots that free next are planned before anyone knows whose frees first; if the
+    trickler's own request ends first and the tie went to the older flood, the flooder
+    would take the trickler's slot and the trickler would wait a whole inference more."""
+    flood = ready(10, FLOODER, first_age_s=60)
+    mine = ready(1, TRICKLER, first_age_s=0.1)
+    s = snap([server(1, slots=2)], [dep(1, 1, "m", "loaded", in_flight=2)], flood + mine)
+    s = with_keys(s, KeyView(FLOODER, processing=1), KeyView(TRICKLER, processing=1))
+    nexts = [d.request_id for d in of(plan(s, at(0)), SendNext)]
+    assert nexts == [mine[0].id, flood[0].id]
+    # Equal backlogs: the line's own order, as before.
+    two = ready(10, TRICKLER, first_age_s=30)
+    s = snap([server(1, slots=2)], [dep(1, 1, "m", "loaded", in_flight=2)], flood + two)
+    s = with_keys(s, KeyView(FLOODER, processing=1), KeyView(TRICKLER, processing=1))
+    nexts = [d.request_id for d in of(plan(s, at(0)), SendNext)]
+    assert nexts == [flood[0].id, two[0].id]
