@@ -3,7 +3,15 @@ from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from .discovery import sync_server
-from .models import Deployment, DeploymentState, Health, Model, Server
+from .models import (
+    Deployment,
+    DeploymentState,
+    Health,
+    Model,
+    Server,
+    available_again,
+    unavailable_from,
+)
 from .secret_field import ServerForm
 
 
@@ -86,12 +94,12 @@ class ServerAdmin(admin.ModelAdmin):
 
     @admin.action(description="Enable selected servers")
     def enable(self, request, queryset):
-        n = queryset.update(enabled=True)
+        n = queryset.update(enabled=True, unavailable_since=available_again("enabled"))
         self.message_user(request, f"{n} server(s) enabled.", messages.SUCCESS)
 
     @admin.action(description="Disable selected servers (no new work is sent)")
     def disable(self, request, queryset):
-        n = queryset.update(enabled=False)
+        n = queryset.update(enabled=False, unavailable_since=unavailable_from(timezone.now()))
         self.message_user(
             request, f"{n} server(s) disabled; work already sent finishes.", messages.SUCCESS
         )

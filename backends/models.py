@@ -4,6 +4,8 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 
@@ -59,6 +61,19 @@ class DeploymentState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+def unavailable_from(now) -> models.Expression:
+    """For `update(unavailable_since=…)` as a server goes out of service: `now`, unless it
+    already was out of service (then since then)."""
+    return Coalesce(F("unavailable_since"), Value(now, output_field=models.DateTimeField()))
+
+
+def available_again(by: str) -> models.Expression:
+    """For `update(unavailable_since=…)` as a server comes back in one respect (`by`:
+    "health", back up; or "enabled"): None, unless it is still out in the other."""
+    still_out = Q(enabled=False) if by == "health" else Q(health__in=("down", "cooldown"))
+    return Case(When(still_out, then=F("unavailable_since")), default=Value(None))
+
+
 class Server(models.Model):
     name = models.SlugField(max_length=64, unique=True)
     kind = models.CharField(max_length=16, choices=ServerKind.choices, default=ServerKind.OPENAI)
@@ -82,6 +97,12 @@ class Server(models.Model):
     last_error = models.TextField(blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
     cooldown_until = models.DateTimeField(null=True, blank=True)
+    unavailable_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Since when it is down, disabled or in cooldown (the no-server grace of the"
+        " requests that wait for it counts from then).",
+    )
 
     class Meta:
         ordering = ["name"]

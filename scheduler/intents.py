@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from backends.models import Server
+from backends.models import Server, available_again, unavailable_from
 
 from . import wakeup
 from .decisions import StartLoad, Unload
@@ -149,7 +149,10 @@ def write_step(step: Step) -> None:
         if intent.status in (S.DONE, S.FAILED):
             return  # another worker finished it
         if step.enable is not None:
-            Server.objects.filter(pk=intent.server_id).update(enabled=step.enable)
+            since = available_again("enabled") if step.enable else unavailable_from(timezone.now())
+            Server.objects.filter(pk=intent.server_id).update(
+                enabled=step.enable, unavailable_since=since
+            )
         finished = step.status in (S.DONE, S.FAILED)
         Intent.objects.filter(pk=intent.pk).update(
             status=step.status,

@@ -96,6 +96,12 @@ class Request(models.Model):
     callback_url = models.CharField(
         max_length=2000, blank=True, help_text="POSTed the final state when it ends."
     )
+    no_server_grace_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="How long it waits while no server can serve its model (empty: the"
+        " setting SWITCHYARD_NO_SERVER_GRACE_S); a job may ask for longer.",
+    )
     # Why it waits, as the last pass that changed it said: {"kind", "text", "details"}
     # (scheduler/reasons.py). Written only when it changes (scheduler/store/reasons.py).
     reason = models.JSONField(null=True, blank=True, help_text="Why it waits (the policy's).")

@@ -286,10 +286,11 @@ class _Pass:
                 continue
             s = self.servers[d.server_id]
             down = down or not self.usable(s.id)
+            since = f" since {s.unavailable_since:%H:%M:%S}" if s.unavailable_since else ""
             if not s.enabled:
-                reasons.append(f"{s.name} is disabled")
+                reasons.append(f"{s.name} is disabled{since}")
             elif s.health == "down":
-                reasons.append(f"{s.name} is down")
+                reasons.append(f"{s.name} is down{since}")
             elif not self.usable(s.id):
                 until = f" until {s.cooldown_until:%H:%M:%S}" if s.cooldown_until else ""
                 reasons.append(f"{s.name} is in cooldown{until}")

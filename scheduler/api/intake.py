@@ -2,6 +2,7 @@
 
 A rejected request stores nothing."""
 
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -117,6 +118,7 @@ def accept(
     api_key: ApiKey | None = None,
     callback_url: str = "",
     idempotency: Claim | None = None,
+    no_server_grace_s: float | None = None,
 ) -> Request:
     """Validate and store a new request (under the caller's `idempotency` key, if any).
     Raises ApiError (and stores nothing) on bad input.
@@ -133,6 +135,7 @@ def accept(
     asked = parse_priority(priority if priority not in (None, "") else body_priority)
     level, capped = limits.capped_priority(api_key, asked, Priority.NORMAL)
     limits.check_model(api_key, body["model"], names_of)
+    check_grace(no_server_grace_s, level)
     stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
     fields = {"id": request_id} if request_id else {}
     request = Request(
@@ -143,6 +146,7 @@ def accept(
         priority=level,
         api_key=api_key,
         callback_url=callback_url,
+        no_server_grace_s=no_server_grace_s,
         **fields,
     )
     request.idempotency = idempotency
@@ -154,6 +158,21 @@ def accept(
         request.model_id = model.pk
         store(request, caller_waits, model.name, by_name=False, note=capped)
     return request
+
+
+def check_grace(grace_s: float | None, priority: int) -> None:
+    """A job's own no-server grace: at most its class's longest wait (it expires then)."""
+    if grace_s is None:
+        return
+    longest = max_wait_s(priority)
+    if not math.isfinite(grace_s) or not 0 <= grace_s <= longest:
+        raise ApiError(
+            400,
+            f"no_server_grace_s must be from 0 to {longest:g} s (the longest a"
+            f" {Priority(priority).label} request waits)",
+            param="no_server_grace_s",
+            code="invalid_value",
+        )
 
 
 def store(request: Request, caller_waits: bool, model: str, by_name: bool, note: str = "") -> bool:

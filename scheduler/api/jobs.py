@@ -35,6 +35,14 @@ class SubmitSerializer(serializers.Serializer):
         help_text="POSTed the final state, signed, when the request ends. Only hosts in"
         " SWITCHYARD_WEBHOOK_HOSTS.",
     )
+    no_server_grace_s = serializers.FloatField(
+        required=False,
+        min_value=0,
+        help_text="How long to wait while no server can serve its model (all down, disabled,"
+        " in cooldown or failed) before failing with no_server_available: 0 to the class's"
+        " longest wait (SWITCHYARD_MAX_WAIT_<CLASS>_S); the default"
+        " SWITCHYARD_NO_SERVER_GRACE_S.",
+    )
 
 
 class SubmittedSerializer(serializers.Serializer):
@@ -166,6 +174,7 @@ class RequestList(APIView):
                     api_key=api_key,
                     idempotency=claim,
                     callback_url=callback,
+                    no_server_grace_s=data.get("no_server_grace_s"),
                 )
             except IntegrityError:  # a call with the same key stored first
                 if claim is None or (earlier := claim.request()) is None:

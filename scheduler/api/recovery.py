@@ -57,6 +57,7 @@ def accept(
     api_key: ApiKey | None = None,
     idempotency: Claim | None = None,
     callback_url: str = "",
+    no_server_grace_s: float | None = None,
 ) -> Request:
     """`intake.accept`, across one database fault (see the module's docstring)."""
     request_id = request_id or uuid.uuid4()
@@ -65,6 +66,7 @@ def accept(
         "api_key": api_key,
         "idempotency": idempotency,
         "callback_url": callback_url,
+        "no_server_grace_s": no_server_grace_s,
     }
     store = functools.partial(intake.accept, kind, body, priority, request_id, **options)
     connect()

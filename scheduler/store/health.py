@@ -7,7 +7,14 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ServerModel
-from backends.models import Deployment, DeploymentState, Health, Server
+from backends.models import (
+    Deployment,
+    DeploymentState,
+    Health,
+    Server,
+    available_again,
+    unavailable_from,
+)
 
 from .. import announce
 from ..models import MetricEvent
@@ -27,7 +34,12 @@ def server_succeeded(server_id: int) -> None:
         | Q(last_seen__isnull=True)
         | Q(last_seen__lt=now - timedelta(seconds=1))
     ).update(
-        health=Health.UP, consecutive_failures=0, cooldown_until=None, last_error="", last_seen=now
+        health=Health.UP,
+        consecutive_failures=0,
+        cooldown_until=None,
+        last_error="",
+        last_seen=now,
+        unavailable_since=available_again("health"),
     )
 
 
@@ -42,8 +54,11 @@ def server_failed(server_id: int, message: str) -> None:
 
 
 def open_breaker(server: Server, reason: str) -> None:
-    until = timezone.now() + timedelta(seconds=knob("BREAKER_COOLDOWN_S"))
-    Server.objects.filter(pk=server.pk).update(health=Health.COOLDOWN, cooldown_until=until)
+    now = timezone.now()
+    until = now + timedelta(seconds=knob("BREAKER_COOLDOWN_S"))
+    Server.objects.filter(pk=server.pk).update(
+        health=Health.COOLDOWN, cooldown_until=until, unavailable_since=unavailable_from(now)
+    )
     if server.health != Health.COOLDOWN:  # a failed probe in cooldown extends it: no new trip
         MetricEvent.record(MetricEvent.Kind.BREAKER_TRIP, server.name)
     log.warning("server %s in cooldown until %s: %s", server.name, until.isoformat(), reason)
@@ -59,6 +74,7 @@ def probe_result(server_id: int, error: AdapterError | None) -> None:
             cooldown_until=None,
             last_seen=timezone.now(),
             last_error="",
+            unavailable_since=available_again("health"),
         )
         log.info("server %s answered its probe: healthy again", server.name)
         announce.dashboard_changed()
@@ -68,7 +84,8 @@ def probe_result(server_id: int, error: AdapterError | None) -> None:
 
 def mark_down(server_id: int, message: str) -> None:
     changed = Server.objects.filter(pk=server_id).exclude(health__in=(Health.DOWN, Health.COOLDOWN))
-    if changed.update(health=Health.DOWN, last_error=message[:2000]):
+    down = {"unavailable_since": unavailable_from(timezone.now())}
+    if changed.update(health=Health.DOWN, last_error=message[:2000], **down):
         log.warning("server %s is down: %s", server_id, message)
         announce.dashboard_changed()
 
@@ -80,7 +97,7 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
     now = timezone.now()
     was_down = Server.objects.filter(pk=server_id, health=Health.DOWN).exists()
     Server.objects.filter(pk=server_id).exclude(health=Health.COOLDOWN).update(
-        health=Health.UP, last_seen=now, last_error=""
+        health=Health.UP, last_seen=now, last_error="", unavailable_since=available_again("health")
     )
     loaded = {m.id for m in listed if m.state == "loaded"}
     changes = []

@@ -19,7 +19,7 @@ KEYS = ApiKey._meta.db_table
 
 SERVER_VIEW_SQL = sql.prepared(
     "SELECT id, name, slots, max_llm, max_embedding, max_reranking, memory_mb, enabled,"
-    f" health, cooldown_until FROM {SERVERS} ORDER BY name"
+    f" health, cooldown_until, unavailable_since FROM {SERVERS} ORDER BY name"
 )
 # Every DeploymentView field is the deployment's column of that name, but for its model's.
 DEPLOYMENT_VIEW_SQL = sql.prepared(
@@ -40,7 +40,8 @@ MODEL_NAMES_SQL = sql.prepared(f"SELECT id, name FROM {MODELS} ORDER BY id")
 # parses many times faster than the driver's loader (most of a deep snapshot's cost).
 REQUEST_VIEW_SQL = (
     "SELECT r.id, r.model_id, r.priority, r.state, CAST(r.created_at AS TEXT),"
-    f" CAST(r.expires_at AS TEXT), r.deployment_id, CAST(r.not_before AS TEXT), r.api_key_id"
+    f" CAST(r.expires_at AS TEXT), r.deployment_id, CAST(r.not_before AS TEXT), r.api_key_id,"
+    " r.no_server_grace_s"
     f" FROM {REQUESTS} r"
 )
 # The API keys, for fair share and quotas (a small table), and how many requests each has

@@ -122,6 +122,7 @@ def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:
             enabled=bool(enabled),
             health=health,
             cooldown_until=sql.aware(cooldown_until),
+            unavailable_since=sql.aware(unavailable_since),
         )
         for (
             sid,
@@ -134,6 +135,7 @@ def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:
             enabled,
             health,
             cooldown_until,
+            unavailable_since,
         ) in rows
     )
 
@@ -154,7 +156,7 @@ def _request_views(rows: list[tuple], names: dict[int, str]) -> Iterator[Request
 def _request_view(row: tuple, model: str) -> RequestView:
     """The view of a row as read (kept: a deep line's head is mostly the same rows, unchanged,
     pass after pass, and building a view costs more than finding it)."""
-    rid, _, priority, state, created_at, expires_at, deployment_id, not_before, api_key = row
+    rid, _, priority, state, created_at, expires_at, deployment_id, not_before, api_key, grace = row
     return RequestView(
         id=sql.uuid_of(rid),
         model=model,
@@ -165,6 +167,7 @@ def _request_view(row: tuple, model: str) -> RequestView:
         deployment_id=deployment_id,
         not_before=sql.timestamp(not_before),
         api_key=api_key,
+        no_server_grace_s=grace,
     )
 
 
