@@ -93,7 +93,8 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(page.locator("#request-state")).to_have_text("completed")
     expect(page.locator("#request-server")).to_have_text("sim-1")
     expect(page.locator("#answer")).to_contain_text("This answer comes from")
-    expect(page.locator("#trace tbody tr")).to_have_count(4)  # loading, ready, sent, done
+    # loading, why it waits (the load), ready, sent, done
+    expect(page.locator("#trace tbody tr")).to_have_count(5)
     watch = page.locator("#request-watch-link a")
     expect(watch).to_have_attribute("href", re.compile(r"^/watch/.+/$"))
 
