@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from scheduler.api.errors import ApiError
-from scheduler.pool_threads import released
+from scheduler.pool_threads import in_pool_thread
 
 from .models import ApiKey, hash_key, split_key
 
@@ -105,7 +105,7 @@ async def acaller(header: str | None) -> ApiKey | None:
     if not required():
         return None
     prefix, key = _parts(header)
-    found = _fresh(prefix) or await released(_read)(prefix)
+    found = _fresh(prefix) or await in_pool_thread(_read)(prefix)
     return _verified(found, key)
 
 

@@ -234,6 +234,9 @@ SWITCHYARD = {
     # PostgreSQL: let the commits the system redoes by itself skip the WAL flush
     # (docs/operating.md, "Durability"). Off: every commit waits for the disk.
     "SKIP_FLUSH": env.bool("SWITCHYARD_SKIP_FLUSH", default=False),
+    # The worker's fast paths (scheduler/runtime/fast_paths.py): off, every request waits
+    # for a pass and its end reaches its caller by the channel layer alone.
+    "FAST_PATHS": env.bool("SWITCHYARD_FAST_PATHS", default=True),
 }
 
 LOGGING = {

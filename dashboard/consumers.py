@@ -1,5 +1,5 @@
 """Websockets for staff. Every message carries the full state, read after the commit that
-sent the hint; hints in a burst are folded into one read (see `scheduler/coalesce.py`)."""
+sent the hint; hints in a burst are folded into one read (see `scheduler/throttle.py`)."""
 
 import math
 import threading
@@ -8,8 +8,8 @@ import time
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from scheduler.announce import DASHBOARD_GROUP, request_group
-from scheduler.coalesce import Coalescer
+from scheduler.channel_hints import DASHBOARD_GROUP, request_group
+from scheduler.throttle import Throttle
 
 from . import state
 from .watch import watch_state
@@ -29,15 +29,15 @@ class StaffConsumer(AsyncJsonWebsocketConsumer):
         if not (user and user.is_authenticated and user.is_staff):
             await self.close(code=REFUSED)
             return
-        self.coalescer = Coalescer(self.push, self.push_interval_s)
+        self.throttle = Throttle(self.push, self.push_interval_s)
         for group in self.group_names():
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
-        self.coalescer.hint()
+        self.throttle.hint()
 
     async def disconnect(self, code) -> None:
-        if hasattr(self, "coalescer"):
-            self.coalescer.close()
+        if hasattr(self, "throttle"):
+            self.throttle.close()
             for group in self.group_names():
                 await self.channel_layer.group_discard(group, self.channel_name)
 
@@ -52,7 +52,7 @@ class StaffConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": self.message_type, "state": current})
 
     async def dashboard_changed(self, message) -> None:
-        self.coalescer.hint()
+        self.throttle.hint()
 
 
 class SharedRead:
@@ -95,7 +95,7 @@ class DashboardConsumer(StaffConsumer):
 
     async def dashboard_changed(self, message) -> None:
         shared_overview.hinted()
-        self.coalescer.hint()
+        self.throttle.hint()
 
 
 class RequestConsumer(StaffConsumer):
@@ -114,7 +114,7 @@ class RequestConsumer(StaffConsumer):
         return state.request_detail(self.request_id())
 
     async def request_moved(self, message) -> None:
-        self.coalescer.hint()
+        self.throttle.hint()
 
     async def stream_chunk(self, message) -> None:
         """Tokens are for the caller, not the dashboard."""
@@ -132,18 +132,18 @@ class WatchConsumer(AsyncJsonWebsocketConsumer):
         if self.request_id is None:
             await self.close(code=NOT_FOUND)
             return
-        self.coalescer = Coalescer(self.push, self.push_interval_s)
+        self.throttle = Throttle(self.push, self.push_interval_s)
         for group in self.group_names():
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
-        self.coalescer.hint()
+        self.throttle.hint()
 
     def group_names(self) -> list[str]:
         return [request_group(self.request_id), DASHBOARD_GROUP]
 
     async def disconnect(self, code) -> None:
-        if hasattr(self, "coalescer"):
-            self.coalescer.close()
+        if hasattr(self, "throttle"):
+            self.throttle.close()
             for group in self.group_names():
                 await self.channel_layer.group_discard(group, self.channel_name)
 
@@ -152,10 +152,10 @@ class WatchConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "watch", "state": current})
 
     async def dashboard_changed(self, message) -> None:
-        self.coalescer.hint()
+        self.throttle.hint()
 
     async def request_moved(self, message) -> None:
-        self.coalescer.hint()
+        self.throttle.hint()
 
     async def stream_chunk(self, message) -> None:
         text = "".join(

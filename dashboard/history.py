@@ -20,7 +20,7 @@ from backends.models import Deployment
 from backends.models import DeploymentState as DS
 from scheduler import faults
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State
-from scheduler.pool_threads import released
+from scheduler.pool_threads import in_pool_thread
 
 from .models import EtaCheck, LoadSpan, MinuteStat, RunStat
 
@@ -222,7 +222,7 @@ async def record_forever(stop: asyncio.Event, tick_s: float = TICK_S) -> None:
     """The worker's side task: a tick a second until `stop` (a failing tick is logged and
     the next one tries again: history must never stop the worker)."""
     recorder = Recorder()
-    tick = released(recorder.tick)
+    tick = in_pool_thread(recorder.tick)
     database_down = False
     while not stop.is_set():
         try:

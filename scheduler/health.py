@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from .models import Worker
-from .pool_threads import released
+from .pool_threads import in_pool_thread
 
 PATHS = ("/healthz", "/readyz")
 CHECK_TIMEOUT_S = 3.0  # a check that hangs (a database that stopped answering) fails
@@ -28,7 +28,7 @@ async def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
-@released
+@in_pool_thread
 def database_and_workers() -> list[str]:
     """What failed of the database and the workers: read in one trip to a thread."""
     with connection.cursor() as cursor:

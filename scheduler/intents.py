@@ -26,7 +26,7 @@ from . import wakeup
 from .decisions import StartLoad, Unload
 from .eviction import NoRoom, evictions_for
 from .models import Intent, IntentTrace
-from .pool_threads import released
+from .pool_threads import in_pool_thread
 from .snapshot import DeploymentView, Snapshot
 
 if TYPE_CHECKING:
@@ -183,9 +183,9 @@ class Intents:
         if not (self.due or self.open or time.monotonic() - self.checked >= poll_s):
             return
         self.due, self.checked = False, time.monotonic()
-        intents = await released(read_open)()
+        intents = await in_pool_thread(read_open)()
         self.open = bool(intents)
         for step in plan_intents(snapshot, intents, self.runtime.clock()):
             if step.decision is not None and not await self.runtime.execute(step.decision):
                 continue  # the rows moved: the next pass sees them and plans again
-            await released(write_step)(step)
+            await in_pool_thread(write_step)(step)

@@ -32,7 +32,7 @@ def in_executor(
     return call
 
 
-def released(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
+def in_pool_thread(fn: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
     """`fn` in a thread of the loop's shared pool (its default executor: bounded, at
     min(32, cores + 4) threads), then the connection goes back (to the pool, on
     PostgreSQL): a caller may wait minutes between reads, and waiting callers must not hold

@@ -3,7 +3,7 @@
 
 Every read of the requests table that the hot path makes walks a partial index of waiting
 requests, so the finished ones cost it nothing; but the admin's lists, the metrics' counts
-and the disk grow with them. The worker purges a batch at a time (each its own short
+and the disk grow with them. The worker purges a chunk at a time (each its own short
 transaction, read through the index of finished requests), oldest first."""
 
 import itertools
@@ -20,7 +20,7 @@ from . import metric_totals, sql
 from .models import TERMINAL_STATES, MetricEvent, Request, Trace
 
 log = logging.getLogger(__name__)
-BATCH = 500  # ids in one IN list, within SQLite's limit on parameters
+PURGE_CHUNK = 500  # ids in one IN list, within SQLite's limit on parameters
 REQUESTS = Request._meta.db_table
 TRACES = Trace._meta.db_table
 
@@ -42,17 +42,17 @@ def finished_before(before: datetime) -> int:
     return Request.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=before).count()
 
 
-def purge_finished(before: datetime, batch: int = BATCH, batches: int | None = None) -> int:
-    """Delete the requests that finished before `before`, with their traces, `batch` at a
-    time (at most `batches` of them). A waiting or running request is never touched,
+def purge_finished(before: datetime, chunk: int = PURGE_CHUNK, chunks: int | None = None) -> int:
+    """Delete the requests that finished before `before`, with their traces, `chunk` at a
+    time (at most `chunks` of them). A waiting or running request is never touched,
     however old. Returns how many went."""
     purged = 0
-    for _ in itertools.repeat(None) if batches is None else range(batches):
+    for _ in itertools.repeat(None) if chunks is None else range(chunks):
         with transaction.atomic():
             ids = list(
                 Request.objects.filter(state__in=TERMINAL_STATES, finished_at__lt=before)
                 .order_by("finished_at", "created_at")  # the index of finished, backwards
-                .values_list("id", flat=True)[:batch]
+                .values_list("id", flat=True)[:chunk]
             )
             if ids:
                 metric_totals.carry_purged_requests(ids)  # counters never go down
@@ -61,22 +61,24 @@ def purge_finished(before: datetime, batch: int = BATCH, batches: int | None = N
                 where = f"IN ({sql.marks(len(keys))})"
                 sql.execute(f"DELETE FROM {TRACES} WHERE request_id {where}", keys)
                 purged += sql.execute(f"DELETE FROM {REQUESTS} WHERE id {where}", keys)
-        if len(ids) < batch:
+        if len(ids) < chunk:
             break
     return purged
 
 
 def purge_events(before: datetime) -> None:
-    """The worker's metric events as old as the purged requests: one batch, carried."""
+    """The worker's metric events as old as the purged requests: one chunk, carried."""
     with transaction.atomic():
-        ids = list(MetricEvent.objects.filter(at__lt=before).values_list("pk", flat=True)[:BATCH])
+        ids = list(
+            MetricEvent.objects.filter(at__lt=before).values_list("pk", flat=True)[:PURGE_CHUNK]
+        )
         if ids:
             metric_totals.carry_purged_events(ids)
             MetricEvent.objects.filter(pk__in=ids).delete()
 
 
-def purge_due(batches: int) -> int:
-    """The worker's share, now and then: up to `batches` batches by the setting, logged.
+def purge_due(chunks: int) -> int:
+    """The worker's share, now and then: up to `chunks` chunks by the setting, logged.
     Idempotency keys older than a day go too, whatever the setting."""
     from .api import idempotency  # the API's own table; the API imports much of the rest
 
@@ -84,7 +86,7 @@ def purge_due(batches: int) -> int:
     before = cutoff()
     if before is None:
         return 0
-    purged = purge_finished(before, BATCH, batches)
+    purged = purge_finished(before, PURGE_CHUNK, chunks)
     purge_events(before)
     if purged:
         log.info(

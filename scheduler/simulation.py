@@ -44,7 +44,7 @@ from .decisions import (
 from .eta import Accuracy
 from .policy import plan
 from .simulation_eta import EtaBook
-from .simulation_trace import INTERACTIVE, ModelSpec, Trace
+from .simulation_workload import INTERACTIVE, ModelSpec, Workload
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
 
 TERMINAL = ("completed", "expired", "failed")
@@ -95,12 +95,12 @@ class Result:
 # -- the policy side -----------------------------------------------------------------------
 
 
-def simulate_policy(trace: Trace, config: PolicyConfig | None = None) -> Result:
+def simulate_policy(trace: Workload, config: PolicyConfig | None = None) -> Result:
     return _PolicySimulation(trace, config or PolicyConfig()).run()
 
 
 class _PolicySimulation:
-    def __init__(self, trace: Trace, config: PolicyConfig) -> None:
+    def __init__(self, trace: Workload, config: PolicyConfig) -> None:
         self.trace = trace
         self.config = config
         self.now = trace.start
@@ -317,7 +317,7 @@ class _Held:
     last_used: float
 
 
-def simulate_fifo(trace: Trace) -> Result:
+def simulate_fifo(trace: Workload) -> Result:
     """One queue, one worker, loads inline; the least recently used model goes first."""
     result = Result("FIFO", accepted=len(trace.requests))
     models = {m.name: m for m in trace.models}

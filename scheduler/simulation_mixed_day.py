@@ -9,15 +9,15 @@ runs it.
 
 import random
 
-from .simulation_trace import (
+from .simulation_workload import (
     BACKGROUND,
     HIGH,
     INTERACTIVE,
     NORMAL,
     ModelSpec,
     ServerSpec,
-    Trace,
-    TraceRequest,
+    Workload,
+    WorkloadRequest,
 )
 
 HOUR = 3600.0
@@ -44,15 +44,15 @@ def mixed_cluster() -> tuple[tuple[ServerSpec, ...], tuple[ModelSpec, ...]]:
     return servers, models
 
 
-def generate_mixed_day(seed: int = 0, hours: float = 24.0) -> Trace:
+def generate_mixed_day(seed: int = 0, hours: float = 24.0) -> Workload:
     rng = random.Random(seed)
     span = hours * HOUR
-    out: list[TraceRequest] = []
+    out: list[WorkloadRequest] = []
 
     def add(at: float, model: str, priority: int, low: float, high: float) -> None:
         if 0 <= at < span:
             duration = round(rng.uniform(low, high), 3)
-            out.append(TraceRequest(round(at, 3), model, priority, duration))
+            out.append(WorkloadRequest(round(at, 3), model, priority, duration))
 
     # Interactive chat in office hours (9-18), about 60 an hour.
     t = 9 * HOUR
@@ -90,4 +90,4 @@ def generate_mixed_day(seed: int = 0, hours: float = 24.0) -> Trace:
             add(hour * HOUR + rng.uniform(0, 120), model, BACKGROUND, low, high)
     servers, models = mixed_cluster()
     out.sort(key=lambda r: (r.at, r.priority, r.model))
-    return Trace(servers=servers, models=models, requests=tuple(out))
+    return Workload(servers=servers, models=models, requests=tuple(out))

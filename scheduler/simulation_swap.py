@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from .simulation import Outcome, Result
-from .simulation_trace import ModelSpec, ServerSpec, Trace
+from .simulation_workload import ModelSpec, ServerSpec, Workload
 
 
 @dataclass
@@ -42,12 +42,12 @@ class _Server:
         return (self.in_flight + len(self.queue)) / max(self.spec.slots, 1)
 
 
-def simulate_self_swapping(trace: Trace) -> Result:
+def simulate_self_swapping(trace: Workload) -> Result:
     return _Swap(trace).run()
 
 
 class _Swap:
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Workload) -> None:
         self.trace = trace
         self.result = Result("self-swap", accepted=len(trace.requests))
         self.models = {m.name: m for m in trace.models}

@@ -10,7 +10,7 @@ asserts them):
 from dataclasses import dataclass
 
 from .simulation import Result
-from .simulation_trace import CLASS_NAMES, HIGH, INTERACTIVE
+from .simulation_workload import CLASS_NAMES, HIGH, INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,7 +235,7 @@ def fetch(statement: str, params: Sequence[Any] = ()) -> list[tuple]:
         return cursor.fetchall()
 
 
-def batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """`items` in runs of at most `size`: one statement each, within the parameters a
     database takes in one statement."""
     for start in range(0, len(items), size):

@@ -5,7 +5,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .announce import request_group, send
+from .channel_hints import request_group, send
 
 
 class Relay:

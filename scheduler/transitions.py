@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import announce, sql, wakeup
+from . import channel_hints, sql, wakeup
 from .models import TERMINAL_STATES, Request, State, Trace
 
 S = State
@@ -161,7 +161,9 @@ def _move_chunk(transitions: list[Transition], locked: Locked | None) -> list[bo
     for t, fields, _ in moved:
         outcome = outcome_of(t.to_state, fields)
         transaction.on_commit(
-            lambda t=t, outcome=outcome: announce.request_moved(t.request_id, t.to_state, outcome)
+            lambda t=t, outcome=outcome: channel_hints.request_moved(
+                t.request_id, t.to_state, outcome
+            )
         )
     return [source is not None for source in sources]
 
@@ -266,7 +268,7 @@ def _trace_rows(t: Transition, key: Any, stamp: Any, source: str) -> list[list[A
 def _trace(moved: list[tuple[Transition, str]], at) -> None:
     """The trace rows of the moves made, in as few INSERTs as the database takes."""
     stamp = sql.db_value(Trace, "at", at)
-    for chunk in sql.batches(moved, MOVES_PER_TRACE_INSERT):
+    for chunk in sql.chunks(moved, MOVES_PER_TRACE_INSERT):
         keys = sql.keys(Request, [t.request_id for t, _ in chunk])
         rows = [
             row
@@ -331,7 +333,7 @@ def end_later(t: Transition, notify_origin: bool = False) -> LaterEnd:
         channel = wakeup.origin_channel(t.request_id)
         wakeup.notify_later(channel, _end_payload(t, outcome), only_if=condition)
     transaction.on_commit(
-        lambda: end.made and announce.request_moved(t.request_id, t.to_state, outcome)
+        lambda: end.made and channel_hints.request_moved(t.request_id, t.to_state, outcome)
     )
     return end
 
@@ -339,7 +341,7 @@ def end_later(t: Transition, notify_origin: bool = False) -> LaterEnd:
 def _end_payload(t: Transition, outcome: dict[str, Any] | None) -> str:
     """The end's hint as a NOTIFY payload; without its outcome if that would not fit (the
     caller then reads the row)."""
-    payload = json.dumps(announce.end_message(t.request_id, t.to_state, outcome))
+    payload = json.dumps(channel_hints.end_message(t.request_id, t.to_state, outcome))
     if len(payload) < MAX_NOTIFY_PAYLOAD:
         return payload
-    return json.dumps(announce.end_message(t.request_id, t.to_state))
+    return json.dumps(channel_hints.end_message(t.request_id, t.to_state))

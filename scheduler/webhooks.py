@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from . import faults, sql
 from .models import TERMINAL_STATES, Callback, Request, Trace
-from .pool_threads import released
+from .pool_threads import in_pool_thread
 from .retry import backoff_s
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 CALLBACKS = Callback._meta.db_table
 REQUESTS = Request._meta.db_table
-BATCH = 20
+CLAIMED_AT_ONCE = 20
 LEASE_S = 30.0  # beyond the send's own timeout: a claim outlives any attempt
 MIN_GAP_S = 0.25  # at most four looks a second while requests end
 
@@ -97,7 +97,7 @@ def claim_due() -> list[Delivery]:
         due = list(
             waiting.select_for_update(skip_locked=True, of=("self",))
             .select_related("request__api_key")
-            .order_by("next_at")[:BATCH]
+            .order_by("next_at")[:CLAIMED_AT_ONCE]
         )
         lease = now + timedelta(seconds=LEASE_S + settings.SWITCHYARD["WEBHOOK_TIMEOUT_S"])
         Callback.objects.filter(pk__in=[c.pk for c in due]).update(next_at=lease)
@@ -157,7 +157,7 @@ class Webhooks:
                 while True:
                     started = time.monotonic()
                     try:
-                        for delivery in await released(claim_due)():
+                        for delivery in await in_pool_thread(claim_due)():
                             task = asyncio.create_task(self.send(client, delivery))
                             self.sending.add(task)
                             task.add_done_callback(self.sending.discard)
@@ -193,6 +193,6 @@ class Webhooks:
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {str(exc)[:200]}"
         try:
-            await released(record)(delivery, error)
+            await in_pool_thread(record)(delivery, error)
         except Exception:
             log.exception("recording the callback of %s failed", delivery.request_id)

@@ -37,7 +37,7 @@ from django.conf import settings
 from redis import asyncio as aioredis
 
 from .. import faults, wakeup
-from ..announce import request_group
+from ..channel_hints import request_group
 
 log = logging.getLogger(__name__)
 Message = dict[str, Any]

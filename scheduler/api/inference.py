@@ -17,7 +17,7 @@ from backends.models import Model
 
 from .. import faults, reasons
 from ..models import WAITING_STATES, Request, State
-from ..pool_threads import released
+from ..pool_threads import in_pool_thread
 from ..streams import text_of
 from . import idempotency, intake, recovery
 from .errors import ApiError, too_deep
@@ -104,11 +104,11 @@ async def answer(
     try:
         body = parse_json(raw)
         claim = idempotency.claim_of(idempotency_key, api_key)
-        if claim is not None and (earlier := await released(claim.request)()):
+        if claim is not None and (earlier := await in_pool_thread(claim.request)()):
             return await replay(earlier, kind)
         sub = await subscribe()
         try:
-            request = await released(recovery.accept)(
+            request = await in_pool_thread(recovery.accept)(
                 kind,
                 body,
                 priority,
@@ -119,7 +119,7 @@ async def answer(
             )
         except IntegrityError:
             await sub.close()
-            if claim is None or (earlier := await released(claim.request)()) is None:
+            if claim is None or (earlier := await in_pool_thread(claim.request)()) is None:
                 raise
             return await replay(earlier, kind)  # a call with the same key stored first
         except BaseException:
@@ -266,7 +266,7 @@ def ending(request: Request, relayed: "CatchUp") -> list[str]:
 
 async def waiting_comment(request: Request) -> str:
     try:
-        position = await released(intake.position_in_line)(request)
+        position = await in_pool_thread(intake.position_in_line)(request)
     except faults.DATABASE_FAULTS:
         position = None
     where = f"position {position}" if position else "processing"

@@ -4,7 +4,7 @@ Every inference call comes through these paths, and Django's request handling co
 web-process CPU than all of Switchyard's own work for a call (about 2 ms a request on a
 2-core machine, measured: a thread per request for its signals, three hops to it and back,
 the URL resolver, the response machinery). They need none of it: no session, middleware or
-template, and their database work runs in `released` pool threads. Everything else,
+template, and their database work runs in pool threads (`in_pool_thread`). Everything else,
 `/v1/models` included, is Django's."""
 
 import asyncio
@@ -19,7 +19,7 @@ from access import auth
 
 from .. import faults
 from ..models import RequestKind
-from ..pool_threads import released
+from ..pool_threads import in_pool_thread
 from . import recovery
 from .errors import ApiError, request_too_large
 from .inference import Reply, answer
@@ -53,7 +53,7 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         return
     except faults.DATABASE_FAULTS as exc:  # finding the caller's key: nothing is stored yet
         log.warning("finding the caller's key failed: %s", exc)
-        await released(faults.check_pool)()
+        await in_pool_thread(faults.check_pool)()
         await send_reply(send, Reply.error(recovery.unavailable("The database")))
         return
     if raw is None:

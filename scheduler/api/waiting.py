@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 
 from .. import faults
 from ..models import TERMINAL_STATES, WAITING_STATES, Request, State
-from ..pool_threads import released
+from ..pool_threads import in_pool_thread
 from ..transitions import move
 from .errors import ApiError
 from .inbox import WAKE, Message, inbox
@@ -67,7 +67,7 @@ class Subscription:
         except Exception as exc:
             if not faults.is_database_fault(exc):
                 raise
-            await released(faults.check_pool)()
+            await in_pool_thread(faults.check_pool)()
             now = time.monotonic()
             self.faulted_since = self.faulted_since or now
             if now - self.faulted_since > GIVE_UP_AFTER_S:
@@ -104,7 +104,7 @@ def stored(request_id) -> Request | None:
     return Request.objects.select_related("server").filter(pk=request_id).first()
 
 
-@released
+@in_pool_thread
 def current(request_id) -> Request:
     found = stored(request_id)
     if found is None:

@@ -39,7 +39,7 @@ INCLUSIVE = (
     "accept (",
     "until_finished",
     "relay",
-    "Runtime.serve",
+    "ServerTasks.serve",
     "serve (",
     "heartbeat",
     "group_send",

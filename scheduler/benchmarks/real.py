@@ -16,7 +16,7 @@ from . import fleet
 from .context import Context
 from .loadgen import auth_headers
 from .stack import Stack, run_loadgen
-from .stats import Outcome, Target, ms, spread
+from .stats import Outcome, Target, minus, ms, spread
 
 MODELS = ("tiny-a", "tiny-b")  # one small file under two names: a swap is a real reload
 SLOTS = 8
@@ -135,10 +135,6 @@ def _ok(results: list[dict]) -> list[dict]:
     return [r for r in results if r.get("status") == 200]
 
 
-def _minus(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
-
-
 def outcome(runs, measured, direct_swap, via_swap, via_warm) -> Outcome:
     rows, data, targets = [], {}, []
     for i, (stream, c) in enumerate(runs):
@@ -149,8 +145,8 @@ def outcome(runs, measured, direct_swap, via_swap, via_warm) -> Outcome:
         v_lat = spread([r["end"] for r in v_ok])
         d_fb = spread([r["first_data"] for r in d_ok if r.get("first_data") is not None])
         v_fb = spread([r["first_data"] for r in v_ok if r.get("first_data") is not None])
-        added = _minus(v_lat["p50"], d_lat["p50"])
-        added_fb = _minus(v_fb["p50"], d_fb["p50"])
+        added = minus(v_lat["p50"], d_lat["p50"])
+        added_fb = minus(v_fb["p50"], d_fb["p50"])
         rows.append(
             [
                 label,
@@ -158,7 +154,7 @@ def outcome(runs, measured, direct_swap, via_swap, via_warm) -> Outcome:
                 ms(d_lat["p50"]),
                 ms(v_lat["p50"]),
                 ms(added),
-                ms(_minus(v_lat["p95"], d_lat["p95"])),
+                ms(minus(v_lat["p95"], d_lat["p95"])),
                 ms(d_fb["p50"]),
                 ms(v_fb["p50"]),
                 ms(added_fb),

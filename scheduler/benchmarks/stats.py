@@ -62,3 +62,8 @@ class Outcome:
     panels: list[dict[str, Any]] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+def minus(a: float | None, b: float | None) -> float | None:
+    """a - b, or None when either is unknown."""
+    return None if a is None or b is None else a - b

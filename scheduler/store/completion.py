@@ -52,11 +52,14 @@ class Answer:
     then_send: tuple[Any, int] | None = None
 
 
-def requests_completed(answers: list[Answer], send_now: Sending | None = None) -> list[bool]:
+def requests_completed(
+    answers: list[Answer], send_now: Sending | None = None, notify_origin: bool = True
+) -> list[bool]:
     """Store the results, in one transaction (on PostgreSQL, one round trip), and send the
     requests planned for the slots they free, given to `send_now` as `dispatch_all` does
     (two more round trips: the sends read the freed slots). False for a request taken from
-    this worker meanwhile; its slot is not ours to fill.
+    this worker meanwhile; its slot is not ours to fill. `notify_origin`: see `end_later`
+    (a fast path: `runtime/fast_paths.py`).
 
     With `SWITCHYARD_SKIP_FLUSH` on, the commit does not wait for the disk (a flush was
     about a millisecond of every answer's wait here): should a crash of the database lose
@@ -85,7 +88,7 @@ def requests_completed(answers: list[Answer], send_now: Sending | None = None) -
                     at_server=a.job.server_name,
                     held_by=a.job.worker_id,
                 ),
-                notify_origin=not a.job.call.stream,
+                notify_origin=notify_origin and not a.job.call.stream,
             )
             _release(a.job.deployment_id, a.seconds, only_if=end.condition)
             ends.append(end)

@@ -83,7 +83,7 @@ def dispatch_all(
     `routes`: the moves from pending to ready of requests routed in the same pass; one that
     is sent moves once, pending to processing (its trace still shows both steps).
     `send_now`: given the jobs as soon as they are known, under the rows' locks and before
-    the commit (see `Runtime.committed`)."""
+    the commit (see `Execution.committed`)."""
     routes = routes or {}
     if not sends:
         return []

@@ -16,7 +16,7 @@ from backends.models import (
     unavailable_from,
 )
 
-from .. import announce
+from .. import channel_hints
 from ..models import MetricEvent
 from .knobs import knob
 
@@ -62,7 +62,7 @@ def open_breaker(server: Server, reason: str) -> None:
     if server.health != Health.COOLDOWN:  # a failed probe in cooldown extends it: no new trip
         MetricEvent.record(MetricEvent.Kind.BREAKER_TRIP, server.name)
     log.warning("server %s in cooldown until %s: %s", server.name, until.isoformat(), reason)
-    announce.dashboard_changed()
+    channel_hints.dashboard_changed()
 
 
 def probe_result(server_id: int, error: AdapterError | None) -> None:
@@ -77,7 +77,7 @@ def probe_result(server_id: int, error: AdapterError | None) -> None:
             unavailable_since=available_again("health"),
         )
         log.info("server %s answered its probe: healthy again", server.name)
-        announce.dashboard_changed()
+        channel_hints.dashboard_changed()
     else:
         open_breaker(server, f"probe failed: {error.message}")
 
@@ -87,7 +87,7 @@ def mark_down(server_id: int, message: str) -> None:
     down = {"unavailable_since": unavailable_from(timezone.now())}
     if changed.update(health=Health.DOWN, last_error=message[:2000], **down):
         log.warning("server %s is down: %s", server_id, message)
-        announce.dashboard_changed()
+        channel_hints.dashboard_changed()
 
 
 def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: datetime) -> list[str]:
@@ -121,7 +121,7 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
             changes.append(f"{d.server_model_id} was loaded outside Switchyard")
     if changes or was_down:
         log.info("status sync of server %s: %s", server_id, "; ".join(changes) or "back up")
-        announce.dashboard_changed()
+        channel_hints.dashboard_changed()
     return changes
 
 

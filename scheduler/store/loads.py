@@ -10,7 +10,7 @@ from django.utils import timezone
 from backends.adapters.base import AdapterError, ErrorCode, LoadTarget
 from backends.models import Deployment, DeploymentState, Server
 
-from .. import announce
+from .. import channel_hints
 from ..models import Intent, MetricEvent
 from ..retry import backoff_s
 from .knobs import knob
@@ -83,7 +83,7 @@ def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reaso
         victims = tuple(
             Deployment.objects.filter(pk__in=evict).values_list("pk", "server_model_id")
         )
-    transaction.on_commit(announce.dashboard_changed)
+    transaction.on_commit(channel_hints.dashboard_changed)
     log.info(
         "loading %s on %s (%s)%s",
         d.model.name,
@@ -118,7 +118,7 @@ def evicted(deployment_id: int, to_make_room: bool = False) -> None:
         loaded_at=None,
         load_progress=None,
     )
-    announce.dashboard_changed()
+    channel_hints.dashboard_changed()
 
 
 def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
@@ -130,9 +130,13 @@ def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
     return d.server_id, d.server_model_id
 
 
+def server_of_deployment(deployment_id: int) -> int:
+    return Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)
+
+
 def set_load_progress(deployment_id: int, fraction: float) -> None:
     Deployment.objects.filter(pk=deployment_id, state=DS.LOADING).update(load_progress=fraction)
-    announce.dashboard_changed()
+    channel_hints.dashboard_changed()
 
 
 def load_succeeded(job: LoadJob, seconds: float) -> None:
@@ -156,7 +160,7 @@ def load_succeeded(job: LoadJob, seconds: float) -> None:
     if loaded:
         MetricEvent.record(MetricEvent.Kind.LOAD, d.server.name, d.model.name, seconds)
     log.info("loaded %s in %.1f s", d, seconds)
-    announce.dashboard_changed()
+    channel_hints.dashboard_changed()
 
 
 def load_failed(job: LoadJob, error: AdapterError) -> None:
@@ -186,4 +190,4 @@ def load_failed(job: LoadJob, error: AdapterError) -> None:
         error.message,
         "; giving up" if permanent else f"; retrying in {delay:.0f} s",
     )
-    announce.dashboard_changed()
+    channel_hints.dashboard_changed()

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from .. import announce, sql
+from .. import channel_hints, sql
 from ..models import WAITING_STATES, Request, Trace
 from ..reasons import BEHIND, Reason
 from ..transitions import REQUESTS, TRACE_INSERT, locking
@@ -49,9 +49,9 @@ def write_reasons(changes: list[tuple[UUID, Reason, bool]]) -> None:
     pass's moves (a trace row follows the move that led to it)."""
     with sql.atomic():
         sql.without_waiting_for_disk()  # lost in a crash, the next pass writes it again
-        for chunk in sql.batches(changes, PER_STATEMENT):
+        for chunk in sql.chunks(changes, PER_STATEMENT):
             _write(chunk, timezone.now())
-    announce.dashboard_changed()  # the pages that show them read them again
+    channel_hints.dashboard_changed()  # the pages that show them read them again
 
 
 def _write(changes: list[tuple[UUID, Reason, bool]], now: datetime) -> None:

@@ -65,8 +65,8 @@ class SnapshotReader:
             # The other views of the line come as ids, and only the rows not read yet are
             # read in full: most are the same rows.
             ids = list({sql.uuid_of(key) for (key,) in other_heads[0]} - requests.keys())
-            for batch in sql.batches(ids, ROWS_PER_READ):
-                keys = sql.keys(Request, batch)
+            for chunk in sql.chunks(ids, ROWS_PER_READ):
+                keys = sql.keys(Request, chunk)
                 rows = sql.fetch(f"{REQUEST_VIEW_SQL} WHERE r.id IN ({sql.marks(len(keys))})", keys)
                 requests.update((view.id, view) for view in _request_views(rows, names))
         return Snapshot(

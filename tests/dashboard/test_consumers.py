@@ -9,8 +9,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from config.asgi import application
-from scheduler.coalesce import Coalescer
 from scheduler.models import State
+from scheduler.throttle import Throttle
 from scheduler.transitions import move
 from tests import factories
 
@@ -109,14 +109,14 @@ async def test_a_burst_of_hints_is_one_more_read_of_the_final_state():
         pushing.set()
         await release.wait()  # the send, held open
 
-    coalescer = Coalescer(push, interval_s=0)
-    coalescer.hint()
+    throttle = Throttle(push, interval_s=0)
+    throttle.hint()
     await pushing.wait()
     for value in range(1, 21):
         truth["value"] = value
-        coalescer.hint()
+        throttle.hint()
     release.set()
-    await coalescer.task
+    await throttle.task
     assert seen == [0, 20]
 
 

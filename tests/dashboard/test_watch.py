@@ -8,7 +8,7 @@ from channels.testing import WebsocketCommunicator
 
 from config.asgi import application
 from dashboard.watch_tokens import request_id_for, token_for
-from scheduler.announce import request_group
+from scheduler.channel_hints import request_group
 from scheduler.models import State
 from tests import factories
 

@@ -18,7 +18,7 @@ from django.db.utils import OperationalError
 from backends.models import DeploymentState
 from scheduler import store
 from scheduler.models import Request, State
-from scheduler.runtime import Runtime
+from scheduler.runtime import Runtime, ServerTasks
 from tests import factories
 from tests.support.openai_upstream import Upstream
 from tests.support.running import db_thread_closed  # noqa: F401 (fixture)
@@ -72,7 +72,7 @@ async def test_a_dispatch_whose_backend_is_terminated_before_its_commit_called_n
     upstream = Upstream(["m1"])
     decided = threading.Event()  # the call reached the server, or waits for the commit
     upstream.arrived = decided
-    real_dispatch, real_serve = store.dispatch_all, Runtime.serve
+    real_dispatch, real_serve = store.dispatch_all, ServerTasks.serve
 
     def dispatch_all(sends, worker_id, routes=None, send_now=None):
         def send_then_lose_the_backend(jobs):
@@ -90,9 +90,9 @@ async def test_a_dispatch_whose_backend_is_terminated_before_its_commit_called_n
         rt = Runtime()
         await rt.start()
         server_id = await db(lambda: request.model.deployments.get().server_id)()
-        await rt.adapter(server_id)  # built before: the database thread is held meanwhile
+        await rt.effects.adapter(server_id)  # built before: the database thread is held meanwhile
         monkeypatch.setattr(store.dispatch, "dispatch_all", dispatch_all)
-        monkeypatch.setattr(Runtime, "serve", serve)
+        monkeypatch.setattr(ServerTasks, "serve", serve)
         with pytest.raises(OperationalError):
             await rt.step()
         assert upstream.received == []  # the call waited for a commit that never came

@@ -191,14 +191,14 @@ async def test_an_answers_mark_waits_for_the_pass_and_never_undoes_a_later_failu
     the mark, which would otherwise write the server back up over the failure."""
     srv = await db(setup_server)(upstream, health=Health.COOLDOWN, consecutive_failures=2)
     runtime = Runtime()
-    runtime.server_answered(srv.pk)
-    runtime.forget_answers(srv.pk)  # a failure on that server before the pass
-    runtime.write_marks()
-    assert not runtime.chores and await db(server_health)() == Health.COOLDOWN
-    runtime.server_answered(srv.pk)
-    assert not runtime.chores  # not before the pass
-    runtime.write_marks()  # after it
-    await asyncio.gather(*runtime.chores)
+    runtime.server_tasks.server_answered(srv.pk)
+    runtime.server_tasks.forget_answers(srv.pk)  # a failure on that server before the pass
+    runtime.server_tasks.write_marks()
+    assert not runtime.effects.chores and await db(server_health)() == Health.COOLDOWN
+    runtime.server_tasks.server_answered(srv.pk)
+    assert not runtime.effects.chores  # not before the pass
+    runtime.server_tasks.write_marks()  # after it
+    await asyncio.gather(*runtime.effects.chores)
     assert await db(server_health)() == Health.UP
 
 

@@ -115,9 +115,9 @@ def test_an_arrival_holds_back_the_planned_sends_of_other_keys_in_its_class():
     for planned_key, arriving_key, kept in [(None, 0, True), (1, 1, True), (1, 2, False)]:
         rt = Runtime()
         planned = SendNext(1, uuid.uuid4(), 1, far, NORMAL, planned_key)
-        rt.install_sends([planned], len(rt.arrivals))
+        rt.fast.install([planned], len(rt.fast.arrivals), {})
         rt.news(wakeup.Arrival(NORMAL, uuid.uuid4(), "", arriving_key))
-        assert (rt.next_send(1) is not None) == kept, (planned_key, arriving_key)
+        assert (rt.fast.next_send(1) is not None) == kept, (planned_key, arriving_key)
 
 
 def test_a_tie_goes_to_the_key_with_less_waiting():

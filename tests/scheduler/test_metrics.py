@@ -125,7 +125,7 @@ def test_a_purge_never_makes_a_counter_go_down(client, token):
     before = Samples((k, v) for k, v in scrape(client, token).items() if k[0].endswith(counted))
 
     later = timezone.now() + timedelta(days=1)
-    assert retention.purge_finished(later, batch=2) == 3
+    assert retention.purge_finished(later, chunk=2) == 3
     retention.purge_events(later)
     finished("qwen", wait_s=0, run_s=1)
 

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from scheduler import announce
+from scheduler import channel_hints
 from scheduler.api.waiting import told_outcome
 from scheduler.models import State
 from scheduler.transitions import MAX_HINTED_RESULT_BYTES, move
@@ -52,7 +52,7 @@ def test_a_hint_that_tells_too_little_means_reading_the_row(message):
 @pytest.fixture
 def announced(monkeypatch) -> list[tuple]:
     calls: list[tuple] = []
-    monkeypatch.setattr(announce, "request_moved", lambda *args: calls.append(args))
+    monkeypatch.setattr(channel_hints, "request_moved", lambda *args: calls.append(args))
     return calls
 
 
@@ -93,12 +93,14 @@ def test_a_requests_group_hears_of_its_end_and_the_dashboard_of_every_move(
     monkeypatch, django_capture_on_commit_callbacks
 ):
     sent: list[tuple[str, dict]] = []
-    monkeypatch.setattr(announce, "send_from_sync", lambda group, msg: sent.append((group, msg)))
+    monkeypatch.setattr(
+        channel_hints, "send_from_sync", lambda group, msg: sent.append((group, msg))
+    )
     request = factories.request("m1")
-    own = announce.request_group(request.pk)
+    own = channel_hints.request_group(request.pk)
     with django_capture_on_commit_callbacks(execute=True):
         move(request.pk, [S.PENDING], S.READY, "routed")
-    assert [group for group, _ in sent] == [announce.DASHBOARD_GROUP]
+    assert [group for group, _ in sent] == [channel_hints.DASHBOARD_GROUP]
 
     sent.clear()
     with django_capture_on_commit_callbacks(execute=True):
@@ -107,4 +109,4 @@ def test_a_requests_group_hears_of_its_end_and_the_dashboard_of_every_move(
         own,
         {"type": "request.moved", "id": str(request.pk), "state": S.CANCELLED, "outcome": {}},
     )
-    assert [group for group, _ in sent[1:]] == [announce.DASHBOARD_GROUP]
+    assert [group for group, _ in sent[1:]] == [channel_hints.DASHBOARD_GROUP]

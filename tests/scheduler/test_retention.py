@@ -1,6 +1,7 @@
 """Finished requests are deleted after SWITCHYARD_KEEP_FINISHED_DAYS; nothing else is."""
 
 import asyncio
+import time
 from datetime import timedelta
 from io import StringIO
 
@@ -41,19 +42,19 @@ def test_requests_finished_before_the_cutoff_go_with_their_traces_and_nothing_el
     recent = finished(29)
     unfinished = [waiting_since(90, s) for s in (State.PENDING, State.READY, State.PROCESSING)]
 
-    purged = retention.purge_finished(timezone.now() - timedelta(days=30), batch=3)
+    purged = retention.purge_finished(timezone.now() - timedelta(days=30), chunk=3)
 
-    assert purged == len(old)  # over two batches
+    assert purged == len(old)  # over two chunks
     assert left() == {recent.pk, *(r.pk for r in unfinished)}
     assert not Trace.objects.filter(request_id__in=[r.pk for r in old]).exists()
     assert Trace.objects.count() == 1 + len(unfinished)
 
 
-def test_a_bounded_purge_stops_after_its_batches_oldest_first():
+def test_a_bounded_purge_stops_after_its_chunks_oldest_first():
     oldest, older, old = finished(50), finished(45), finished(40)
     before = timezone.now() - timedelta(days=30)
 
-    assert retention.purge_finished(before, batch=2, batches=1) == 2
+    assert retention.purge_finished(before, chunk=2, chunks=1) == 2
     assert left() == {old.pk}
     assert oldest.pk not in left() and older.pk not in left()
 
@@ -62,7 +63,7 @@ def test_keep_days_zero_keeps_everything(knobs):
     knobs(KEEP_FINISHED_DAYS=0)
     kept = finished(4000)
     assert retention.cutoff() is None
-    assert retention.purge_due(batches=10) == 0
+    assert retention.purge_due(chunks=10) == 0
     assert left() == {kept.pk}
 
 
@@ -87,9 +88,9 @@ def test_the_command_counts_on_a_dry_run_then_deletes(knobs):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_worker_purges_a_batch_at_a_time_until_the_backlog_is_gone(knobs, monkeypatch):
+def test_the_worker_purges_a_chunk_at_a_time_until_the_backlog_is_gone(knobs, monkeypatch):
     knobs(KEEP_FINISHED_DAYS=30)
-    monkeypatch.setattr(retention, "BATCH", 2)
+    monkeypatch.setattr(retention, "PURGE_CHUNK", 2)
     finished(40), finished(41), finished(42)
     recent = finished(1)
     worker = runtime.Runtime()
@@ -98,11 +99,11 @@ def test_the_worker_purges_a_batch_at_a_time_until_the_backlog_is_gone(knobs, mo
         await worker.purge_if_due()
         return worker.next_purge
 
-    due_at = asyncio.run(look())  # a full batch: more may wait, so the next heartbeat looks
+    due_at = asyncio.run(look())  # a full chunk: more may wait, so the next heartbeat looks
     assert len(left()) == 2
-    assert due_at <= runtime.time.monotonic()
+    assert due_at <= time.monotonic()
     due_at = asyncio.run(look())  # the last one: then a pause
     assert left() == {recent.pk}
-    assert due_at - runtime.time.monotonic() > runtime.PURGE_EVERY_S - 5
+    assert due_at - time.monotonic() > runtime.PURGE_EVERY_S - 5
     asyncio.run(look())  # not due: nothing read, nothing changes
     assert worker.next_purge == due_at

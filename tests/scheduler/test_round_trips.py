@@ -19,6 +19,7 @@ from scheduler.decisions import Dispatch, Route
 from scheduler.models import Request, State, Trace, Worker
 from scheduler.policy import plan
 from scheduler.runtime import Runtime
+from scheduler.runtime.execution import transition_for
 from tests import factories
 from tests.support.wire import queries_sent
 
@@ -113,13 +114,13 @@ def test_one_request_costs_five_round_trips_on_postgresql_four_if_sent_on_arriva
         found["plan"] = plan(snapshot, runtime.clock())
 
     def route_and_send() -> None:
-        moves = [t for d in found["plan"] if (t := runtime.transition_for(d))]
+        moves = [t for d in found["plan"] if (t := transition_for(d, runtime.server_of))]
         sends = [(d.request_id, d.deployment_id) for d in found["plan"] if isinstance(d, Dispatch)]
         found["job"] = store.move_and_dispatch(moves, sends, worker.pk)[1][0]
 
     def send_on_arrival() -> None:
         request_id = found["request"]
-        route = runtime.transition_for(Route(request_id, d.pk, True, "sent on arrival"))
+        route = transition_for(Route(request_id, d.pk, True, "sent on arrival"), runtime.server_of)
         found["job"] = store.send_on_arrival([route], [(request_id, d.pk)], worker.pk)[0]
 
     def complete() -> None:

@@ -10,20 +10,20 @@ from scheduler.simulation import simulate_fifo, simulate_policy
 from scheduler.simulation_mixed_day import generate_mixed_day
 from scheduler.simulation_swap import simulate_self_swapping
 from scheduler.simulation_targets import targets
-from scheduler.simulation_trace import (
+from scheduler.simulation_workload import (
     BACKGROUND,
     INTERACTIVE,
     NORMAL,
     ModelSpec,
     ServerSpec,
-    Trace,
-    TraceError,
-    TraceRequest,
+    Workload,
+    WorkloadError,
+    WorkloadRequest,
     generate_day,
     jittered,
-    read_trace,
+    read_workload,
     window,
-    write_trace,
+    write_workload,
 )
 
 
@@ -33,9 +33,9 @@ def day():
     return trace, simulate_policy(trace), simulate_fifo(trace)
 
 
-def two_servers(*requests: TraceRequest, **fields) -> Trace:
+def two_servers(*requests: WorkloadRequest, **fields) -> Workload:
     """s1 holds only `big` (90 s to load), s2 only `small` (3 s)."""
-    return Trace(
+    return Workload(
         servers=(ServerSpec("s1"), ServerSpec("s2")),
         models=(ModelSpec("big", 90, ("s1",)), ModelSpec("small", 3, ("s2",))),
         requests=requests,
@@ -130,14 +130,14 @@ def test_target_against_self_swapping(day, name, against_self_swapping, request)
 def test_self_swapping_loads_whatever_arrives_and_evicts_the_least_recently_used():
     """One server holding one model: A, B, A each evict the other (three loads), and a
     request for a model it is loading waits for that load instead of starting another."""
-    trace = Trace(
+    trace = Workload(
         servers=(ServerSpec("s1"),),
         models=(ModelSpec("a", 10, ("s1",)), ModelSpec("b", 5, ("s1",))),
         requests=(
-            TraceRequest(0, "a", NORMAL, 1),
-            TraceRequest(1, "a", NORMAL, 1),
-            TraceRequest(20, "b", NORMAL, 1),
-            TraceRequest(40, "a", NORMAL, 1),
+            WorkloadRequest(0, "a", NORMAL, 1),
+            WorkloadRequest(1, "a", NORMAL, 1),
+            WorkloadRequest(20, "b", NORMAL, 1),
+            WorkloadRequest(40, "a", NORMAL, 1),
         ),
     )
     result = simulate_self_swapping(trace)
@@ -148,10 +148,10 @@ def test_self_swapping_loads_whatever_arrives_and_evicts_the_least_recently_used
 def test_self_swapping_sends_to_the_least_busy_home_and_loads_in_parallel():
     """Two servers list `a`: the second request goes to the idle one, which loads `a` at
     the same time as the first (no serial loads across servers)."""
-    trace = Trace(
+    trace = Workload(
         servers=(ServerSpec("s1"), ServerSpec("s2")),
         models=(ModelSpec("a", 10, ("s1", "s2")),),
-        requests=(TraceRequest(0, "a", NORMAL, 30), TraceRequest(0, "a", NORMAL, 30)),
+        requests=(WorkloadRequest(0, "a", NORMAL, 30), WorkloadRequest(0, "a", NORMAL, 30)),
     )
     result = simulate_self_swapping(trace)
     assert result.loads == 2
@@ -161,9 +161,9 @@ def test_self_swapping_sends_to_the_least_busy_home_and_loads_in_parallel():
 def test_a_slow_load_does_not_hold_up_a_loaded_model():
     """Breaks if a 90 s load on s1 delays `small` on s2, as the serial baseline does."""
     trace = two_servers(
-        TraceRequest(0, "small", INTERACTIVE, 1),
-        TraceRequest(10, "big", NORMAL, 5),
-        TraceRequest(20, "small", INTERACTIVE, 1),
+        WorkloadRequest(0, "small", INTERACTIVE, 1),
+        WorkloadRequest(10, "big", NORMAL, 5),
+        WorkloadRequest(20, "small", INTERACTIVE, 1),
     )
     policy, fifo = simulate_policy(trace), simulate_fifo(trace)
     assert [policy.outcomes[i].wait_s for i in range(3)] == [3, 90, 0]
@@ -173,7 +173,7 @@ def test_a_slow_load_does_not_hold_up_a_loaded_model():
 
 
 def test_a_request_expires_at_its_max_wait_and_is_not_lost():
-    trace = two_servers(TraceRequest(0, "big", INTERACTIVE, 1), max_wait_s={INTERACTIVE: 60})
+    trace = two_servers(WorkloadRequest(0, "big", INTERACTIVE, 1), max_wait_s={INTERACTIVE: 60})
     result = simulate_policy(trace)
     assert result.outcomes[0].state == "expired" and result.outcomes[0].wait_s == 60
     assert result.lost == 0 and result.loads == 1
@@ -181,8 +181,8 @@ def test_a_request_expires_at_its_max_wait_and_is_not_lost():
 
 def test_fifo_expires_what_the_worker_reaches_too_late():
     trace = two_servers(
-        TraceRequest(0, "big", BACKGROUND, 100),
-        TraceRequest(1, "small", INTERACTIVE, 1),
+        WorkloadRequest(0, "big", BACKGROUND, 100),
+        WorkloadRequest(1, "small", INTERACTIVE, 1),
         max_wait_s={INTERACTIVE: 120, BACKGROUND: 3600},
     )
     fifo = simulate_fifo(trace)
@@ -209,7 +209,7 @@ def test_a_window_keeps_its_requests_counted_from_its_start():
 
 def test_jitter_moves_each_request_within_its_bounds_the_same_for_a_seed():
     # Arrivals 100 s apart: moved by at most 15 s, they keep their order.
-    trace = two_servers(*(TraceRequest(100.0 * i, "small", i % 4, 1.0 + i) for i in range(40)))
+    trace = two_servers(*(WorkloadRequest(100.0 * i, "small", i % 4, 1.0 + i) for i in range(40)))
     shaken = jittered(trace, seed=1, arrival_s=15, duration_share=0.1)
     assert shaken == jittered(trace, seed=1) and shaken != jittered(trace, seed=2)
     pairs = list(zip(trace.requests, shaken.requests, strict=True))
@@ -223,8 +223,8 @@ def test_jitter_moves_each_request_within_its_bounds_the_same_for_a_seed():
 
 def test_trace_file_round_trip(tmp_path):
     trace = generate_day(3, hours=1)
-    write_trace(trace, tmp_path / "day.json")
-    assert read_trace(tmp_path / "day.json") == trace
+    write_workload(trace, tmp_path / "day.json")
+    assert read_workload(tmp_path / "day.json") == trace
 
 
 def test_trace_with_unknown_model_is_rejected(tmp_path):
@@ -235,15 +235,15 @@ def test_trace_with_unknown_model_is_rejected(tmp_path):
         "requests": [{"at": 0, "model": "b", "priority": 0, "duration_s": 1}],
     }
     path.write_text(json.dumps(data))
-    with pytest.raises(TraceError, match="unknown model b"):
-        read_trace(path)
+    with pytest.raises(WorkloadError, match="unknown model b"):
+        read_workload(path)
     with pytest.raises(CommandError, match="unknown model b"):
         call_command("simulate", str(path))
 
 
 def test_command_prints_the_table_for_a_trace_file(tmp_path):
     path = tmp_path / "t.json"
-    write_trace(two_servers(TraceRequest(0, "small", INTERACTIVE, 1)), path)
+    write_workload(two_servers(WorkloadRequest(0, "small", INTERACTIVE, 1)), path)
     out = StringIO()
     call_command("simulate", str(path), stdout=out)
     lines = out.getvalue().splitlines()
@@ -276,4 +276,4 @@ def test_command_generates_the_default_day_and_can_save_it(tmp_path):
     morning = generate_day(2, hours=2)
     expected = f"{len(morning.requests)} requests (generated default day, seed 2"
     assert out.getvalue().startswith(expected)
-    assert read_trace(saved) == morning
+    assert read_workload(saved) == morning

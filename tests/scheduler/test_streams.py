@@ -8,7 +8,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 
 from scheduler import streams
-from scheduler.announce import request_group
+from scheduler.channel_hints import request_group
 from scheduler.streams import Relay
 
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState, Server
-from scheduler import announce, store, wakeup
+from scheduler import channel_hints, store, wakeup
 from scheduler.models import Priority, Request, State, Worker
 from scheduler.runtime import Runtime
 from scheduler.transitions import Transition
@@ -396,7 +396,7 @@ def test_a_completion_after_a_take_over_writes_and_announces_nothing(monkeypatch
     Request.objects.filter(pk=taken.pk).update(worker=theirs)  # taken over, sent again
     announced: list = []
     monkeypatch.setattr(
-        announce, "request_moved", lambda rid, state, outcome: announced.append((rid, state))
+        channel_hints, "request_moved", lambda rid, state, outcome: announced.append((rid, state))
     )
 
     seconds = zip(jobs, (2, 4), strict=True)

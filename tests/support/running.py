@@ -13,8 +13,12 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from backends.adapters.simulated import simulated_server
+from backends.models import Deployment, DeploymentState
 from scheduler import wakeup
+from scheduler.models import Request
 from scheduler.runtime import Runtime
+from tests import factories
 
 TIMEOUT_S = 15.0
 
@@ -75,3 +79,23 @@ async def db_thread_closed():
     PostgreSQL can drop the test database at the end."""
     yield
     await sync_to_async(connections.close_all)()
+
+
+def state_of(request: Request) -> str:
+    return Request.objects.values_list("state", flat=True).get(pk=request.pk)
+
+
+def deployment_state(model: str) -> str:
+    return Deployment.objects.values_list("state", flat=True).get(model__name=model)
+
+
+def loaded_on(server_name: str, model: str) -> None:
+    Deployment.objects.filter(model__name=model).update(state=DeploymentState.LOADED)
+    simulated_server(server_name).loaded.add(model)
+
+
+def one_loaded_request(**fields) -> Request:
+    """A request for m1, loaded on the simulated server s1."""
+    factories.deployment(factories.server("s1"), "m1")
+    loaded_on("s1", "m1")
+    return factories.request("m1", **fields)

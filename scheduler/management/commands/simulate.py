@@ -6,12 +6,12 @@ from scheduler.simulation import PolicyLivelock, Result, simulate_fifo, simulate
 from scheduler.simulation_mixed_day import generate_mixed_day
 from scheduler.simulation_swap import simulate_self_swapping
 from scheduler.simulation_targets import report, targets
-from scheduler.simulation_trace import (
+from scheduler.simulation_workload import (
     CLASS_NAMES,
-    TraceError,
+    WorkloadError,
     generate_day,
-    read_trace,
-    write_trace,
+    read_workload,
+    write_workload,
 )
 from scheduler.store import policy_config
 
@@ -24,7 +24,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("trace", nargs="?", help="a JSON trace (scheduler/simulation_trace.py)")
+        parser.add_argument(
+            "trace", nargs="?", help="a JSON trace (scheduler/simulation_workload.py)"
+        )
         parser.add_argument("--seed", type=int, default=0, help="seed of the generated day")
         parser.add_argument(
             "--hours", type=float, default=24.0, help="generate only the first hours of the day"
@@ -39,14 +41,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         try:
-            trace = read_trace(options["trace"]) if options["trace"] else None
-        except TraceError as error:
+            trace = read_workload(options["trace"]) if options["trace"] else None
+        except WorkloadError as error:
             raise CommandError(str(error)) from error
         if trace is None:
             generate = generate_mixed_day if options["day"] == "mixed" else generate_day
             trace = generate(options["seed"], options["hours"])
             if options["write_trace"]:
-                write_trace(trace, options["write_trace"])
+                write_workload(trace, options["write_trace"])
         try:
             policy = simulate_policy(trace, policy_config())
         except PolicyLivelock as error:

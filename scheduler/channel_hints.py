@@ -12,7 +12,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from . import faults
-from .coalesce import Coalescer
+from .throttle import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,10 @@ class Outbox:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-        self.dashboard = Coalescer(
+        self.dashboard = Throttle(
             lambda: send(DASHBOARD_GROUP, DASHBOARD_CHANGED), DASHBOARD_EVERY_S
         )
-        self.sender = loop.create_task(self.drain(), name="announce")
+        self.sender = loop.create_task(self.drain(), name="channel_hints")
         self.users = 1
 
     def put(self, group: str, message: dict[str, Any]) -> None:

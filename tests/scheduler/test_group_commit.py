@@ -1,4 +1,4 @@
-"""Batcher: what tasks submit while a write runs goes into the next write, together."""
+"""GroupCommit: what tasks submit while a write runs goes into the next write, together."""
 
 import asyncio
 import threading
@@ -6,7 +6,7 @@ import threading
 import pytest
 from asgiref.sync import sync_to_async
 
-from scheduler.batching import Batcher
+from scheduler.group_commit import GroupCommit
 
 
 class GatedWrite:
@@ -28,10 +28,10 @@ class GatedWrite:
 
 async def test_submissions_during_a_write_share_the_next_one():
     write, chores = GatedWrite(), set()
-    batcher = Batcher(sync_to_async(write), chores)
-    first = asyncio.create_task(batcher.submit("a"))
+    group = GroupCommit(sync_to_async(write), chores)
+    first = asyncio.create_task(group.submit("a"))
     await asyncio.to_thread(write.started.wait, 10)
-    rest = [asyncio.create_task(batcher.submit(item)) for item in ("b", "c")]
+    rest = [asyncio.create_task(group.submit(item)) for item in ("b", "c")]
     await asyncio.sleep(0)  # let both queue up behind the running write
     write.release.set()
 
@@ -44,10 +44,10 @@ async def test_submissions_during_a_write_share_the_next_one():
 
 async def test_a_failed_write_fails_its_batch_and_a_cancelled_submitter_still_writes():
     write, chores = GatedWrite(), set()
-    batcher = Batcher(sync_to_async(write), chores)
-    gone = asyncio.create_task(batcher.submit("a"))
+    group = GroupCommit(sync_to_async(write), chores)
+    gone = asyncio.create_task(group.submit("a"))
     await asyncio.to_thread(write.started.wait, 10)
-    bad = asyncio.create_task(batcher.submit("bad"))
+    bad = asyncio.create_task(group.submit("bad"))
     await asyncio.sleep(0)
     gone.cancel()  # its submitter stops waiting; its write goes on
     write.release.set()

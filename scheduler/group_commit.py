@@ -1,5 +1,5 @@
-"""Coalesce calls to the database thread: what tasks submit while one call runs goes in
-the next call, as one list (one transaction instead of one each)."""
+"""Group commit: what tasks submit while one call to the database thread runs goes in the
+next call, as one list (one transaction instead of one each)."""
 
 import asyncio
 from collections.abc import Awaitable, Callable
@@ -9,7 +9,7 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-class Batcher(Generic[Item, Result]):
+class GroupCommit(Generic[Item, Result]):
     def __init__(
         self, write: Callable[[list[Item]], Awaitable[list[Result]]], running: set
     ) -> None:

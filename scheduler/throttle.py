@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger(__name__)
 
 
-class Coalescer:
+class Throttle:
     """Runs `push` at most once per `interval_s`, and always once more after the last hint:
     hints that arrive while a push waits or runs fold into the next push."""
 

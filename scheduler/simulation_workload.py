@@ -61,7 +61,7 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class TraceRequest:
+class WorkloadRequest:
     at: float
     model: str
     priority: int
@@ -69,29 +69,29 @@ class TraceRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class Trace:
+class Workload:
     servers: tuple[ServerSpec, ...]
     models: tuple[ModelSpec, ...]
-    requests: tuple[TraceRequest, ...]
+    requests: tuple[WorkloadRequest, ...]
     start: datetime = DEFAULT_START
     unload_s: float = 2.0
     max_wait_s: dict[int, float] = field(default_factory=lambda: dict(DEFAULT_MAX_WAIT_S))
 
 
-class TraceError(ValueError):
+class WorkloadError(ValueError):
     """The trace file does not describe a runnable scenario."""
 
 
 # -- reading and writing -----------------------------------------------------------------
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_workload(path: str | Path) -> Workload:
     try:
         raw = json.loads(Path(path).read_text())
-        trace = Trace(
+        trace = Workload(
             servers=tuple(ServerSpec(**s) for s in raw["servers"]),
             models=tuple(ModelSpec(**{**m, "servers": tuple(m["servers"])}) for m in raw["models"]),
-            requests=tuple(TraceRequest(**r) for r in raw["requests"]),
+            requests=tuple(WorkloadRequest(**r) for r in raw["requests"]),
             start=datetime.fromisoformat(raw["start"]) if "start" in raw else DEFAULT_START,
             unload_s=float(raw.get("unload_s", 2.0)),
             max_wait_s={
@@ -100,12 +100,12 @@ def read_trace(path: str | Path) -> Trace:
             },
         )
     except (OSError, KeyError, TypeError, ValueError) as error:
-        raise TraceError(f"cannot read trace {path}: {error!r}") from error
+        raise WorkloadError(f"cannot read trace {path}: {error!r}") from error
     check(trace)
     return trace
 
 
-def write_trace(trace: Trace, path: str | Path) -> None:
+def write_workload(trace: Workload, path: str | Path) -> None:
     data = {
         "start": trace.start.isoformat(),
         "unload_s": trace.unload_s,
@@ -117,35 +117,35 @@ def write_trace(trace: Trace, path: str | Path) -> None:
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
-def check(trace: Trace) -> None:
+def check(trace: Workload) -> None:
     if trace.start.tzinfo is None:
-        raise TraceError("start must carry a time zone")
+        raise WorkloadError("start must carry a time zone")
     servers = {s.name for s in trace.servers}
     models = {m.name for m in trace.models}
     for m in trace.models:
         if unknown := set(m.servers) - servers:
-            raise TraceError(f"model {m.name} lists unknown servers {sorted(unknown)}")
+            raise WorkloadError(f"model {m.name} lists unknown servers {sorted(unknown)}")
     for i, r in enumerate(trace.requests):
         if r.model not in models:
-            raise TraceError(f"request {i} asks for unknown model {r.model}")
+            raise WorkloadError(f"request {i} asks for unknown model {r.model}")
         if r.priority not in trace.max_wait_s:
-            raise TraceError(f"request {i} has priority {r.priority}, not one of 0-3")
+            raise WorkloadError(f"request {i} has priority {r.priority}, not one of 0-3")
         if r.at < 0 or r.duration_s < 0:
-            raise TraceError(f"request {i} has a negative time")
+            raise WorkloadError(f"request {i} has a negative time")
 
 
 # -- variations ---------------------------------------------------------------------------
 
 
-def window(trace: Trace, start_s: float, end_s: float) -> Trace:
+def window(trace: Workload, start_s: float, end_s: float) -> Workload:
     """The requests that arrive in [start_s, end_s), their times counted from start_s."""
     picked = (replace(r, at=r.at - start_s) for r in trace.requests if start_s <= r.at < end_s)
     return replace(trace, requests=tuple(picked))
 
 
 def jittered(
-    trace: Trace, seed: int, arrival_s: float = 15.0, duration_share: float = 0.1
-) -> Trace:
+    trace: Workload, seed: int, arrival_s: float = 15.0, duration_share: float = 0.1
+) -> Workload:
     """The same requests, each arriving up to `arrival_s` earlier or later and taking up to
     `duration_share` more or less time: how much of an outcome is the trace's exact timing.
     The same for the same seed."""
@@ -259,7 +259,7 @@ _STREAMS = (
 _BULK_AT_S, _BULK_SPAN_S, _BULK_COUNT = 14 * 3600, 300, 200
 
 
-def generate_day(seed: int = 0, hours: float = 24.0) -> Trace:
+def generate_day(seed: int = 0, hours: float = 24.0) -> Workload:
     """The default scenario, the same for the same seed. `hours` cuts the day short."""
     rng = random.Random(seed)
     span_s = hours * 3600
@@ -272,10 +272,10 @@ def generate_day(seed: int = 0, hours: float = 24.0) -> Trace:
             requests.append(_request(rng, at, "qwen3-32b", BACKGROUND, (3, 10)))
     servers, models = default_cluster()
     requests.sort(key=lambda r: (r.at, r.priority, r.model))
-    return Trace(servers=servers, models=models, requests=tuple(requests))
+    return Workload(servers=servers, models=models, requests=tuple(requests))
 
 
-def _poisson(rng: random.Random, stream: _Stream, span_s: float) -> list[TraceRequest]:
+def _poisson(rng: random.Random, stream: _Stream, span_s: float) -> list[WorkloadRequest]:
     """Thinning: draw at the peak rate, keep each arrival with the shape's weight then."""
     out = []
     rate_s = stream.per_hour / 3600
@@ -292,6 +292,6 @@ def _poisson(rng: random.Random, stream: _Stream, span_s: float) -> list[TraceRe
 
 def _request(
     rng: random.Random, at: float, model: str, priority: int, base_s: tuple[float, float]
-) -> TraceRequest:
+) -> WorkloadRequest:
     duration = rng.uniform(*base_s) * _SLOWNESS[model]
-    return TraceRequest(round(at, 3), model, priority, round(max(duration, 0.05), 3))
+    return WorkloadRequest(round(at, 3), model, priority, round(max(duration, 0.05), 3))

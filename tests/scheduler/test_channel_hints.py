@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from scheduler import announce
-from scheduler.announce import DASHBOARD_CHANGED, DASHBOARD_EVERY_S, DASHBOARD_GROUP, Outbox
-from scheduler.coalesce import Coalescer
+from scheduler import channel_hints
+from scheduler.channel_hints import DASHBOARD_CHANGED, DASHBOARD_EVERY_S, DASHBOARD_GROUP, Outbox
+from scheduler.throttle import Throttle
 
 
 class VirtualClock:
@@ -37,14 +37,14 @@ def sent(monkeypatch, clock) -> list[tuple[str, float]]:
     async def send(group: str, message: dict) -> None:
         record.append((group, clock.now))
 
-    monkeypatch.setattr(announce, "send", send)
+    monkeypatch.setattr(channel_hints, "send", send)
     return record
 
 
 def outbox_on(clock: VirtualClock) -> Outbox:
     outbox = Outbox(asyncio.get_running_loop())
     dashboard = outbox.dashboard
-    outbox.dashboard = Coalescer(dashboard.push, dashboard.interval_s, clock.time, clock.sleep)
+    outbox.dashboard = Throttle(dashboard.push, dashboard.interval_s, clock.time, clock.sleep)
     return outbox
 
 

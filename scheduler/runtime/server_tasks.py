@@ -1,0 +1,234 @@
+"""What the worker's tasks do at the servers: loads, unloads, requests, probes, status
+syncs. Each runs as a named task (started through `Effects`), calls its server through an
+adapter and reports back through the database; the loop never waits for them.
+
+State (the health marks): touched on the event loop's thread only.
+"""
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+from django.utils import timezone
+
+from backends.adapters.base import Adapter, AdapterError, ErrorCode
+from backends.models import Health
+
+from .. import store, streams
+from .execution import db
+
+if TYPE_CHECKING:
+    from .loop import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class FreedSlot(NamedTuple):
+    """What a request's completion returns: the plan changes only if a request waits that
+    this server's freed slot could serve."""
+
+    server_id: int
+
+
+class ServerTasks:
+    def __init__(self, runtime: "Runtime") -> None:
+        self.rt = runtime
+        self.effects = runtime.effects
+        self.last_sync = -float("inf")
+        self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
+        self.to_mark_up: set[int] = set()  # servers whose answer's mark waits for the pass
+
+    # -- loads and unloads ---------------------------------------------------------------
+
+    async def load(self, job: store.LoadJob) -> None:
+        adapter = await self.effects.adapter(job.server_id)
+        started = time.monotonic()
+        last_report = 0.0
+
+        def progress(fraction: float) -> None:
+            nonlocal last_report
+            if time.monotonic() - last_report >= 0.5 or fraction >= 1.0:
+                last_report = time.monotonic()
+                self.effects.chore(db(store.set_load_progress)(job.deployment_id, fraction))
+
+        try:
+            await self.evict(adapter, job)
+            async with asyncio.timeout(job.target.timeout_s):
+                await adapter.load(job.target, progress)
+        except TimeoutError:
+            message = f"load timed out after {job.target.timeout_s:.0f} s"
+            await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, message))
+            await self.unload_quietly(adapter, job.target.server_model_id)
+        except AdapterError as error:
+            await self.load_failed(job, error)
+        except Exception as exc:  # an adapter bug must not leave the deployment `loading`
+            log.exception("loading %s crashed", job.model_name)
+            await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, repr(exc)))
+        else:
+            await db(store.load_succeeded)(job, time.monotonic() - started)
+            self.server_answered(job.server_id)
+
+    async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
+        """Unload the victims first. One that fails to unload is re-checked with the server,
+        so it never stays `unloading`, and the load counts as failed."""
+        for victim_id, server_model_id in job.evict:
+            try:
+                await adapter.unload(server_model_id)
+            except AdapterError:
+                for left_id, _ in job.evict:
+                    await self.recheck(left_id, held_by=job.worker_id)
+                raise
+            await db(store.evicted)(victim_id, to_make_room=True)
+
+    async def unload_quietly(self, adapter: Adapter, server_model_id: str) -> None:
+        """After a timed-out load, ask the server to drop what it may still be loading."""
+        try:
+            await adapter.unload(server_model_id)
+        except AdapterError as error:
+            log.info("could not unload %s after its load timed out: %s", server_model_id, error)
+
+    async def load_failed(self, job: store.LoadJob, error: AdapterError) -> None:
+        self.forget_answers(job.server_id)
+        await db(store.load_failed)(job, error)
+        if error.server_fault:
+            await db(store.server_failed)(job.server_id, error.message)
+        self.sync_soon(job.server_id)
+
+    async def unload(self, deployment_id: int, server_id: int, model_id: str, why: str) -> None:
+        adapter = await self.effects.adapter(server_id)
+        try:
+            await adapter.unload(model_id)
+        except AdapterError as error:
+            log.warning("unloading %s failed: %s", model_id, error.message)
+            await self.recheck(deployment_id, held_by=self.rt.worker_id)
+            return
+        log.info("unloaded %s (%s)", model_id, why)
+        await db(store.evicted)(deployment_id)
+
+    async def recheck(self, deployment_id: int, held_by: int | None = None) -> None:
+        """Set a load or unload under way to what its server says now (unloaded if it cannot
+        say); `held_by` None for orphans."""
+        server_id = await db(store.server_of_deployment)(deployment_id)
+        try:
+            listed = await (await self.effects.adapter(server_id)).list_models()
+        except AdapterError:
+            listed = None
+        await db(store.recheck_deployment)(deployment_id, listed, held_by)
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def serve(self, job: store.ServeJob, committed: asyncio.Event) -> FreedSlot | None:
+        adapter = await self.effects.adapter(job.server_id)
+        # A call cannot be taken back: it waits for its dispatch's commit. Should that fail,
+        # or its outcome be unknown, the request is sent again, and must not have run.
+        await committed.wait()
+        started = time.monotonic()
+        relay = streams.Relay(job.request_id, committed)
+        try:
+            if job.call.stream:
+                result = await relay.run(adapter.stream(job.call))
+            else:
+                result = await adapter.run(job.call)
+        except AdapterError as error:
+            await self.serve_failed(job, error, may_retry=not relay.sent)
+            return None
+        except Exception as exc:  # an adapter bug must not leave the request `processing`
+            log.exception("request %s crashed in its adapter", job.request_id)
+            error = AdapterError(ErrorCode.SERVER_ERROR, repr(exc))
+            await self.serve_failed(job, error, may_retry=False)
+            return None
+        seconds = time.monotonic() - started
+        fast = self.rt.fast
+        then_send = fast.next_send(job.server_id)
+        answer = store.Answer(job, result, seconds, then_send)
+        if not await self.rt.completions.submit(answer):
+            log.warning(
+                "request %s finished after it was taken over; result dropped", job.request_id
+            )
+        elif then_send is None:
+            fast.slot_freed(job.server_id)
+        self.server_answered(job.server_id)
+        return FreedSlot(job.server_id)
+
+    async def serve_failed(self, job: store.ServeJob, error: AdapterError, may_retry: bool) -> None:
+        self.forget_answers(job.server_id)
+        self.rt.fast.server_failed(job.server_id)
+        state = await db(store.request_failed)(job, error, may_retry)
+        log.warning(
+            "request %s on %s: %s (%s) → %s",
+            job.request_id,
+            job.server_name,
+            error.code,
+            error.message,
+            state,
+        )
+        self.sync_soon(job.server_id)
+
+    # -- server health -------------------------------------------------------------------
+
+    async def probe(self, server_id: int) -> None:
+        adapter = await self.effects.adapter(server_id)
+        try:
+            await adapter.health()
+        except AdapterError as error:
+            await db(store.probe_result)(server_id, error)
+        else:
+            await db(store.probe_result)(server_id, None)
+
+    def server_answered(self, server_id: int) -> None:
+        """Mark the server healthy and seen, at most once a second while it keeps answering:
+        a busy server's row is not rewritten (and locked) on every completion. After a
+        failure the next answer marks it at once. (Written after the completion's commit:
+        dispatch locks a server before its deployments, and so must everyone. And after the
+        pass that the answer calls for: the next request's dispatch does not wait behind it
+        in the database thread.)"""
+        now = self.effects.monotonic()
+        if now - self.marked_up.get(server_id, -float("inf")) < 1.0:
+            return
+        self.marked_up[server_id] = now
+        self.to_mark_up.add(server_id)
+
+    def write_marks(self) -> None:
+        for server_id in self.to_mark_up:
+            self.effects.chore(db(store.server_succeeded)(server_id))
+        self.to_mark_up.clear()
+
+    def forget_answers(self, server_id: int) -> None:
+        """After a failure: the next answer marks the server up at once, and one not yet
+        written must not undo the failure."""
+        self.marked_up.pop(server_id, None)
+        self.to_mark_up.discard(server_id)
+
+    # -- status sync ---------------------------------------------------------------------
+
+    def next_sync_in(self, every_s: float) -> float:
+        return self.last_sync + every_s - self.effects.monotonic()
+
+    async def sync_status_if_due(self, every_s: float) -> None:
+        if self.effects.monotonic() - self.last_sync < every_s:
+            return
+        self.last_sync = self.effects.monotonic()
+        for server in await db(store.all_servers)():
+            self.effects.retire_stale_adapter(server)  # one in cooldown too: its probe needs it
+            if server.enabled and server.health != Health.COOLDOWN:
+                self.sync_soon(server.pk)
+
+    def sync_soon(self, server_id: int) -> None:
+        """Ask the server what it holds, in a task of its own (after a failure, the failed
+        task ends at once and the loop plans without waiting for the answer)."""
+        if not self.effects.running(f"sync {server_id}"):
+            self.rt.spawn(f"sync {server_id}", self.sync_server(server_id))
+
+    async def sync_server(self, server_id: int) -> None:
+        """Ask the server what it has loaded and correct our deployment states."""
+        adapter = await self.effects.adapter(server_id)
+        asked_at = timezone.now()
+        try:
+            listed = await adapter.list_models()
+        except AdapterError as error:
+            if error.server_fault:
+                self.forget_answers(server_id)
+                await db(store.mark_down)(server_id, error.message)
+            return
+        await db(store.apply_server_models)(server_id, listed, asked_at)
