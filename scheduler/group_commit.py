@@ -20,6 +20,9 @@ class GroupCommit(Generic[Item, Result]):
 
     async def submit(self, item: Item) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        # A submitter cancelled meanwhile (a worker that stops) leaves its failed write's
+        # error to nobody: it is retrieved here, not logged as never retrieved.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.queued.append((item, future))
         if self.flusher is None:
             # A task of its own: the batch is written even if this submitter is cancelled.
