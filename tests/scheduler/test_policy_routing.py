@@ -1,0 +1,423 @@
+"""One or more tests per policy rule (scheduler/README.md), on hand-built snapshots: where a
+request goes, the room it needs, failures, and failing fast (the line: test_policy_rules.py).
+
+Pure: no database, no clock, no sleeps. Each test says what would break if it failed.
+"""
+
+from dataclasses import replace
+
+from scheduler.decisions import (
+    Defer,
+    Dispatch,
+    Fail,
+    Probe,
+    Requeue,
+    Route,
+    StartLoad,
+    Unload,
+)
+from scheduler.policy import plan
+
+from .builders import BACKGROUND, HIGH, INTERACTIVE, NORMAL, at, dep, of, req, server, snap
+
+
+def loads(decisions) -> list[tuple[int, tuple[int, ...]]]:
+    return [(d.deployment_id, d.evict) for d in of(decisions, StartLoad)]
+
+
+def routed(decisions) -> dict:
+    return {d.request_id: d.deployment_id for d in of(decisions, Route)}
+
+
+def defer(decisions) -> Defer | None:
+    found = of(decisions, Defer)
+    return found[0] if found else None
+
+
+# -- routing order -----------------------------------------------------------------------
+
+
+def test_routing_loaded_with_free_slot_first():
+    """s1 has the model but is busy; s2 has it and is free: s2."""
+    r = req("a")
+    deployments = [dep(1, 1, "a", "loaded", in_flight=1), dep(2, 2, "a", "loaded")]
+    decisions = plan(snap([server(1), server(2)], deployments, [r]), at(0))
+    assert of(decisions, Dispatch) == [Dispatch(r.id, 2)]
+
+
+def test_routing_loaded_before_loading():
+    """Busy with a short queue beats a load under way elsewhere."""
+    r = req("a")
+    deployments = [dep(1, 1, "a", "loaded", in_flight=1), dep(2, 2, "a", "loading")]
+    decisions = plan(snap([server(1), server(2)], deployments, [r]), at(0))
+    assert of(decisions, Route) == [Route(r.id, 1, True, "model loaded there (s1)")]
+
+
+def test_routing_new_load_prefers_free_room():
+    """s1 would have to evict, s2 has room: s2, even though s1 sorts first."""
+    deployments = [dep(1, 1, "x", "loaded"), dep(2, 1, "a"), dep(3, 2, "a")]
+    decisions = plan(snap([server(1), server(2)], deployments, [req("a")]), at(0))
+    assert loads(decisions) == [(3, ())]
+
+
+def test_routing_new_load_prefers_cheapest_eviction():
+    """Both must evict; s2's victim is cheaper to bring back (short load, long idle)."""
+    deployments = [
+        dep(1, 1, "x", "loaded", avg_load_s=90.0, last_used_at=at(-60)),
+        dep(2, 1, "a"),
+        dep(3, 2, "y", "loaded", avg_load_s=5.0, last_used_at=at(-600)),
+        dep(4, 2, "a"),
+    ]
+    decisions = plan(snap([server(1), server(2)], deployments, [req("a", HIGH)]), at(0))
+    assert loads(decisions) == [(4, (3,))]
+
+
+def test_routing_new_load_prefers_fewest_evictions():
+    """s1 must evict two cheap models, s2 one dearer one: s2. Every eviction is a likely
+    reload; breaks if the summed keep value alone chose (seen in the simulation: a 32B model
+    pushing two interactive models off a server, which then pushed a third one elsewhere)."""
+    cheap = {"avg_load_s": 5.0, "last_used_at": at(-300), "size_mb": 12_000}
+    deployments = [
+        dep(1, 1, "x", "loaded", **cheap),
+        dep(2, 1, "y", "loaded", **cheap),
+        dep(3, 1, "a", size_mb=20_000),
+        dep(4, 2, "z", "loaded", avg_load_s=60.0, last_used_at=at(-300), size_mb=20_000),
+        dep(5, 2, "a", size_mb=20_000),
+    ]
+    servers = [server(1, llm=2, memory_mb=24_000), server(2, llm=2, memory_mb=24_000)]
+    decisions = plan(snap(servers, deployments, [req("a", HIGH)]), at(0))
+    assert loads(decisions) == [(5, (4,))]
+
+
+def test_routing_new_load_prefers_fewest_waiting():
+    """Both have room; s1 already has requests waiting on it: s2."""
+    busy = [dep(1, 1, "x", "loaded", in_flight=1), dep(2, 1, "a")]
+    waiting = req("x", state="ready", deployment_id=1)
+    deployments = [*busy, dep(3, 2, "a")]
+    s = snap([server(1, llm=2), server(2)], deployments, [waiting, req("a")])
+    assert loads(plan(s, at(0))) == [(3, ())]
+
+
+def test_routing_new_load_prefers_the_tightest_fit():
+    """Room on both: a small model goes where it leaves the least memory spare, keeping the
+    big server's room for the big models only it can hold. Breaks if small models spread
+    onto the big server first and were evicted again (seen in the simulation)."""
+    servers = [server(1, llm=2, memory_mb=48_000), server(2, llm=2, memory_mb=16_000)]
+    deployments = [dep(1, 1, "small", size_mb=800), dep(2, 2, "small", size_mb=800)]
+    assert loads(plan(snap(servers, deployments, [req("small")]), at(0))) == [(2, ())]
+
+
+# -- capacity and eviction in the policy -------------------------------------------------
+
+
+def test_capacity_model_larger_than_budget_fails_at_once():
+    r = req("huge")
+    decisions = plan(
+        snap([server(1, memory_mb=8000)], [dep(1, 1, "huge", size_mb=9000)], [r]), at(0)
+    )
+    [fail] = of(decisions, Fail)
+    assert fail.code == "model_too_large" and "9000 MB" in fail.message
+
+
+def test_capacity_all_room_pinned_fails_clearly():
+    """Every slot for the type is pinned: requests needing a load fail at once."""
+    deployments = [dep(1, 1, "a", "loaded", pinned=True), dep(2, 1, "b")]
+    [fail] = of(plan(snap([server(1)], deployments, [req("b")]), at(0)), Fail)
+    assert "pinned" in fail.message
+
+
+def test_capacity_pinned_on_one_server_routes_to_another():
+    deployments = [dep(1, 1, "a", "loaded", pinned=True), dep(2, 1, "b"), dep(3, 2, "b")]
+    decisions = plan(snap([server(1), server(2)], deployments, [req("b")]), at(0))
+    assert loads(decisions) == [(3, ())] and of(decisions, Fail) == []
+
+
+def test_capacity_loads_serialized_per_server_while_unloading():
+    """An unload under way counts as a load in progress: the next load waits for it."""
+    deployments = [dep(1, 1, "a", "unloading"), dep(2, 1, "b")]
+    assert of(plan(snap([server(1, llm=2)], deployments, [req("b")]), at(0)), StartLoad) == []
+
+
+def test_idle_ttl_unloads_an_idle_model():
+    d = dep(1, 1, "a", "loaded", idle_ttl_s=60, last_used_at=at(-61))
+    assert of(plan(snap([server(1)], [d], []), at(0)), Unload)[0].deployment_id == 1
+
+
+def test_idle_ttl_defers_until_it_runs_out():
+    d = dep(1, 1, "a", "loaded", idle_ttl_s=60, last_used_at=at(-20))
+    decisions = plan(snap([server(1)], [d], []), at(0))
+    assert of(decisions, Unload) == [] and defer(decisions).until == at(40)
+
+
+def test_idle_ttl_spares_pinned_busy_and_wanted_models():
+    """Pinned, in flight, or asked for by a pending request: not unloaded."""
+    stale = {"idle_ttl_s": 60, "last_used_at": at(-600)}
+    cases = [
+        ([dep(1, 1, "a", "loaded", pinned=True, **stale)], []),
+        ([dep(1, 1, "a", "loaded", in_flight=1, **stale)], []),
+        ([dep(1, 1, "a", "loaded", **stale)], [req("a", not_before=at(30))]),
+    ]
+    for deployments, requests in cases:
+        assert of(plan(snap([server(1)], deployments, requests), at(0)), Unload) == []
+
+
+def test_preload_when_there_is_room_and_the_server_is_up():
+    d = dep(1, 1, "a", preload=True)
+    assert loads(plan(snap([server(1)], [d], []), at(0))) == [(1, ())]
+    assert loads(plan(snap([server(1, health="unknown")], [d], []), at(0))) == []
+    full = [dep(2, 1, "b", "loaded"), d]
+    assert loads(plan(snap([server(1)], full, []), at(0))) == []
+
+
+# -- failures ----------------------------------------------------------------------------
+
+
+def test_failure_nuclear_retry_clears_the_server():
+    """After a failed load (not "not found"), the retry evicts every idle model on the
+    server, even ones it has room beside, but never pinned or busy ones."""
+    deployments = [
+        dep(1, 1, "x", "loaded"),
+        dep(2, 1, "emb", "loaded", model_type="embedding"),
+        dep(3, 1, "pin", "loaded", pinned=True),
+        dep(4, 1, "busy", "loaded", in_flight=1),
+        dep(5, 1, "a", load_failures=1, last_error_code="load_failed", last_error="OOM"),
+    ]
+    decisions = plan(snap([server(1, slots=2, llm=5)], deployments, [req("a")]), at(0))
+    assert loads(decisions) == [(5, (1, 2))]
+
+
+def test_failure_not_found_fails_waiting_requests():
+    """A permanent failure fails the requests that waited for the load, with its code."""
+    r = req("a", state="needs_loading", deployment_id=1)
+    d = dep(1, 1, "a", "failed", last_error_code="not_found", last_error="no such model")
+    decisions = plan(snap([server(1)], [d], [r]), at(0))
+    assert of(decisions, Requeue)[0].request_id == r.id
+    assert of(decisions, Fail) == [Fail(r.id, "not_found", "no such model")]
+
+
+def test_failure_spent_attempts_fail_new_requests_at_once():
+    """A deployment left failed after its attempts fails new requests for it at once."""
+    d = dep(1, 1, "a", "failed", last_error_code="load_failed", last_error="out of memory")
+    [fail] = of(plan(snap([server(1)], [d], [req("a")]), at(0)), Fail)
+    assert fail.code == "load_failed" and fail.message == "out of memory"
+
+
+def test_failure_fails_every_waiting_request_for_the_model_alike():
+    """A deep line for a model no server can ever load: each request gets its Fail, with
+    the same code. Breaks if the pass stopped failing them after the first (it asks the
+    deployments once per model, not once per request)."""
+    d = dep(1, 1, "a", "failed", last_error_code="load_failed", last_error="out of memory")
+    requests = [req("a", age_s=30 - i) for i in range(3)]
+    fails = of(plan(snap([server(1)], [d], [*requests, req("b")]), at(0)), Fail)
+    by_request = {f.request_id: (f.code, f.message) for f in fails}
+    assert [by_request.get(r.id) for r in requests] == [("load_failed", "out of memory")] * 3
+
+
+def test_failure_requests_held_back_alike_wait_for_the_earliest_moment():
+    """Several requests for a model whose load backs off: none loads or fails, and the
+    loop is woken when the backoff ends; a request for another model still loads."""
+    d = dep(1, 1, "a", load_failures=1, last_error_code="load_failed", last_error="boom")
+    d = replace(d, next_load_at=at(7))
+    requests = [req("a", age_s=30 - i) for i in range(3)]
+    other = req("b", age_s=1)
+    decisions = plan(snap([server(1), server(2)], [d, dep(2, 2, "b")], [*requests, other]), at(0))
+    assert loads(decisions) == [(2, ())] and routed(decisions) == {other.id: 2}
+    assert of(decisions, Fail) == [] and defer(decisions).until == at(7)
+
+
+def test_failure_on_one_server_goes_to_another():
+    d1 = dep(1, 1, "a", "failed", last_error_code="not_found", last_error="missing")
+    decisions = plan(snap([server(1), server(2)], [d1, dep(2, 2, "a")], [req("a")]), at(0))
+    assert loads(decisions) == [(2, ())] and of(decisions, Fail) == []
+
+
+def test_failure_backoff_is_respected_with_a_defer():
+    """next_load_at in the future: no load, and the loop is woken exactly then."""
+    r = req("a", state="needs_loading", deployment_id=1)
+    d = dep(1, 1, "a", load_failures=1, last_error_code="load_failed", last_error="boom")
+    d = replace(d, next_load_at=at(7))
+    decisions = plan(snap([server(1)], [d], [r]), at(0))
+    assert of(decisions, Requeue)[0].request_id == r.id
+    assert of(decisions, StartLoad) == [] and of(decisions, Fail) == []
+    assert defer(decisions).until == at(7)
+
+
+def cooling(id: int, until: float):
+    return server(id, health="cooldown", cooldown_until=at(until))
+
+
+def test_failure_cooldown_server_is_skipped():
+    """s1 has the model loaded but is cooling down: load it on s2 instead."""
+    deployments = [dep(1, 1, "a", "loaded"), dep(2, 2, "a")]
+    decisions = plan(snap([cooling(1, 30), server(2)], deployments, [req("a")]), at(0))
+    assert loads(decisions) == [(2, ())]
+
+
+def test_failure_cooldown_requests_wait_and_probe_when_it_ends():
+    """Only s1 has the model: the request waits (not failed, within its no-server grace),
+    the loop wakes when the cooldown ends, and then a Probe is emitted."""
+    ready = req("a", state="ready", deployment_id=1)
+    s = snap([cooling(1, 30)], [dep(1, 1, "a", "loaded")], [ready, req("a")], no_server_grace_s=60)
+    decisions = plan(s, at(0))
+    assert of(decisions, Requeue)[0].request_id == ready.id
+    assert of(decisions, Route) == [] and of(decisions, Fail) == []
+    assert defer(decisions).until == at(30)
+    assert of(plan(s, at(30)), Probe) == [Probe(1)]
+
+
+# -- fail fast when nothing can serve ------------------------------------------------------
+
+
+def nowhere() -> tuple[list, list]:
+    """`a` on s1 (down) and s2 (disabled), `b` on s3 (up)."""
+    servers = [server(1, health="down"), server(2, enabled=False), server(3)]
+    return servers, [dep(1, 1, "a"), dep(2, 2, "a"), dep(3, 3, "b")]
+
+
+def test_no_server_waits_its_grace_then_fails_naming_the_servers():
+    """Every server of `a` is down or disabled: the request waits 15 s (a Defer then), then
+    fails with no_server_available and why each server cannot serve. Breaks if it waited
+    silently to its class maximum (two minutes to an hour), as before."""
+    servers, deployments = nowhere()
+    fresh = req("a", INTERACTIVE, age_s=5)
+    decisions = plan(snap(servers, deployments, [fresh]), at(0))
+    assert of(decisions, Fail) == [] and defer(decisions).until == at(10)
+    late = plan(snap(servers, deployments, [req("a", INTERACTIVE, age_s=15, id=fresh.id)]), at(0))
+    assert of(late, Fail) == [
+        Fail(fresh.id, "no_server_available", "no server can serve a: s1 is down; s2 is disabled")
+    ]
+
+
+def test_no_server_grace_is_a_knob_and_a_job_may_ask_for_longer():
+    servers, deployments = nowhere()
+    old = req("a", age_s=20)
+    assert of(plan(snap(servers, deployments, [old], no_server_grace_s=30), at(0)), Fail) == []
+    patient = req("a", age_s=600, no_server_grace_s=3600)
+    decisions = plan(snap(servers, deployments, [patient]), at(0))
+    assert of(decisions, Fail) == [] and defer(decisions).until == at(3000)
+
+
+def test_no_server_counts_from_when_the_server_went_away():
+    """A request that waited 10 minutes behind a queue before its only server went down 5 s
+    ago gets the whole grace from then."""
+    down = server(1, health="down", unavailable_since=at(-5))
+    decisions = plan(snap([down], [dep(1, 1, "a")], [req("a", BACKGROUND, age_s=600)]), at(0))
+    assert of(decisions, Fail) == [] and defer(decisions).until == at(10)
+
+
+def test_no_server_a_server_that_comes_back_serves_as_before():
+    servers, deployments = nowhere()
+    waiting = req("a", age_s=10)
+    back = [replace(servers[0], health="up"), *servers[1:]]
+    decisions = plan(snap(back, deployments, [waiting]), at(0))
+    assert of(decisions, Fail) == [] and loads(decisions) == [(1, ())]
+
+
+def test_no_server_counts_a_failed_deployment_beside_a_down_server():
+    failed = dep(1, 1, "a", "failed", last_error="out of memory")
+    servers = [server(1), server(2, health="down")]
+    r = req("a", age_s=16)
+    decisions = plan(snap(servers, [failed, dep(2, 2, "a")], [r]), at(0))
+    assert of(decisions, Fail) == [
+        Fail(
+            r.id,
+            "no_server_available",
+            "no server can serve a: a failed to load on s1: out of memory; s2 is down",
+        )
+    ]
+
+
+# -- known weaknesses, fixed -------------------------------------------------------------
+
+
+def long_queue(queued: int):
+    busy = dep(1, 1, "a", "loaded", in_flight=1)
+    waiting = [req("a", age_s=10 + i, state="ready", deployment_id=1) for i in range(queued)]
+    return [busy, dep(2, 2, "a")], waiting
+
+
+def test_parallel_load_beside_a_long_queue():
+    """s1 (1 slot) is busy with two more requests queued for A; s2 has a deployment of A and
+    free room. A new request starts a load there instead of queueing third."""
+    deployments, waiting = long_queue(2)
+    r = req("a")
+    decisions = plan(snap([server(1), server(2)], deployments, [*waiting, r]), at(0))
+    assert loads(decisions) == [(2, ())]
+    assert of(decisions, Route) == [Route(r.id, 2, False, "load started (s2)")]
+
+
+def test_parallel_load_not_for_a_short_queue():
+    """One request queued: the new one queues on s1 (a load costs more than a short wait)."""
+    deployments, waiting = long_queue(1)
+    r = req("a")
+    decisions = plan(snap([server(1), server(2)], deployments, [*waiting, r]), at(0))
+    assert of(decisions, StartLoad) == [] and routed(decisions) == {r.id: 1}
+
+
+def test_parallel_load_evicts_only_what_the_queue_is_worth():
+    """s2 would have to evict x, last used by normal work (its reload, 10 s, at weight 2,
+    costs 20). Three normal requests queued drain in 15 s on two slots, saving 2 · 3 · 5/2 =
+    15: no parallel load. Ten drain in 50 s, saving 2 · 10 · 40/2 = 400: x goes."""
+    x = dep(3, 2, "x", "loaded", last_priority=NORMAL)
+    deployments, waiting = long_queue(3)
+    s = snap([server(1), server(2)], [*deployments, x], [*waiting, req("a")])
+    assert of(plan(s, at(0)), StartLoad) == []
+    deployments, waiting = long_queue(10)
+    s = snap([server(1), server(2)], [*deployments, x], [*waiting, req("a")])
+    assert loads(plan(s, at(0))) == [(2, (3,))]
+
+
+def test_parallel_load_beside_a_long_load_queue():
+    """A batch for A waits on its load on s1 (one slot): once it is done, one request runs
+    and the rest queue. With two already queued behind the slot, the next request starts a
+    second load on s2, where there is room, instead of joining (the simulated day's flood
+    of 200 background requests waited for one server's load before the second began)."""
+    loading = dep(1, 1, "a", "loading")
+    batch = [req("a", age_s=5, state="needs_loading", deployment_id=1) for _ in range(3)]
+    r, servers, deployments = req("a"), [server(1), server(2)], [loading, dep(2, 2, "a")]
+    decisions = plan(snap(servers, deployments, [*batch, r]), at(0))
+    assert loads(decisions) == [(2, ())] and routed(decisions) == {r.id: 2}
+    # Two waiting (one runs at once, one queues): the new request joins the load.
+    decisions = plan(snap(servers, deployments, [*batch[1:], r]), at(0))
+    assert of(decisions, StartLoad) == [] and routed(decisions) == {r.id: 1}
+
+
+def test_parallel_load_queue_is_a_knob():
+    deployments, waiting = long_queue(1)
+    s = snap([server(1), server(2)], deployments, [*waiting, req("a")], parallel_load_queue=1)
+    assert loads(plan(s, at(0))) == [(2, ())]
+
+
+def test_queue_drains_onto_another_server_with_the_model():
+    """A request queued on busy s1 is dispatched on s2 once s2 has A loaded and a free slot.
+    Breaks if ready requests were tied to the server they were first routed to."""
+    queued = req("a", state="ready", deployment_id=1)
+    deployments = [dep(1, 1, "a", "loaded", in_flight=1), dep(2, 2, "a", "loaded")]
+    decisions = plan(snap([server(1), server(2)], deployments, [queued]), at(0))
+    assert of(decisions, Dispatch) == [Dispatch(queued.id, 2)]
+
+
+def test_retry_backoff_of_a_request_is_respected():
+    """A ready request with not_before in the future is not dispatched; Defer at not_before."""
+    r = req("a", state="ready", deployment_id=1, not_before=at(3))
+    decisions = plan(snap([server(1)], [dep(1, 1, "a", "loaded")], [r]), at(0))
+    assert of(decisions, Dispatch) == [] and defer(decisions).until == at(3)
+    assert of(plan(snap([server(1)], [dep(1, 1, "a", "loaded")], [r]), at(3)), Dispatch)
+
+
+def test_with_every_slot_taken_a_retry_waits_for_a_freed_slot_not_its_time():
+    """Nothing can be sent while every slot is taken: the pass stops looking (a freed slot
+    wakes the loop), and plans no wake-up for a retry's time."""
+    busy = dep(1, 1, "a", "loaded", in_flight=1)
+    r = req("a", state="ready", deployment_id=1, not_before=at(3), expires_at=at(600))
+    decisions = plan(snap([server(1)], [busy], [r]), at(0))
+    assert of(decisions, Dispatch) == [] and defer(decisions).until != at(3)
+
+
+def test_defer_is_the_earliest_wake():
+    """One Defer, for the earliest of several known moments (expiry, TTL, backoff)."""
+    r = req("a", expires_at=at(100))
+    d = dep(1, 1, "a", "loaded", idle_ttl_s=60, last_used_at=at(-10))
+    other = dep(2, 1, "b", next_load_at=at(5), load_failures=1, last_error_code="connection")
+    decisions = plan(snap([server(1, llm=2)], [d, other], [r, req("b")]), at(0))
+    assert len(of(decisions, Defer)) == 1 and defer(decisions).until == at(5)
