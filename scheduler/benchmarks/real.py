@@ -15,8 +15,9 @@ import httpx
 from . import fleet
 from .context import Context
 from .loadgen import auth_headers
+from .results import paired
 from .stack import Stack, run_loadgen
-from .stats import Outcome, Target, minus, ms, spread
+from .stats import Outcome, Target, ms
 
 MODELS = ("tiny-a", "tiny-b")  # one small file under two names: a swap is a real reload
 SLOTS = 8
@@ -131,36 +132,30 @@ def swap_through_the_router(url: str, n: int) -> list[float]:
     return took
 
 
-def _ok(results: list[dict]) -> list[dict]:
-    return [r for r in results if r.get("status") == 200]
-
-
 def outcome(runs, measured, direct_swap, via_swap, via_warm) -> Outcome:
     rows, data, targets = [], {}, []
-    for i, (stream, c) in enumerate(runs):
-        direct, via = measured[2 * i], measured[2 * i + 1]
-        label = f"{'streamed' if stream else 'non-streamed'} c={c}"
-        d_ok, v_ok = _ok(direct["results"]), _ok(via["results"])
-        d_lat = spread([r["end"] for r in d_ok])
-        v_lat = spread([r["end"] for r in v_ok])
-        d_fb = spread([r["first_data"] for r in d_ok if r.get("first_data") is not None])
-        v_fb = spread([r["first_data"] for r in v_ok if r.get("first_data") is not None])
-        added = minus(v_lat["p50"], d_lat["p50"])
-        added_fb = minus(v_fb["p50"], d_fb["p50"])
+    for stream, c, label, run in paired(runs, measured):
+        d_lat, v_lat, d_fb, v_fb = (
+            run.direct_latency,
+            run.via_latency,
+            run.direct_ttfb,
+            run.via_ttfb,
+        )
+        added, added_fb = run.added(), run.added_ttfb()
         rows.append(
             [
                 label,
-                len(v_ok),
+                len(run.via_ok),
                 ms(d_lat["p50"]),
                 ms(v_lat["p50"]),
                 ms(added),
-                ms(minus(v_lat["p95"], d_lat["p95"])),
+                ms(run.added("p95")),
                 ms(d_fb["p50"]),
                 ms(v_fb["p50"]),
                 ms(added_fb),
-                round(len(d_ok) / direct["wall_s"], 1),
-                round(len(v_ok) / via["wall_s"], 1),
-                len(via["results"]) - len(v_ok),
+                round(run.direct_rps, 1),
+                round(run.via_rps, 1),
+                run.via_errors,
             ]
         )
         data[label] = {

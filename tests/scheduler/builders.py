@@ -3,6 +3,7 @@
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from scheduler.decisions import Defer, Route, StartLoad
 from scheduler.snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, Snapshot
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -56,3 +57,18 @@ def kinds(decisions) -> list[str]:
 
 def of(decisions, cls) -> list:
     return [d for d in decisions if isinstance(d, cls)]
+
+
+def loads(decisions) -> list[tuple[int, tuple[int, ...]]]:
+    """Each load started: (deployment, the deployments it evicts)."""
+    return [(d.deployment_id, d.evict) for d in of(decisions, StartLoad)]
+
+
+def routed(decisions) -> dict:
+    """Request → the deployment it was routed to."""
+    return {d.request_id: d.deployment_id for d in of(decisions, Route)}
+
+
+def defer(decisions) -> Defer | None:
+    found = of(decisions, Defer)
+    return found[0] if found else None

@@ -18,21 +18,21 @@ from scheduler.decisions import (
 )
 from scheduler.policy import plan
 
-from .builders import BACKGROUND, HIGH, INTERACTIVE, NORMAL, at, dep, of, req, server, snap
-
-
-def loads(decisions) -> list[tuple[int, tuple[int, ...]]]:
-    return [(d.deployment_id, d.evict) for d in of(decisions, StartLoad)]
-
-
-def routed(decisions) -> dict:
-    return {d.request_id: d.deployment_id for d in of(decisions, Route)}
-
-
-def defer(decisions) -> Defer | None:
-    found = of(decisions, Defer)
-    return found[0] if found else None
-
+from .builders import (
+    BACKGROUND,
+    HIGH,
+    INTERACTIVE,
+    NORMAL,
+    at,
+    defer,
+    dep,
+    loads,
+    of,
+    req,
+    routed,
+    server,
+    snap,
+)
 
 # -- routing order -----------------------------------------------------------------------
 

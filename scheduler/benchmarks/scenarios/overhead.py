@@ -5,8 +5,8 @@ from .. import fleet, machine
 from ..context import Context
 from ..profiling import Profiler
 from ..stack import Stack, run_loadgen
-from ..stats import Outcome, Target, minus, ms, percentile, spread
-from .common import durations_of, error_count, ok_results
+from ..stats import Outcome, Target, ms, percentile
+from .common import ok_results, paired
 
 
 def overhead(ctx: Context) -> Outcome:
@@ -42,16 +42,16 @@ def overhead(ctx: Context) -> Outcome:
         ]
     rows, data, targets, notes = [], {}, [], []
     c1_added: float | None = None
-    for i, (stream, c) in enumerate(runs):
-        direct, via = measured[2 * i], measured[2 * i + 1]
-        label = f"{'streamed' if stream else 'non-streamed'} c={c}"
-        d_ok, v_ok = ok_results(direct["results"]), ok_results(via["results"])
-        d_lat, v_lat = spread(durations_of(d_ok)), spread(durations_of(v_ok))
-        d_fb = spread(durations_of(d_ok, "first_data"))
-        v_fb = spread(durations_of(v_ok, "first_data"))
-        d_rps, v_rps = len(d_ok) / direct["wall_s"], len(v_ok) / via["wall_s"]
-        added = {p: minus(v_lat[p], d_lat[p]) for p in ("p50", "p95", "p99")}
-        added_fb = minus(v_fb["p50"], d_fb["p50"])
+    for i, (stream, c, label, run) in enumerate(paired(runs, measured)):
+        d_lat, v_lat, d_fb, v_fb = (
+            run.direct_latency,
+            run.via_latency,
+            run.direct_ttfb,
+            run.via_ttfb,
+        )
+        v_ok, d_rps, v_rps = run.via_ok, run.direct_rps, run.via_rps
+        added = {p: run.added(p) for p in ("p50", "p95", "p99")}
+        added_fb = run.added_ttfb()
         rows.append(
             [
                 label,
@@ -67,7 +67,7 @@ def overhead(ctx: Context) -> Outcome:
                 round(d_rps, 1),
                 round(v_rps, 1),
                 round(v_rps / d_rps, 3) if d_rps else None,
-                error_count(via["results"]),
+                run.via_errors,
             ]
         )
         parts = breakdown(v_ok, stamps[i])
