@@ -110,13 +110,15 @@ def test_a_worker_that_loses_the_database_starts_again_and_its_work_runs_again(g
     assert f"worker {first.worker_id} lost the database" in out
     assert "Traceback" not in out, out
     request.refresh_from_db()
-    # Two outcomes are right, by which the worker meets first: the answer's write on a dead
+    # Either outcome is right, by which the worker meets first: the answer's write on a dead
     # connection (it hands the request back, and it runs again), or a fresh connection (its
-    # lease still holds, and the answer is stored). Never a run the row does not count.
+    # lease still holds, and the answer is stored). Its other dead connection (the LISTEN)
+    # may make it start again once more, handing back a send before its call. Never a run
+    # the row does not count.
     assert request.state == State.COMPLETED, traces(request)
-    assert len(gated_upstream.received) == request.attempts, traces(request)
+    assert 1 <= len(gated_upstream.received) <= request.attempts, traces(request)
     handed_back = (State.PROCESSING, State.PENDING, "its worker stopped; it will run again")
-    assert (handed_back in traces(request)) == (request.attempts == 2), traces(request)
+    assert (handed_back in traces(request)) == (request.attempts > 1), traces(request)
     assert not Worker.objects.exists()
 
 
