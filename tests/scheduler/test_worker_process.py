@@ -90,6 +90,12 @@ def test_a_killed_worker_loses_no_request(gated_upstream):
 
 
 @pytest.mark.skipif(not settings.IS_POSTGRES, reason="a connection to end: PostgreSQL's")
+@pytest.mark.xfail(
+    reason="seen about 1 run in 7 on 2026-11-28: the restarted worker, run --until-idle, did not"
+    " end within 60 s after its first runtime's hand-back failed and the next handed back 0"
+    " requests (issues 37/38; the failure prints the rows)",
+    strict=False,
+)
 def test_a_worker_that_loses_the_database_starts_again_and_its_work_runs_again(gated_upstream):
     """Every connection ends, as in a restart or a failover: the worker neither exits nor
     carries on as if its commits were kept. It hands back what it held and starts again
@@ -105,7 +111,16 @@ def test_a_worker_that_loses_the_database_starts_again_and_its_work_runs_again(g
         )
         assert cursor.fetchone()[0] >= 2  # its database thread's, and its LISTEN
     gated_upstream.gate.set()  # its answer comes to a worker that cannot store it
-    out = first.finish()
+    try:
+        out = first.finish()
+    except AssertionError as stuck:
+        request.refresh_from_db()
+        rows = (
+            (request.state, request.worker_id, request.attempts, traces(request)),
+            list(Deployment.objects.values("state", "in_flight", "worker_id")),
+            list(Worker.objects.values_list("pk", flat=True)),
+        )
+        raise AssertionError(f"{stuck}\nrows (request, deployments, workers): {rows}") from None
     assert first.proc.returncode == 0, out
     assert f"worker {first.worker_id} lost the database" in out
     assert "Traceback" not in out, out

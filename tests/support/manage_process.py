@@ -43,6 +43,13 @@ class ManageProcess:
         raise AssertionError(f"it exited before saying {text!r}:\n{''.join(self.log)}")
 
     def output(self, timeout: float) -> str:
-        """Everything it printed, once it has exited."""
-        out, _ = self.proc.communicate(timeout=timeout)
+        """Everything it printed, once it has exited (killed after `timeout`, with what it
+        printed in the failure)."""
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            said = "".join(self.log) + (out or "")
+            raise AssertionError(f"still running after {timeout} s; it said:\n{said}") from None
         return "".join(self.log) + (out or "")
