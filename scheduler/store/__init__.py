@@ -55,7 +55,6 @@ from .workers import (
     orphaned_deployments,
     recount_in_flight,
     register_worker,
-    release_orphans,
     release_worker,
     take_over_stale_workers,
 )
@@ -91,7 +90,6 @@ __all__ = [
     "recheck_deployment",
     "recount_in_flight",
     "register_worker",
-    "release_orphans",
     "release_worker",
     "request_failed",
     "requests_completed",

@@ -39,41 +39,46 @@ def take_over_stale_workers(stale_s: float, me: int | None = None) -> tuple[int,
     )
     if stale:
         log.warning("taking over the work of stale workers %s", stale)
-        _forget(stale)
-    return release_orphans("its worker stopped heartbeating; it will run again")
+    elif not _orphans().exists():
+        return 0, orphaned_deployments()
+    return _hand_back(stale, "its worker stopped heartbeating; it will run again")
 
 
 def release_worker(worker_id: int) -> tuple[int, list[int]]:
     """A worker stopping cleanly hands back what it holds, like a stale one."""
-    _forget([worker_id])
-    return release_orphans("its worker stopped; it will run again")
+    return _hand_back([worker_id], "its worker stopped; it will run again")
 
 
-def _forget(worker_ids: list[int]) -> None:
-    """Delete these workers: what they held now points at no worker. Their deployments are
-    locked (in id order) before their requests are written: the lock order."""
-    with transaction.atomic():
-        held = Deployment.objects.filter(worker__in=worker_ids).order_by("pk")
-        list(held.select_for_update().values_list("pk", flat=True))
-        Worker.objects.filter(pk__in=worker_ids).delete()
+def _orphans():
+    return Request.objects.filter(state=State.PROCESSING, worker__isnull=True)
 
 
-def release_orphans(reason: str) -> tuple[int, list[int]]:
-    orphans = Request.objects.filter(state=State.PROCESSING, worker__isnull=True)
+def _hand_back(worker_ids: list[int], reason: str) -> tuple[int, list[int]]:
+    """Delete these workers, move the requests no worker holds back to pending and recount
+    every deployment's in-flight count, in one transaction: a database fault part-way
+    leaves all of it to be done again, never a request moved under a stale count."""
     back = {"deployment": None, "server": None}
-    moved = sum(
-        move_all(
-            [
-                Transition(
-                    request_id, (State.PROCESSING,), State.PENDING, reason, back, server or ""
-                )
-                for request_id, server in orphans.values_list("pk", "server__name")
-            ]
+    with transaction.atomic():
+        _lock_deployments()
+        Worker.objects.filter(pk__in=worker_ids).delete()
+        moved = sum(
+            move_all(
+                [
+                    Transition(
+                        request_id, (State.PROCESSING,), State.PENDING, reason, back, server or ""
+                    )
+                    for request_id, server in _orphans().values_list("pk", "server__name")
+                ]
+            )
         )
-    )
-    if moved:
         recount_in_flight()
     return moved, orphaned_deployments()
+
+
+def _lock_deployments() -> None:
+    """Every deployment locked in id order, as a dispatch locks them (the lock order),
+    before any request is written; an UPDATE alone would lock them in the table's order."""
+    list(Deployment.objects.order_by("pk").select_for_update().values_list("pk", flat=True))
 
 
 def recount_in_flight() -> None:
@@ -87,9 +92,7 @@ def recount_in_flight() -> None:
         .values("n")
     )
     with transaction.atomic():
-        # Every deployment locked in id order first, as a dispatch locks them (the lock
-        # order); an UPDATE alone would lock them in the table's order.
-        list(Deployment.objects.order_by("pk").select_for_update().values_list("pk", flat=True))
+        _lock_deployments()
         Deployment.objects.update(in_flight=Coalesce(Subquery(processing), 0))
 
 

@@ -3,6 +3,7 @@
 scheduler, every kind of call, failures the real router really has."""
 
 import json
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -218,9 +219,10 @@ def test_the_server_killed_mid_request_and_restarted(router, switchyard):
     chat(live, "large")
     with live.stream("/v1/completions", {"model": "large", "prompt": "x", "max_tokens": 8}):
         pass
-    # Long enough to be killed mid-way (a few seconds), short enough to run again on a busy
-    # machine within the call's time.
+    # The router is frozen (SIGSTOP) before the call, so the call is surely in flight when the
+    # router dies: the tiny model can answer 100 tokens faster than a test can see it start.
     body = {"model": "large", "messages": CHAT, "max_tokens": 100}
+    router.signal(signal.SIGSTOP)
     with ThreadPoolExecutor(1) as caller:
         answer = caller.submit(live.http.post, "/v1/chat/completions", json=body, timeout=300)
         eventually(lambda: Request.objects.filter(state=State.PROCESSING).exists())
