@@ -4,16 +4,20 @@ scheduler, every kind of call, failures the real router really has."""
 
 import json
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from django.core.management import call_command
 
 from backends.adapters.base import LoadTarget
 from backends.adapters.llamacpp import LlamaCppAdapter
 from backends.models import Deployment, DeploymentState, Model, ModelType, Server
+from dashboard.state import overview
 from scheduler.models import Request, State
-from tests.integration.conftest import eventually
+from tests.integration.conftest import WAIT_S, eventually
+from tests.support import real_llama
 
 pytest.importorskip("gguf", reason="needs the integration extra: pip install -e '.[integration]'")
 from tests.support import tiny_gguf  # noqa: E402 (needs gguf)
@@ -256,3 +260,54 @@ async def test_load_progress_as_the_real_router_reports_it(router):
         assert router.status("large")["value"] == "unloaded"
     finally:
         await adapter.close()
+
+
+def test_load_progress_reaches_the_watch_page_and_the_dashboard(
+    llama_server_binary, tiny_models, tmp_path, switchyard
+):
+    """The router's own figure for a load, relayed as it comes: on the caller's watch page
+    and on the dashboard, not an estimate. A 16k context makes the 100 MB model's load end
+    ~1 s after its progress reaches 1.0; the router is frozen there, so the test reads the
+    state at leisure, then thawed."""
+    sections = {"*": {"c": 1024, "np": 2}, "slow": {"model": tiny_models["tiny-100mb"], "c": 16384}}
+    preset = tmp_path / "models.ini"
+    preset.write_text(real_llama.preset(sections))
+    router = real_llama.RealLlamaServer(["--models-preset", str(preset)], tmp_path)
+    frozen = threading.Event()
+
+    def freeze_at_full_progress() -> None:
+        with httpx.stream("GET", router.url + "/models/sse", timeout=None) as events:
+            for line in events.iter_lines():
+                if '"value":1.0' in line and '"model":"slow"' in line:
+                    router.signal(signal.SIGSTOP)
+                    frozen.set()
+                    return
+
+    try:
+        discovered(router)
+        live = switchyard()
+        threading.Thread(target=freeze_at_full_progress, daemon=True).start()
+        body = {"model": "slow", "messages": CHAT, "max_tokens": 8}
+        with live.stream("/v1/chat/completions", body) as response:
+            watch = response.headers["X-Switchyard-Watch-Url"] + "state.json"
+            assert frozen.wait(WAIT_S), "the router never reported the load's progress"
+
+            def loading() -> dict | None:
+                shown = live.http.get(watch).json()
+                return shown if (shown["load"] or {}).get("fraction") == 1.0 else None
+
+            shown = eventually(loading, what="the load's progress on the watch page")
+            assert shown["load"]["estimated"] is False
+            assert shown["state"] == State.NEEDS_LOADING, shown
+            assert "the load of slow" in shown["reason"], shown
+            deployments = [d for s in overview()["servers"] for d in s["models"]]
+            assert [(d["model"], d["state"], d["progress"]["fraction"]) for d in deployments] == [
+                ("slow", "loading", 1.0)
+            ]
+            router.signal(signal.SIGCONT)
+            assert events(response.iter_lines())[-1] == "[DONE]"
+        shown = live.http.get(watch).json()
+        assert (shown["state"], shown["load"]) == ("completed", None)
+    finally:
+        router.signal(signal.SIGCONT)
+        router.stop()
