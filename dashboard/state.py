@@ -11,8 +11,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, Server
-from scheduler import reasons
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
+from scheduler.reasons_shown import shown as shown_reason
 
 from . import charts, forecast
 from .models import EtaCheck
@@ -130,7 +130,7 @@ def request_row(r: Request, now: datetime, ahead: int | None = None) -> dict:
         "server": r.server.name if r.server else None,
         "created_at": iso(r.created_at),
         "waited_s": seconds((waited_until(r, now) - r.created_at).total_seconds()),
-        **reason_fields(reasons.shown(r.reason, r.state, now, ahead)),
+        **reason_fields(shown_reason(r.reason, r.state, now, ahead)),
     }
 
 

@@ -7,6 +7,7 @@ is read off where the request ended up (its load under way, its place in the rea
 
 A reason's `text` stays the same while the reason does (it is stored, and traced, only when
 it changes); `live(now)` is what a display shows: a load's progress counted to `now`.
+How the API and the pages show a stored one: `reasons_shown.py`.
 """
 
 from collections import Counter
@@ -227,30 +228,3 @@ def behind(line: Counter[str], server: str) -> Reason:
         parts = ", ".join(f"{k} {c}" for c, k in classes)
         text = f"behind {n} requests on {server} ({parts})"
     return make(BEHIND, text, server=server, ahead=n)
-
-
-# -- as the API and the pages show a stored one ------------------------------------------
-
-WAITING_STATES = ("pending", "needs_loading", "ready")
-
-
-def shown(
-    stored: Mapping[str, Any] | None, state: str, now: datetime, ahead: int | None = None
-) -> dict | None:
-    """A request's stored reason as shown while it waits (its text as of `now`); without
-    one (a deep line's tail, not yet seen by a pass), `behind N requests` if `ahead` (the
-    requests before it in line) is known; None once it no longer waits."""
-    if state not in WAITING_STATES:
-        return None
-    if not stored:
-        if ahead is None:
-            return None
-        noun = "request" if ahead == 1 else "requests"
-        return {
-            "kind": BEHIND,
-            "text": f"behind {ahead} {noun} in line",
-            "details": {"ahead": ahead},
-        }
-    details = stored.get("details") or {}
-    kind, text = stored.get("kind", WAITING), stored.get("text", "")
-    return {"kind": kind, "text": live_text(kind, text, details, now), "details": details}

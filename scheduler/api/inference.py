@@ -15,9 +15,10 @@ from access import auth
 from access.watch import watch_url
 from backends.models import Model
 
-from .. import faults, reasons
+from .. import faults
 from ..models import WAITING_STATES, Request, State
 from ..pool_threads import in_pool_thread
+from ..reasons_shown import shown as shown_reason
 from ..streams import text_of
 from . import idempotency, intake, recovery
 from .errors import ApiError, too_deep
@@ -270,7 +271,7 @@ async def waiting_comment(request: Request) -> str:
     except faults.DATABASE_FAULTS:
         position = None
     where = f"position {position}" if position else "processing"
-    why = reasons.shown(request.reason, request.state, timezone.now())
+    why = shown_reason(request.reason, request.state, timezone.now())
     because = f": {why['text']}" if why else ""
     return f": waiting, {request.state}, {where}{because}\n\n"
 

@@ -18,8 +18,8 @@ from access import auth
 from access.models import ApiKey
 from access.watch import watch_url
 
-from .. import reasons
 from ..models import WAITING_STATES, Request, RequestKind, State
+from ..reasons_shown import shown as shown_reason
 from ..transitions import move
 from . import callback_url, callers, idempotency, intake, listing, recovery
 from .errors import ApiError
@@ -102,7 +102,7 @@ class RequestSerializer(serializers.ModelSerializer):
         """Why it waits (scheduler/reasons.py); a tail not yet seen by a pass: its place."""
         position = self.get_position(obj)
         ahead = position - 1 if position else None
-        return reasons.shown(obj.reason, obj.state, timezone.now(), ahead)
+        return shown_reason(obj.reason, obj.state, timezone.now(), ahead)
 
     def get_watch_url(self, obj: Request) -> str:
         return watch_url(obj.pk)

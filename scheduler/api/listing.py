@@ -20,8 +20,8 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
-from .. import reasons
 from ..models import Priority, Request, State
+from ..reasons_shown import shown as shown_reason
 from .errors import ApiError
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
@@ -153,7 +153,7 @@ def summary(r: Request, now: datetime) -> dict[str, Any]:
         "created_at": r.created_at,
         "finished_at": r.finished_at,
         "error_code": r.error_code or None,
-        "reason": reasons.shown(r.reason, r.state, now),
+        "reason": shown_reason(r.reason, r.state, now),
         "url": reverse("request-detail", args=[r.pk]),
     }
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from scheduler import reasons
 from scheduler.decisions import Dispatch, Requeue, StartLoad
 from scheduler.policy import plan, plan_explained
+from scheduler.reasons_shown import shown
 from scheduler.snapshot import KeyView
 
 from .builders import BACKGROUND, INTERACTIVE, NORMAL, at, dep, of, req, server, snap
@@ -188,8 +189,8 @@ def test_reason_as_json_and_live_text_of_a_stored_one():
 
 def test_reason_as_shown_while_waiting_and_for_a_tail_no_pass_reached():
     stored = reasons.make(reasons.HELD, "held: x").as_json()
-    assert reasons.shown(stored, "ready", at(0))["text"] == "held: x"
-    assert reasons.shown(stored, "processing", at(0)) is None
-    assert reasons.shown(None, "pending", at(0)) is None
-    tail = reasons.shown(None, "pending", at(0), ahead=812)
+    assert shown(stored, "ready", at(0))["text"] == "held: x"
+    assert shown(stored, "processing", at(0)) is None
+    assert shown(None, "pending", at(0)) is None
+    tail = shown(None, "pending", at(0), ahead=812)
     assert (tail["kind"], tail["text"]) == ("behind", "behind 812 requests in line")

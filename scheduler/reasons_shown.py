@@ -1,0 +1,30 @@
+"""A stored wait reason (`scheduler/reasons.py`) as the API and the pages show it."""
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from .models import WAITING_STATES
+from .reasons import BEHIND, WAITING, live_text
+
+
+def shown(
+    stored: Mapping[str, Any] | None, state: str, now: datetime, ahead: int | None = None
+) -> dict | None:
+    """A request's stored reason as shown while it waits (its text as of `now`); without
+    one (a deep line's tail, not yet seen by a pass), `behind N requests` if `ahead` (the
+    requests before it in line) is known; None once it no longer waits."""
+    if state not in WAITING_STATES:
+        return None
+    if not stored:
+        if ahead is None:
+            return None
+        noun = "request" if ahead == 1 else "requests"
+        return {
+            "kind": BEHIND,
+            "text": f"behind {ahead} {noun} in line",
+            "details": {"ahead": ahead},
+        }
+    details = stored.get("details") or {}
+    kind, text = stored.get("kind", WAITING), stored.get("text", "")
+    return {"kind": kind, "text": live_text(kind, text, details, now), "details": details}
