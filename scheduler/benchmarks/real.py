@@ -15,7 +15,7 @@ import httpx
 from . import fleet
 from .context import Context
 from .loadgen import auth_headers
-from .results import paired
+from .results import breakdown, ok_results, paired
 from .stack import Stack, run_loadgen
 from .stats import Outcome, Target, ms
 
@@ -66,12 +66,16 @@ def real(ctx: Context) -> Outcome:
                 for url in (llama.url, stack.base_url):
                     phases.append({"base_url": url, "warmup": 3, "groups": [group]})
             measured = run_loadgen(*phases)
+            stamps = [
+                fleet.timestamps([r["id"] for r in ok_results(m["results"])])
+                for m in measured[1::2]
+            ]
             swaps = ctx.pick(3, 10)
             via_swap, via_warm = swap_through_switchyard(stack.base_url, swaps)
         direct_swap = swap_through_the_router(llama.url, swaps)
     finally:
         llama.stop()
-    return outcome(runs, measured, direct_swap, via_swap, via_warm)
+    return outcome(runs, measured, stamps, direct_swap, via_swap, via_warm)
 
 
 def _models_dir(ctx: Context) -> Path:
@@ -132,9 +136,9 @@ def swap_through_the_router(url: str, n: int) -> list[float]:
     return took
 
 
-def outcome(runs, measured, direct_swap, via_swap, via_warm) -> Outcome:
-    rows, data, targets = [], {}, []
-    for stream, c, label, run in paired(runs, measured):
+def outcome(runs, measured, stamps, direct_swap, via_swap, via_warm) -> Outcome:
+    rows, data, targets, legs = [], {}, [], []
+    for i, (stream, c, label, run) in enumerate(paired(runs, measured)):
         d_lat, v_lat, d_fb, v_fb = (
             run.direct_latency,
             run.via_latency,
@@ -158,10 +162,13 @@ def outcome(runs, measured, direct_swap, via_swap, via_warm) -> Outcome:
                 run.via_errors,
             ]
         )
+        parts = breakdown(run.via_ok, stamps[i])
         data[label] = {
             "direct": {"latency": d_lat, "ttfb": d_fb},
             "via": {"latency": v_lat, "ttfb": v_fb},
+            "breakdown_p50_ms": parts,
         }
+        legs.append(f"{label} via, p50 ms: " + ", ".join(f"{k} {v}" for k, v in parts.items()))
         if c == 1 and not stream:
             targets.append(Target("added p50, c=1, non-streamed", ms(added), 5, "ms"))
         if c == 1 and stream:
@@ -201,5 +208,6 @@ def outcome(runs, measured, direct_swap, via_swap, via_warm) -> Outcome:
             f"swap (unload one model, load the other), median of {len(direct_swap)}: router's own"
             f" API {ms(router_swap)} ms; through Switchyard {ms(via_cost)} ms (a call that swaps"
             " minus the same call without a swap).",
+            *legs,
         ],
     )

@@ -4,7 +4,7 @@ run straight to the upstream set beside the same run through Switchyard."""
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .stats import minus, spread
+from .stats import minus, ms, percentile, spread
 
 
 def ok_results(results: list[dict], group: str | None = None) -> list[dict]:
@@ -63,3 +63,25 @@ def paired(runs: list[tuple[bool, int]], measured: list[dict]) -> Iterator[tuple
     for i, (stream, c) in enumerate(runs):
         label = f"{'streamed' if stream else 'non-streamed'} c={c}"
         yield stream, c, label, compared(measured[2 * i], measured[2 * i + 1])
+
+
+def breakdown(results: list[dict], stamps: dict[str, dict]) -> dict[str, float | None]:
+    """Median of each leg of a request's life, from the client's clock and the row's
+    (`fleet.timestamps`)."""
+    legs: dict[str, list[float]] = {
+        "send→created": [],
+        "created→routed": [],
+        "routed→sent": [],
+        "sent→finished": [],
+        "finished→answered": [],
+    }
+    for r in results:
+        s = stamps.get(r.get("id") or "")
+        if not s or not s["started_at"] or not s["finished_at"] or not s["routed_at"]:
+            continue
+        legs["send→created"].append(s["created_at"] - r["start"])
+        legs["created→routed"].append(s["routed_at"] - s["created_at"])
+        legs["routed→sent"].append(s["started_at"] - s["routed_at"])
+        legs["sent→finished"].append(s["finished_at"] - s["started_at"])
+        legs["finished→answered"].append(r["start"] + r["end"] - s["finished_at"])
+    return {k: ms(percentile(v, 50)) for k, v in legs.items()}

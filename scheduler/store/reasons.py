@@ -4,14 +4,12 @@ A pass explains every request of its snapshot still waiting. The worker remember
 wrote last for each (as many as the snapshot holds: a deep line's heads, never its tail),
 and writes only the reasons that changed: the request's `reason` field, in one UPDATE, and a
 trace row, in one INSERT (a line moving forward, "behind 3 …" then "behind 2 …", changes the
-field only; a new kind of reason is traced). Both find their rows by key and leave alone a
-request no longer waiting. On PostgreSQL the rows are locked first in id order, as every
-writer locks requests (docs/architecture.md), and the whole is one round trip. A pass that
-changes no reason writes nothing."""
+field only; a new kind of reason is traced). A request no longer waiting is left alone: the
+rows are read under lock first, in id order as every writer locks requests
+(docs/architecture.md). A pass that changes no reason writes nothing."""
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 from django.utils import timezone
@@ -19,10 +17,8 @@ from django.utils import timezone
 from .. import channel_hints, sql
 from ..models import WAITING_STATES, Request, Trace
 from ..reasons import BEHIND, Reason
-from ..transitions import REQUESTS, TRACE_INSERT, locking
 
 PER_STATEMENT = 200  # requests per UPDATE and INSERT: within SQLite's limit on parameters
-WAITING = f"state IN ({', '.join(repr(str(s.value)) for s in WAITING_STATES)})"
 
 
 class ReasonWriter:
@@ -55,31 +51,27 @@ def write_reasons(changes: list[tuple[UUID, Reason, bool]]) -> None:
 
 
 def _write(changes: list[tuple[UUID, Reason, bool]], now: datetime) -> None:
-    keys = sql.keys(Request, [rid for rid, _, _ in changes])
-    by_key = list(zip(keys, changes, strict=True))
-    sql.write_later(*locking("id", sorted(keys, key=str)))
-    values = [(k, sql.db_value(Request, "reason", r.as_json())) for k, (_, r, _) in by_key]
-    sql.write_later(
-        f"UPDATE {REQUESTS} SET reason = {_case(len(values))}"
-        f" WHERE id IN ({sql.marks(len(keys))}) AND {WAITING}",
-        [*_flat(values), *keys],
+    by_id = {rid: (reason, traced) for rid, reason, traced in changes}
+    still_waiting = (
+        Request.objects.filter(pk__in=by_id, state__in=WAITING_STATES)
+        .order_by("pk")
+        .select_for_update()
+        .values_list("pk", "state")
     )
-    traced = [(k, r) for k, (_, r, trace) in by_key if trace]
-    if not traced:
-        return
-    servers = [(k, r.detail("server") or "") for k, r in traced]
-    texts = [(k, r.text) for k, r in traced]
-    ids = [k for k, _ in traced]
-    sql.write_later(
-        f"{TRACE_INSERT} SELECT id, %s, state, state, {_case(len(servers))}, {_case(len(texts))}"
-        f" FROM {REQUESTS} WHERE id IN ({sql.marks(len(ids))}) AND {WAITING}",
-        [sql.db_value(Trace, "at", now), *_flat(servers), *_flat(texts), *ids],
+    states = dict(still_waiting)
+    Request.objects.bulk_update(
+        [Request(pk=rid, reason=by_id[rid][0].as_json()) for rid in states], ["reason"]
     )
-
-
-def _case(n: int) -> str:
-    return f"CASE id {' '.join(['WHEN %s THEN %s'] * n)} END"
-
-
-def _flat(pairs: list[tuple[Any, Any]]) -> list[Any]:
-    return [v for pair in pairs for v in pair]
+    Trace.objects.bulk_create(
+        Trace(
+            request_id=rid,
+            at=now,
+            from_state=state,
+            to_state=state,
+            server=reason.detail("server") or "",
+            reason=reason.text,
+        )
+        for rid, state in states.items()
+        for reason, traced in [by_id[rid]]
+        if traced
+    )

@@ -36,8 +36,8 @@ def test_the_writer_writes_a_reason_once_and_traces_a_new_kind_only():
 
 
 def updates_and_inserts(queries) -> tuple[int, int]:
-    """The statements sent (on PostgreSQL joined into one query: one round trip)."""
-    text = " ; ".join(q["sql"] for q in queries)
+    """The UPDATEs of the reason field and the INSERTs of trace rows sent."""
+    text = " ; ".join(q["sql"] for q in queries).replace('"', "")
     return (
         text.count(f"UPDATE {Request._meta.db_table} SET reason"),
         text.count(f"INSERT INTO {Trace._meta.db_table}"),

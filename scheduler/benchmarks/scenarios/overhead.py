@@ -4,8 +4,9 @@ streamed and not, with where a request's time goes."""
 from .. import fleet, machine
 from ..context import Context
 from ..profiling import Profiler
+from ..results import breakdown
 from ..stack import Stack, run_loadgen
-from ..stats import Outcome, Target, ms, percentile
+from ..stats import Outcome, Target, ms
 from .common import ok_results, paired
 
 
@@ -154,24 +155,3 @@ def overhead(ctx: Context) -> Outcome:
         data=data,
         notes=["TTFB: time to the first `data:` event (streamed) or first body byte.", *notes],
     )
-
-
-def breakdown(results: list[dict], stamps: dict[str, dict]) -> dict[str, float | None]:
-    """Median of each leg of a request's life, from the client's clock and the row's."""
-    legs: dict[str, list[float]] = {
-        "send→created": [],
-        "created→routed": [],
-        "routed→sent": [],
-        "sent→finished": [],
-        "finished→answered": [],
-    }
-    for r in results:
-        s = stamps.get(r.get("id") or "")
-        if not s or not s["started_at"] or not s["finished_at"] or not s["routed_at"]:
-            continue
-        legs["send→created"].append(s["created_at"] - r["start"])
-        legs["created→routed"].append(s["routed_at"] - s["created_at"])
-        legs["routed→sent"].append(s["started_at"] - s["routed_at"])
-        legs["sent→finished"].append(s["finished_at"] - s["started_at"])
-        legs["finished→answered"].append(r["start"] + r["end"] - s["finished_at"])
-    return {k: ms(percentile(v, 50)) for k, v in legs.items()}
