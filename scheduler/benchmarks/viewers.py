@@ -85,8 +85,7 @@ class Watching:
         # Pushes a second as the spacing between them: a count over the window would count
         # one push more than the window holds intervals (61 in 15.2 s at exactly 4 a second).
         self.rates = [
-            (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
-            for times in pushes
+            (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0 for times in pushes
         ]
 
     def close(self) -> dict[str, float | int | None]:
