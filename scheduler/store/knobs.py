@@ -19,4 +19,5 @@ def policy_config() -> PolicyConfig:
         activity_window_s=knob("ACTIVITY_WINDOW_S"),
         parallel_load_queue=knob("PARALLEL_LOAD_QUEUE"),
         no_server_grace_s=knob("NO_SERVER_GRACE_S"),
+        rescue_s=knob("RESCUE_S"),
     )

@@ -15,6 +15,7 @@ def test_policy_knobs_come_from_settings(settings) -> None:
         "ACTIVITY_WINDOW_S": 14.0,
         "PARALLEL_LOAD_QUEUE": 5,
         "NO_SERVER_GRACE_S": 6.0,
+        "RESCUE_S": 7.0,
     }
     with override_settings(SWITCHYARD=knobs):
         config = policy_config()
@@ -26,4 +27,5 @@ def test_policy_knobs_come_from_settings(settings) -> None:
         activity_window_s=14.0,
         parallel_load_queue=5,
         no_server_grace_s=6.0,
+        rescue_s=7.0,
     )
