@@ -107,14 +107,17 @@ def parallel_pays(
     victim_load_s: float,
     victim_users: float,
     config: PolicyConfig,
+    run_s: float | None = None,
 ) -> bool:
     """A second load of a model with a long queue, evicting an idle model: the queue drains
     twice as fast once the load is done, which saves each queued request about half of what
     is left of the drain; the victim's next user pays its reload:
 
         evict  iff  Σ_queue w · max(drain_s − load_s, 0) / 2  >  reload_s(victim) · w_users,
-        drain_s = len(queue) · default_run_s / 2
+        drain_s = len(queue) · run_s / 2
+
+    `run_s` is the queued model's measured run time (`default_run_s` before one is known).
     """
-    drain_s = len(queue) * config.default_run_s / 2
+    drain_s = len(queue) * (run_s or config.default_run_s) / 2
     saves = sum(class_weight(c) for c in queue) * max(drain_s - load_s, 0.0) / 2
     return saves > victim_load_s * victim_users

@@ -511,12 +511,13 @@ class _Pass:
                 self.candidates(r.model, "loading")
             )
             queue = self.waiting_on(busy.id) if busy is not None else []
+            run_s = busy.avg_inference_s if busy is not None else None
             return evictions_for(
                 d,
                 server,
                 resident,
                 self.now,
-                lambda victim: self.may_evict_for_queue(victim, queue, d),
+                lambda victim: self.may_evict_for_queue(victim, queue, d, run_s),
                 self.config.default_load_s,
             )
         if d.load_failures and d.last_error_code != "not_found":
@@ -591,11 +592,16 @@ class _Pass:
         return False
 
     def may_evict_for_queue(
-        self, victim: DeploymentView, queue: list[RequestView], target: DeploymentView
+        self,
+        victim: DeploymentView,
+        queue: list[RequestView],
+        target: DeploymentView,
+        run_s: float | None = None,
     ) -> bool:
         """A parallel load beside a long queue: it may evict an idle model nobody waits for
         and past its minimum residency, when draining the queue on two servers saves more
-        than the victim's reload costs its expected users (`holding.parallel_pays`)."""
+        than the victim's reload costs its expected users (`holding.parallel_pays`, the
+        queue priced at its model's measured run time `run_s`)."""
         if self.waiting_on(victim.id) or not queue:
             return False
         if (
@@ -614,6 +620,7 @@ class _Pass:
             self.load_s(victim),
             max(protected, users),
             self.config,
+            run_s,
         )
 
     def batch_of(self, model: str) -> list[RequestView]:

@@ -207,7 +207,9 @@ class _PolicySimulation:
             did = self.serving.pop(payload)
             d = self.deployments[did]
             self.etas.finished(payload, d.model, self.now)
-            self.update(did, in_flight=d.in_flight - 1, last_used_at=self.now)
+            ran = self.trace.requests[self.index[payload]].duration_s
+            avg = ran if d.avg_inference_s is None else 0.8 * d.avg_inference_s + 0.2 * ran
+            self.update(did, in_flight=d.in_flight - 1, last_used_at=self.now, avg_inference_s=avg)
             self.result.outcomes[self.index[payload]].state = "completed"
 
     def update(self, deployment_id: int, **changes) -> None:

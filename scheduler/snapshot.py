@@ -48,6 +48,8 @@ class DeploymentView:
     last_error: str = ""
     load_started_at: datetime | None = None
     """When its load under way started (a wait reason says how far it is)."""
+    avg_inference_s: float | None = None
+    """The measured average run time of a request here (None before one ended)."""
 
     @property
     def occupies_room(self) -> bool:

@@ -367,6 +367,18 @@ def test_parallel_load_evicts_only_what_the_queue_is_worth():
     assert loads(plan(s, at(0))) == [(2, (3,))]
 
 
+def test_parallel_load_prices_the_queue_at_its_measured_run_time():
+    """The same three normal requests queued for A, whose requests are measured to run
+    40 s: they drain in 60 s on two slots, saving 2 · 3 · (60 − 10)/2 = 150 > 20: x goes.
+    Breaks if the drain were priced at the default 10 s a request whatever the model (the
+    simulated flood's 20 s requests started their second server's load 17 s later)."""
+    x = dep(3, 2, "x", "loaded", last_priority=NORMAL)
+    deployments, waiting = long_queue(3)
+    deployments[0] = replace(deployments[0], avg_inference_s=40.0)
+    s = snap([server(1), server(2)], [*deployments, x], [*waiting, req("a")])
+    assert loads(plan(s, at(0))) == [(2, (3,))]
+
+
 def test_parallel_load_beside_a_long_load_queue():
     """A batch for A waits on its load on s1 (one slot): once it is done, one request runs
     and the rest queue. With two already queued behind the slot, the next request starts a
