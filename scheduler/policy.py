@@ -574,7 +574,9 @@ class _Pass:
                 return False
         protected, protected_until = self.protection(victim, server.id, mine)
         free_slot = self.in_flight[server.id] < server.slots
-        batching = not free_slot and self.has_choice(r.model)
+        # Batching is for normal and background switches: a better class is not held to
+        # share a switch with requests that may never come.
+        batching = not free_slot and mine >= NORMAL and self.has_choice(r.model)
         save = holding.hold_saving(
             self.load_s(victim), protected, self.load_s(target) if batching else 0.0, mine
         )

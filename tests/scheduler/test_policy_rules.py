@@ -397,8 +397,16 @@ def test_switch_batching_never_holds_with_a_free_slot():
 
 
 def test_switch_batching_not_for_high_or_interactive():
+    """Not with a free slot, nor with every slot busy: an interactive or high request that
+    must switch a model does so at once, not after waiting a load's time for others to
+    share it (the simulated day's interactive requests on the full servers of the 14:00
+    flood waited up to 21 s more for gemma3-12b's 21 s load). Breaks if batching held
+    them."""
     for priority in (HIGH, INTERACTIVE):
         s = snap([server(1), server(2)], two_homes_for_b(), [req("b", priority)])
+        assert len(loads(plan(s, at(0)))) == 1
+        homes = [server(1, llm=2), server(2, llm=2)]
+        s = snap(homes, busy_homes_for_b(), [req("b", priority, age_s=4)])
         assert len(loads(plan(s, at(0)))) == 1
 
 
