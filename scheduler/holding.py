@@ -59,10 +59,11 @@ def protected_weight(
 ) -> tuple[float, datetime | None]:
     """The class weight of the protected work a switch is expected to make wait for the
     victim's reload, and until when it is expected: interactive work that used the victim
-    within the warm window (for normal and background switches), half that for interactive
-    work on its server within the activity window (for background switches); (0, None) when
-    none is expected."""
-    warm = timedelta(seconds=config.warm_window_s)
+    within the warm window (`normal_warm_window_s` for normal switches, `warm_window_s` for
+    background ones), half that for interactive work on its server within the activity
+    window (for background switches); (0, None) when none is expected."""
+    window = config.warm_window_s if mine >= BACKGROUND else config.normal_warm_window_s
+    warm = timedelta(seconds=window)
     active = timedelta(seconds=config.activity_window_s)
     if mine >= NORMAL and victim_interactive_at and victim_interactive_at + warm > now:
         return class_weight(INTERACTIVE), victim_interactive_at + warm

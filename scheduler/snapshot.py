@@ -12,6 +12,8 @@ class PolicyConfig:
     aging_step_s: float = 150.0
     min_residency_s: float = 30.0
     warm_window_s: float = 120.0
+    normal_warm_window_s: float = 60.0
+    """The warm window for normal switches (a normal request's own tail is a load's time)."""
     activity_window_s: float = 300.0
     default_load_s: float = 10.0
     default_run_s: float = 10.0

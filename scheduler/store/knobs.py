@@ -16,6 +16,7 @@ def policy_config() -> PolicyConfig:
         aging_step_s=knob("AGING_STEP_S"),
         min_residency_s=knob("MIN_RESIDENCY_S"),
         warm_window_s=knob("WARM_WINDOW_S"),
+        normal_warm_window_s=knob("NORMAL_WARM_WINDOW_S"),
         activity_window_s=knob("ACTIVITY_WINDOW_S"),
         parallel_load_queue=knob("PARALLEL_LOAD_QUEUE"),
         no_server_grace_s=knob("NO_SERVER_GRACE_S"),

@@ -78,8 +78,8 @@ def test_reason_held_switch_batching_says_until_when_and_what_it_saves():
 
 
 def test_reason_held_by_a_guard_window():
-    """Interactive work used A a minute ago: a normal switch evicting it is held (warm)."""
-    warm = dep(1, 1, "a", "loaded", last_interactive_at=at(-60))
+    """Interactive work used A 10 s ago: a normal switch evicting it is held (warm)."""
+    warm = dep(1, 1, "a", "loaded", last_interactive_at=at(-10))
     r = req("b", NORMAL)
     found = why(snap([server(1)], [warm, dep(2, 1, "b")], [r]))
     assert found[r.id].text == "held: switch on s1 keeps a for interactive work until 12:00:40"

@@ -272,20 +272,35 @@ def test_min_residency_bounds_interactive_ping_pong():
 
 
 def warm_a(**fields):
-    return dep(1, 1, "a", "loaded", last_interactive_at=at(-60), **fields)
+    return dep(1, 1, "a", "loaded", last_interactive_at=at(-10), **fields)
 
 
 def test_warm_window_keeps_interactive_model_from_normal_work():
-    """A served an interactive request 60 s ago: a normal request (weight 2) is held until
+    """A served an interactive request 10 s ago: a normal request (weight 2) is held until
     it has paid what the switch is expected to cost interactive work, A's reload (10 s)
-    times the interactive weight (8): 40 s, with a Defer then; never past the window's end
-    (60 s from now)."""
+    times the interactive weight (8): 40 s, with a Defer then; never past the normal warm
+    window's end (60 s after that use, 50 s from now)."""
     decisions = plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], [req("b", NORMAL)]), at(0))
     assert of(decisions, StartLoad) == []
     assert defer(decisions).until == at(40)
     slow = warm_a(avg_load_s=90.0)
     decisions = plan(snap([server(1)], [slow, dep(2, 1, "b")], [req("b", NORMAL)]), at(0))
-    assert defer(decisions).until == at(60)
+    assert defer(decisions).until == at(50)
+
+
+def test_warm_window_is_shorter_for_normal_switches():
+    """A served an interactive request 90 s ago: past the normal warm window (60 s), inside
+    the background one (120 s). A normal request switches at once; a background one is held
+    until the window's end (its 80 s of price at weight 1 would last longer). Breaks if
+    normal requests, whose own wait is already a load's time, were held as long as
+    background ones (the simulated days' normal p95 went past self-swapping servers')."""
+    a = dep(1, 1, "a", "loaded", last_interactive_at=at(-90))
+    normal = plan(snap([server(1)], [a, dep(2, 1, "b")], [req("b", NORMAL)]), at(0))
+    assert loads(normal) == [(2, (1,))]
+    background = plan(snap([server(1)], [a, dep(2, 1, "b")], [req("b", BACKGROUND)]), at(0))
+    assert of(background, StartLoad) == [] and defer(background).until == at(30)
+    longer = snap([server(1)], [a, dep(2, 1, "b")], [req("b", NORMAL)], normal_warm_window_s=120)
+    assert of(plan(longer, at(0)), StartLoad) == []
     paid = plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], [req("b", NORMAL, age_s=40)]), at(0))
     assert loads(paid) == [(2, (1,))]
 
@@ -298,7 +313,7 @@ def test_warm_window_lets_high_and_interactive_through():
 
 def test_warm_window_ends():
     s = snap([server(1)], [warm_a(), dep(2, 1, "b")], [req("b", NORMAL)])
-    assert loads(plan(s, at(61))) == [(2, (1,))]
+    assert loads(plan(s, at(51))) == [(2, (1,))]
 
 
 def test_warm_window_sends_request_to_another_server():

@@ -89,11 +89,9 @@ NOT_YET = {
     ("default day, seed 1", "background p95"),
     ("default day, seed 1", "expired that the baseline served"),
     ("default day, seed 2", "interactive p95"),
-    ("default day, seed 2", "normal p95"),
     ("default day, seed 2", "background p95"),
     ("default day, seed 3", "interactive p95"),
     ("default day, seed 3", "high p95"),
-    ("default day, seed 3", "normal p95"),
     ("default day, seed 3", "background p95"),
     ("default day, seed 3", "expired that the baseline served"),
 }

@@ -16,6 +16,7 @@ from .common import PRIORITY_NAMES, waits_of
 SCALED_KNOBS = (
     "MIN_RESIDENCY_S",
     "WARM_WINDOW_S",
+    "NORMAL_WARM_WINDOW_S",
     "ACTIVITY_WINDOW_S",
     "AGING_STEP_S",
     "RESCUE_S",
