@@ -226,10 +226,13 @@ def test_the_server_killed_mid_request_and_restarted(router, switchyard):
     # The router is frozen (SIGSTOP) before the call, so the call is surely in flight when the
     # router dies: the tiny model can answer 100 tokens faster than a test can see it start.
     body = {"model": "large", "messages": CHAT, "max_tokens": 100}
+    # The stream above may still be ending (its caller left at once): watch this call only.
+    earlier = list(Request.objects.values_list("pk", flat=True))
     router.signal(signal.SIGSTOP)
     with ThreadPoolExecutor(1) as caller:
         answer = caller.submit(live.http.post, "/v1/chat/completions", json=body, timeout=300)
-        eventually(lambda: Request.objects.filter(state=State.PROCESSING).exists())
+        sent = Request.objects.filter(state=State.PROCESSING).exclude(pk__in=earlier)
+        eventually(sent.exists, what="the call sent to the frozen router")
         router.kill()
         eventually(
             lambda: Server.objects.get(pk=server.pk).health in ("down", "cooldown"),
@@ -239,8 +242,8 @@ def test_the_server_killed_mid_request_and_restarted(router, switchyard):
         response = answer.result()
     assert response.status_code == 200, (response.text, live.log())
     assert_words(response.json()["choices"][0]["message"]["content"])
-    request = Request.objects.order_by("-created_at").first()
-    assert request.attempts >= 2
+    request = Request.objects.exclude(pk__in=earlier).get()
+    assert request.attempts >= 2, list(request.traces.values_list("to_state", "reason"))
     eventually(lambda: Server.objects.get(pk=server.pk).health == "up", what="server up again")
 
 
