@@ -50,6 +50,25 @@ def outranks(
     return saves > costs
 
 
+def rescue_pays(
+    mine: int,
+    lifetime_s: float,
+    queue: Sequence[int],
+    queue_rescued: bool,
+    victim_load_s: float,
+) -> bool:
+    """A request that expires unless its load starts now may pass collation, residency and
+    the priced hold, when what it loses by expiring (all it waited, its whole lifetime, at
+    its weight) outweighs its victim's queue reloading, and none of that queue is about to
+    expire itself:
+
+        evict  iff  Σ_queue w · reload_s(victim)  <  w(mine) · lifetime_s
+    """
+    if queue_rescued:
+        return False
+    return sum(class_weight(c) for c in queue) * victim_load_s < class_weight(mine) * lifetime_s
+
+
 def protected_weight(
     mine: int,
     victim_interactive_at: datetime | None,

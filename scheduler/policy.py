@@ -544,7 +544,8 @@ class _Pass:
         self, victim: DeploymentView, r: RequestView, target: DeploymentView, wakes: Wakes
     ) -> bool:
         """May `r`'s load of `target` evict the idle `victim`? The rules, in order: no wasted
-        load, priced collation, minimum residency, the priced hold (see `holding.py`)."""
+        load, a request about to expire, priced collation, minimum residency, the priced hold
+        (see `holding.py`)."""
         server = self.servers[target.server_id]
         mine = self.effective(r)
         theirs = self.waiting_on(victim.id)
@@ -552,6 +553,15 @@ class _Pass:
         if victim.loaded_at and any(w.created_at <= victim.loaded_at for w in theirs):
             self.note(r, waits.held("no_wasted_load", server.name, victim.model, None))
             return False
+        # About to expire: the holds below would only make it expire (see `urgent`).
+        if self.urgent(r, target) and holding.rescue_pays(
+            mine,
+            (r.expires_at - r.created_at).total_seconds(),
+            [self.effective(w) for w in theirs if not self.rescued(w)],
+            any(self.rescued(w) for w in theirs),
+            self.load_s(victim),
+        ):
+            return True
         batch = self.batch_of(r.model)
         if theirs and not holding.outranks(
             [self.effective(b) for b in batch],
@@ -592,6 +602,12 @@ class _Pass:
         rule, saves = ("batching", self.load_s(target)) if batching else ("protected", None)
         self.note(r, waits.held(rule, server.name, victim.model, release, saves))
         return False
+
+    def urgent(self, r: RequestView, target: DeploymentView) -> bool:
+        """`r` is served before it expires only if its load of `target` starts within
+        `urgent_load_s`, and can still be if it starts now."""
+        left = (r.expires_at - self.now).total_seconds() - self.load_s(target)
+        return 0 <= left <= self.config.urgent_load_s
 
     def may_evict_for_queue(
         self,

@@ -21,6 +21,9 @@ class PolicyConfig:
     parallel_load_queue: int = 2
     no_server_grace_s: float = 15.0
     """A request whose model no server can serve now fails after this long."""
+    urgent_load_s: float = 20.0
+    """A request whose load must start within this long to be served before it expires
+    passes the holds (`holding.rescue_pays`)."""
     rescue_s: float = 30.0
     """A request this close to its expiry goes first (earliest expiry first)."""
     """Start a load on a second server once this many requests queue for a busy model."""

@@ -21,4 +21,5 @@ def policy_config() -> PolicyConfig:
         parallel_load_queue=knob("PARALLEL_LOAD_QUEUE"),
         no_server_grace_s=knob("NO_SERVER_GRACE_S"),
         rescue_s=knob("RESCUE_S"),
+        urgent_load_s=knob("URGENT_LOAD_S"),
     )

@@ -229,6 +229,52 @@ def test_collation_is_bounded_for_interactive_too():
     assert loads(plan(snap([server(1)], deployments, [queued, old_b]), at(0))) == [(2, (1,))]
 
 
+# -- a request about to expire -------------------------------------------------------------
+
+
+def urgent_case(age_s: float, a_load_s: float = 10.0, queued: int = 1):
+    """An interactive request for B (a 10 s load, two minutes to live) that has waited
+    `age_s`; A, idle on the one-model server, has `queued` interactive requests waiting for
+    it (retries backing off, so the slot stays free)."""
+    a = dep(1, 1, "a", "loaded", avg_load_s=a_load_s)
+    queue = [
+        req("a", INTERACTIVE, age_s=5, state="ready", deployment_id=1, not_before=at(30))
+        for _ in range(queued)
+    ]
+    ia = req("b", INTERACTIVE, age_s=age_s, expires_at=at(120 - age_s))
+    return plan(snap([server(1)], [a, dep(2, 1, "b")], [*queue, ia]), at(0))
+
+
+def test_urgent_load_passes_collation_when_it_would_otherwise_expire():
+    """Fresh, the request waits for A's queue of its own class (collation). 100 s into its
+    120 s its load must start within 20 s (`urgent_load_s`) or it expires: it evicts A, whose
+    one waiter pays 8 · 10 s for the reload against the 8 · 120 s it would lose. Breaks if
+    holds made a request expire that a load started in time would serve (the simulated
+    day's interactive request behind a queue stuck behind the aged 14:00 flood)."""
+    assert loads(urgent_case(age_s=0)) == []
+    assert loads(urgent_case(age_s=100)) == [(2, (1,))]
+
+
+def test_urgent_load_only_while_it_can_still_serve_it():
+    """115 s in, a 10 s load can no longer serve it before it expires: no eviction for it."""
+    assert loads(urgent_case(age_s=115)) == []
+
+
+def test_urgent_load_weighs_the_queue_it_evicts():
+    """Two waiters for A, a 90 s reload: 16 · 90 s > 8 · 120 s, the urgent request waits."""
+    assert loads(urgent_case(age_s=100, a_load_s=90.0, queued=2)) == []
+
+
+def test_urgent_load_never_throws_away_a_finished_load():
+    """A finished loading 5 s ago for the request waiting on it: even an urgent request
+    waits for that one to be served (no wasted load comes first)."""
+    a = dep(1, 1, "a", "loaded", loaded_at=at(-5), avg_load_s=3.0)
+    waiter = req("a", INTERACTIVE, age_s=20, state="ready", deployment_id=1, not_before=at(30))
+    ia = req("b", INTERACTIVE, age_s=100, expires_at=at(20))
+    decisions = plan(snap([server(1)], [a, dep(2, 1, "b")], [waiter, ia]), at(0))
+    assert loads(decisions) == []
+
+
 # -- minimum residency -------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ def test_policy_knobs_come_from_settings(settings) -> None:
         "PARALLEL_LOAD_QUEUE": 5,
         "NO_SERVER_GRACE_S": 6.0,
         "RESCUE_S": 7.0,
+        "URGENT_LOAD_S": 8.0,
     }
     with override_settings(SWITCHYARD=knobs):
         config = policy_config()
@@ -30,4 +31,5 @@ def test_policy_knobs_come_from_settings(settings) -> None:
         parallel_load_queue=5,
         no_server_grace_s=6.0,
         rescue_s=7.0,
+        urgent_load_s=8.0,
     )

@@ -87,7 +87,6 @@ NOT_YET = {
     ("default day, seed 0", "expired that the baseline served"),
     ("default day, seed 1", "interactive p95"),
     ("default day, seed 1", "background p95"),
-    ("default day, seed 1", "expired that the baseline served"),
     ("default day, seed 2", "interactive p95"),
     ("default day, seed 2", "background p95"),
     ("default day, seed 3", "interactive p95"),
