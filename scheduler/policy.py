@@ -583,6 +583,10 @@ class _Pass:
                 self.note(r, waits.held("residency", server.name, victim.model, resident_until))
                 return False
         protected, protected_until = self.protection(victim, server.id, mine)
+        if mine >= BACKGROUND and len(batch) > server.slots + self.config.parallel_load_queue:
+            # A background batch that fills the server and queues behind it needs the switch
+            # however long it is held: holding only delays it (the 14:00 flood, 35 s).
+            protected, protected_until = 0.0, None
         free_slot = self.in_flight[server.id] < server.slots
         # Batching is for normal and background switches: a better class is not held to
         # share a switch with requests that may never come.

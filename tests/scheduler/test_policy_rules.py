@@ -351,6 +351,19 @@ def test_warm_window_is_shorter_for_normal_switches():
     assert loads(paid) == [(2, (1,))]
 
 
+def test_warm_window_does_not_hold_a_long_background_batch():
+    """Three background requests for B are held for the interactive work that used A 10 s
+    ago. Four, more than the server's slot and a parallel-load queue (1 + 2), switch at
+    once: they fill the server and queue behind it whatever the hold, and holding only
+    delays them. Breaks if a flood waited out the window (the simulated 14:00 job held its
+    first load 35 s, and its p95 passed the self-swapping servers')."""
+    three = [req("b", BACKGROUND) for _ in range(3)]
+    held = plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], three), at(0))
+    assert of(held, StartLoad) == []
+    four = [*three, req("b", BACKGROUND)]
+    assert loads(plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], four), at(0))) == [(2, (1,))]
+
+
 def test_warm_window_lets_high_and_interactive_through():
     for priority in (HIGH, INTERACTIVE):
         decisions = plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], [req("b", priority)]), at(0))
