@@ -39,6 +39,9 @@ TERMINAL_STATES = (State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED
 class Worker(models.Model):
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
+    # The kernel's boot and the PID namespace the worker ran in: a worker that shares them
+    # can tell at once that this one's process has exited (scheduler/store/workers.py).
+    machine = models.CharField(max_length=120, blank=True, default="")
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
 

@@ -4,6 +4,7 @@ import logging
 import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
@@ -19,8 +20,34 @@ log = logging.getLogger(__name__)
 DS = DeploymentState
 
 
+def this_machine() -> str:
+    """The kernel's boot id and this process's PID namespace: workers that share them see
+    the same processes, so one can tell whether another's pid still runs. Empty where
+    /proc does not say (not Linux)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+MACHINE = this_machine()
+
+
 def register_worker() -> int:
-    return Worker.objects.create(host=socket.gethostname(), pid=os.getpid()).pk
+    return Worker.objects.create(host=socket.gethostname(), pid=os.getpid(), machine=MACHINE).pk
+
+
+def exited(pid: int) -> bool:
+    """No process has this pid here. (A pid reused since reads as alive: that worker is then
+    taken over only once its heartbeat is stale.)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process: it exists
+        return False
+    return False
 
 
 def heartbeat(worker_id: int) -> bool:
@@ -28,20 +55,34 @@ def heartbeat(worker_id: int) -> bool:
 
 
 def take_over_stale_workers(stale_s: float, me: int | None = None) -> tuple[int, list[int]]:
-    """Take back what workers with a stale heartbeat held, and what no worker holds.
+    """Take back what dead workers held, and what no worker holds: a worker is dead when its
+    heartbeat is stale, or at once when it ran on this machine and its process has exited
+    (killed, crashed): no wait for the stale time.
 
     Requests they were processing go back to pending (they run again). Returns how many
     requests moved and the deployments whose load or unload was under way, to be
     re-checked with their servers."""
     cutoff = timezone.now() - timedelta(seconds=stale_s)
-    stale = list(
-        Worker.objects.filter(last_heartbeat__lt=cutoff).exclude(pk=me).values_list("pk", flat=True)
-    )
+    gone, stale = [], []
+    for pk, beat, machine, pid in Worker.objects.exclude(pk=me).values_list(
+        "pk", "last_heartbeat", "machine", "pid"
+    ):
+        if MACHINE and machine == MACHINE and exited(pid):
+            gone.append(pk)
+        elif beat < cutoff:
+            stale.append(pk)
+    if gone:
+        log.warning("taking over the work of workers %s: their processes have exited", gone)
     if stale:
         log.warning("taking over the work of stale workers %s", stale)
-    elif not _orphans().exists():
+    if not gone and not stale and not _orphans().exists():
         return 0, orphaned_deployments()
-    return _hand_back(stale, "its worker stopped heartbeating; it will run again")
+    reason = (
+        "its worker's process exited; it will run again"
+        if gone and not stale
+        else "its worker stopped heartbeating; it will run again"
+    )
+    return _hand_back(gone + stale, reason)
 
 
 def release_worker(worker_id: int) -> tuple[int, list[int]]:

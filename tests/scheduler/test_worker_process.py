@@ -4,6 +4,7 @@ crash safety proven with real `manage.py run_scheduler` processes."""
 import asyncio
 import os
 import signal
+import subprocess
 import time
 from datetime import timedelta
 
@@ -58,10 +59,9 @@ def traces(request: Request) -> list[tuple[str, str, str]]:
     return list(request.traces.values_list("from_state", "to_state", "reason"))
 
 
-def runs_again_after_take_over(request: Request, dead: WorkerProcess, upstream: Upstream) -> None:
-    """The next worker takes over what `dead` held and runs `request` again, to its end (its
-    heartbeat aged by hand: no wait for WORKER_STALE_S)."""
-    Worker.objects.filter(pk=dead.worker_id).update(last_heartbeat=timezone.now() - LONG_AGO)
+def runs_again_after_take_over(request: Request, upstream: Upstream) -> None:
+    """The next worker, started on this machine, takes over what a dead one held at once (its
+    process has exited: no wait for WORKER_STALE_S) and runs `request` again, to its end."""
     second = WorkerProcess("--until-idle")
     out = second.finish()
     assert second.proc.returncode == 0, out
@@ -82,9 +82,10 @@ def test_a_killed_worker_loses_no_request(gated_upstream):
     first.proc.wait(timeout=30)
     gated_upstream.gate.set()
 
-    runs_again_after_take_over(request, first, gated_upstream)
+    assert Worker.objects.get(pk=first.worker_id).last_heartbeat > timezone.now() - LONG_AGO
+    runs_again_after_take_over(request, gated_upstream)
     assert (State.PROCESSING, State.PENDING) in [(f, t) for f, t, _ in traces(request)]
-    assert any("stopped heartbeating" in reason for *_, reason in traces(request))
+    assert any("process exited" in reason for *_, reason in traces(request))
     assert not Worker.objects.exists()
     assert Deployment.objects.get().in_flight == 0
 
@@ -256,6 +257,29 @@ def test_a_hand_back_cut_short_by_a_fault_leaves_all_of_it_to_do_again(monkeypat
     request.refresh_from_db()
     assert request.state == State.PENDING
     assert Deployment.objects.get(pk=d.pk).in_flight == 0
+
+
+def test_a_worker_on_this_machine_whose_process_exited_is_taken_over_at_once():
+    """Its heartbeat is fresh, but its pid is gone: dead. A live pid here, or a pid on
+    another machine (or a worker that did not say its machine), waits for the stale time."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    machine = store.workers.MACHINE
+    dead = Worker.objects.create(host="here", pid=ended.pid, machine=machine)
+    alive = Worker.objects.create(host="here", pid=os.getpid(), machine=machine)
+    elsewhere = Worker.objects.create(host="there", pid=ended.pid, machine="another/boot")
+    unsaid = Worker.objects.create(host="old", pid=ended.pid)
+    srv = factories.server("s1")
+    d = factories.deployment(srv, "m1", state=DS.LOADED, in_flight=1, worker=dead)
+    request = factories.request(
+        "m1", state=State.PROCESSING, worker=dead, deployment=d, server=srv, attempts=1
+    )
+
+    assert store.take_over_stale_workers(stale_s=30) == (1, [])
+    assert set(Worker.objects.values_list("pk", flat=True)) == {alive.pk, elsewhere.pk, unsaid.pk}
+    request.refresh_from_db()
+    assert request.state == State.PENDING
+    assert "process exited" in traces(request)[-1][2]
 
 
 async def test_a_live_workers_long_load_is_never_taken_over():
