@@ -84,3 +84,23 @@ async def test_dashboard_hints_keep_their_interval_and_the_last_is_sent_on_close
     dashboard = [at for group, at in sent if group == DASHBOARD_GROUP]
     assert dashboard == [0.0, DASHBOARD_EVERY_S]
     assert len([group for group, _ in sent if group != DASHBOARD_GROUP]) == 21
+
+
+async def test_a_timer_that_fires_early_does_not_shorten_the_interval(clock):
+    """uvloop's timers may fire up to a millisecond early: the next push still waits until
+    the whole interval has passed, so a page never gets more than one push an interval."""
+
+    async def early(seconds: float) -> None:
+        await clock.sleep(max(seconds - 0.001, 0.0005))
+
+    pushed: list[float] = []
+
+    async def push() -> None:
+        pushed.append(clock.now)
+
+    throttle = Throttle(push, 0.25, clock.time, early)
+    for _ in range(5):
+        throttle.hint()
+        await throttle.flush()
+    assert len(pushed) == 5
+    assert all(b - a >= 0.25 - 1e-9 for a, b in zip(pushed, pushed[1:], strict=False))
