@@ -12,6 +12,7 @@ from django.utils import timezone
 from backends.models import Deployment, DeploymentState, Model, Server
 from scheduler.models import Priority, Request, State
 
+from .results import ok_results
 from .stack import BENCH, wait_until
 
 
@@ -117,6 +118,12 @@ def timestamps(ids: list[str]) -> dict[str, dict[str, Any]]:
                 for name, value in zip(fields[1:], row[1:], strict=True)
             }
     return out
+
+
+def via_timestamps(measured: list[dict]) -> list[dict[str, dict[str, Any]]]:
+    """`timestamps` of the calls that succeeded, for each run through Switchyard (a paired
+    run's second phase; `results.paired`)."""
+    return [timestamps([r["id"] for r in ok_results(m["results"])]) for m in measured[1::2]]
 
 
 def handoffs() -> list[float]:

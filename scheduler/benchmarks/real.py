@@ -15,7 +15,7 @@ import httpx
 from . import fleet
 from .context import Context
 from .loadgen import auth_headers
-from .results import breakdown, ok_results, paired
+from .results import breakdown, breakdown_note, c1_targets, paired
 from .stack import Stack, run_loadgen
 from .stats import Outcome, Target, ms
 
@@ -66,10 +66,7 @@ def real(ctx: Context) -> Outcome:
                 for url in (llama.url, stack.base_url):
                     phases.append({"base_url": url, "warmup": 3, "groups": [group]})
             measured = run_loadgen(*phases)
-            stamps = [
-                fleet.timestamps([r["id"] for r in ok_results(m["results"])])
-                for m in measured[1::2]
-            ]
+            stamps = fleet.via_timestamps(measured)
             swaps = ctx.pick(3, 10)
             via_swap, via_warm = swap_through_switchyard(stack.base_url, swaps)
         direct_swap = swap_through_the_router(llama.url, swaps)
@@ -168,11 +165,8 @@ def outcome(runs, measured, stamps, direct_swap, via_swap, via_warm) -> Outcome:
             "via": {"latency": v_lat, "ttfb": v_fb},
             "breakdown_p50_ms": parts,
         }
-        legs.append(f"{label} via, p50 ms: " + ", ".join(f"{k} {v}" for k, v in parts.items()))
-        if c == 1 and not stream:
-            targets.append(Target("added p50, c=1, non-streamed", ms(added), 5, "ms"))
-        if c == 1 and stream:
-            targets.append(Target("added TTFB p50, c=1, streamed", ms(added_fb), 5, "ms"))
+        legs.append(breakdown_note(label, parts))
+        targets += c1_targets(stream, c, run)
     router_swap = statistics.median(direct_swap)
     via_cost = statistics.median(via_swap) - statistics.median(via_warm)
     data["swap_s"] = {

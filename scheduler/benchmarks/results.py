@@ -4,7 +4,7 @@ run straight to the upstream set beside the same run through Switchyard."""
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .stats import minus, ms, percentile, spread
+from .stats import Target, minus, ms, percentile, spread
 
 
 def ok_results(results: list[dict], group: str | None = None) -> list[dict]:
@@ -85,3 +85,16 @@ def breakdown(results: list[dict], stamps: dict[str, dict]) -> dict[str, float |
         legs["sent→finished"].append(s["finished_at"] - s["started_at"])
         legs["finished→answered"].append(r["start"] + r["end"] - s["finished_at"])
     return {k: ms(percentile(v, 50)) for k, v in legs.items()}
+
+
+def breakdown_note(label: str, parts: dict[str, float | None]) -> str:
+    return f"{label} via, p50 ms: " + ", ".join(f"{k} {v}" for k, v in parts.items())
+
+
+def c1_targets(stream: bool, c: int, run: Compared) -> list[Target]:
+    """The targets of a run at c=1: added p50 (not streamed) or added TTFB (streamed)."""
+    if c != 1:
+        return []
+    if stream:
+        return [Target("added TTFB p50, c=1, streamed", ms(run.added_ttfb()), 5, "ms")]
+    return [Target("added p50, c=1, non-streamed", ms(run.added()), 5, "ms")]

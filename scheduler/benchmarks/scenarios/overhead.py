@@ -4,10 +4,10 @@ streamed and not, with where a request's time goes."""
 from .. import fleet, machine
 from ..context import Context
 from ..profiling import Profiler
-from ..results import breakdown
+from ..results import breakdown, breakdown_note, c1_targets
 from ..stack import Stack, run_loadgen
 from ..stats import Outcome, Target, ms
-from .common import ok_results, paired
+from .common import paired
 
 
 def overhead(ctx: Context) -> Outcome:
@@ -38,9 +38,7 @@ def overhead(ctx: Context) -> Outcome:
         measured = run_loadgen(*phases)
         cpu_after = stack.cpu()
         profile = profiler.stop() if profiler else None
-        stamps = [
-            fleet.timestamps([r["id"] for r in ok_results(m["results"])]) for m in measured[1::2]
-        ]
+        stamps = fleet.via_timestamps(measured)
     rows, data, targets, notes = [], {}, [], []
     c1_added: float | None = None
     for i, (stream, c, label, run) in enumerate(paired(runs, measured)):
@@ -77,12 +75,10 @@ def overhead(ctx: Context) -> Outcome:
             "switchyard": {"latency": v_lat, "ttfb": v_fb, "rps": v_rps},
             "breakdown_p50_ms": parts,
         }
-        notes.append(f"{label} via, p50 ms: " + ", ".join(f"{k} {v}" for k, v in parts.items()))
+        notes.append(breakdown_note(label, parts))
+        targets += c1_targets(stream, c, run)
         if c == 1 and not stream:
             c1_added = ms(added["p50"])
-            targets.append(Target("added p50, c=1, non-streamed", c1_added, 5, "ms"))
-        if c == 1 and stream:
-            targets.append(Target("added TTFB p50, c=1, streamed", ms(added_fb), 5, "ms"))
         if c == 32 and not stream:
             targets.append(
                 Target("throughput c=32, non-streamed", round(v_rps, 1), 170, "req/s", True)
