@@ -188,7 +188,7 @@ def test_a_worker_killed_mid_load(fresh, upstream):
 @full
 def test_a_worker_killed_mid_request(fresh, upstream):
     """Both workers hold requests at a stalled upstream; one dies; the other (or its
-    restart) takes its work over once its heartbeat is stale."""
+    restart) takes its work over at once: its process has exited on this machine."""
     cluster = fresh
     upstream.mode = "stall"
     load = Load(cluster.urls, callers=4).start()
