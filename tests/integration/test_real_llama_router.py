@@ -2,10 +2,13 @@
 --models-preset … --models-max 1`, build b11434): discovery, loads and unloads by the
 scheduler, every kind of call, failures the real router really has."""
 
+import contextlib
 import json
+import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -270,30 +273,42 @@ def test_load_progress_reaches_the_watch_page_and_the_dashboard(
 ):
     """The router's own figure for a load, relayed as it comes: on the caller's watch page
     and on the dashboard, not an estimate. A 16k context makes the 100 MB model's load end
-    ~1 s after its progress reaches 1.0; the router is frozen there, so the test reads the
-    state at leisure, then thawed."""
+    ~1 s after its progress reaches 1.0; the model's own process is frozen there (the
+    router itself still answers Switchyard), so the test reads the state at leisure, then
+    thaws it."""
     sections = {"*": {"c": 1024, "np": 2}, "slow": {"model": tiny_models["tiny-100mb"], "c": 16384}}
     preset = tmp_path / "models.ini"
     preset.write_text(real_llama.preset(sections))
     router = real_llama.RealLlamaServer(["--models-preset", str(preset)], tmp_path)
-    frozen = threading.Event()
+    listening, frozen = threading.Event(), threading.Event()
+    children: list[int] = []
 
-    def freeze_at_full_progress() -> None:
+    def freeze_the_model_at_full_progress() -> None:
         with httpx.stream("GET", router.url + "/models/sse", timeout=None) as events:
+            listening.set()
             for line in events.iter_lines():
                 if '"value":1.0' in line and '"model":"slow"' in line:
-                    router.signal(signal.SIGSTOP)
+                    children.extend(child_pids(router.proc.pid))
+                    for pid in children:
+                        os.kill(pid, signal.SIGSTOP)
                     frozen.set()
                     return
+
+    def thaw() -> None:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     try:
         discovered(router)
         live = switchyard()
-        threading.Thread(target=freeze_at_full_progress, daemon=True).start()
+        threading.Thread(target=freeze_the_model_at_full_progress, daemon=True).start()
+        assert listening.wait(WAIT_S)
         body = {"model": "slow", "messages": CHAT, "max_tokens": 8}
         with live.stream("/v1/chat/completions", body) as response:
             watch = response.headers["X-Switchyard-Watch-Url"] + "state.json"
             assert frozen.wait(WAIT_S), "the router never reported the load's progress"
+            assert children, "the router started no process for the model"
 
             def loading() -> dict | None:
                 shown = live.http.get(watch).json()
@@ -307,10 +322,17 @@ def test_load_progress_reaches_the_watch_page_and_the_dashboard(
             assert [(d["model"], d["state"], d["progress"]["fraction"]) for d in deployments] == [
                 ("slow", "loading", 1.0)
             ]
-            router.signal(signal.SIGCONT)
+            thaw()
             assert events(response.iter_lines())[-1] == "[DONE]"
         shown = live.http.get(watch).json()
         assert (shown["state"], shown["load"]) == ("completed", None)
     finally:
-        router.signal(signal.SIGCONT)
+        thaw()
         router.stop()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (the router's: one per model it runs), from any of its
+    threads."""
+    tasks = Path(f"/proc/{pid}/task").glob("*/children")
+    return [int(c) for task in tasks for c in task.read_text().split()]
