@@ -20,6 +20,7 @@ def main() -> None:
     from daphne.cli import CommandLineInterface
 
     CommandLineInterface().run(sys.argv[1:])
+    event_loop.exit_served()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ waiting caller's connection is closed, its request stays stored for a worker to 
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,7 +15,7 @@ import pytest
 from scheduler.models import Request
 from tests import factories
 from tests.conftest import database_url, free_port
-from tests.support.manage_process import ManageProcess
+from tests.support.manage_process import ROOT, ManageProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EXIT_WITHIN_S = 15.0
@@ -81,3 +83,21 @@ def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
     assert answered, "the caller was never let go"
     # Stored; cancelled if its caller was let go before a worker took it.
     assert Request.objects.get().state in ("pending", "cancelled")
+
+
+def test_a_stopped_web_process_exits_with_a_request_thread_still_waiting():
+    """A SIGTERM can stop the loop while a request's sync half (Django's sync middleware, in
+    a pool thread) waits for the async rest: that thread never returns, and Python's own
+    exit would join it forever. `exit_served` ends the process anyway, with its output."""
+    program = (
+        "import concurrent.futures, threading\n"
+        "from config import event_loop\n"
+        "never = threading.Event()\n"
+        "concurrent.futures.ThreadPoolExecutor(1).submit(never.wait)\n"
+        "print('stopped', flush=False)\n"
+        "event_loop.exit_served()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr

@@ -46,3 +46,4 @@ class Command(BaseCommand):
         stop.set()
         if tasks:
             asyncio.get_event_loop().run_until_complete(asyncio.wait(tasks, timeout=10))
+        event_loop.exit_served()
