@@ -141,3 +141,16 @@ def parallel_pays(
     drain_s = len(queue) * (run_s or config.default_run_s) / 2
     saves = sum(class_weight(c) for c in queue) * max(drain_s - load_s, 0.0) / 2
     return saves > victim_load_s * victim_users
+
+
+def leave_pays(
+    mine: int, wait_s: float, load_s: float, victim_load_s: float, victim_users: float
+) -> bool:
+    """A request behind a long line for a busy server loads its model on another server
+    where it is sent soon, evicting an idle model, when the wait it saves outweighs the
+    victim's reload for its next user:
+
+        evict  iff  w(mine) · max(wait_s − load_s, 0)  >  reload_s(victim) · w_users,
+        wait_s = line · default_run_s / slots
+    """
+    return class_weight(mine) * max(wait_s - load_s, 0.0) > victim_load_s * victim_users

@@ -6,10 +6,11 @@ Read `scheduler/README.md` first. One pass, in this order:
 1. follow routed requests: a finished load makes its waiters ready; a deployment that went
    away, failed or sits on an unusable server sends them back to routing;
 2. route pending requests, best first, in two rounds. First those that disturb nothing: to
-   a server with the model loaded and a free slot, to one with it loaded and a short queue,
-   or to a load of it under way that few wait for. Then the rest, best first: a parallel
-   load beside a long queue or a long batch waiting for a load, else that queue or load; or
-   a new load with the least disruption.
+   a server with the model loaded and a free slot, to one with it loaded, a short queue and
+   no long line ahead, or to a load of it under way that few wait for. Then the rest, best
+   first: a load where it is sent soon instead of a long line ahead; a parallel load beside
+   a long queue or a long batch waiting for a load, else that queue or load; or a new load,
+   where it is sent soon first, then with the least disruption.
    Routing the cheap ones first lets collation see every request for a loaded model;
 3. dispatch ready requests into free slots, best first, on any server that has their
    model loaded (their own first);
@@ -111,6 +112,9 @@ class _Pass:
         self.ready_on_server: dict[int, int] = defaultdict(int)
         self.ready_on_deployment: dict[int, int] = defaultdict(int)
         self.order = [r.id for r in sorted(snapshot.requests, key=self.rank)]
+        # (request, `soon_rank`) by `soon_rank`, made when first needed (`line_ahead`)
+        self.soon_order: list[tuple[UUID, tuple]] | None = None
+        self.no_leave: dict[str, int] = {}  # models that found no load to leave a line for
         self.keys = {k.id: k for k in snapshot.keys}
         self.quota = fair_share.Quota(self.keys)
         self.unseen = snapshot.unseen
@@ -338,9 +342,10 @@ class _Pass:
         return self.found[key]
 
     def route_quietly(self, r: RequestView) -> bool:
-        """Routes that disturb nothing: loaded with room or a short queue; a load under way."""
+        """Routes that disturb nothing: loaded with room or a short queue and no long line
+        ahead; a load under way."""
         loaded = self.least_busy(self.candidates(r.model, "loaded"))
-        if loaded is not None and not self.crowded(loaded):
+        if loaded is not None and not self.crowded(loaded) and not self.long_line(r, loaded):
             self.route_to(r, loaded, ready=True, reason="model loaded there")
             return True
         loading = self.least_busy(self.candidates(r.model, "loading"))
@@ -364,6 +369,9 @@ class _Pass:
         loaded = self.least_busy(self.candidates(r.model, "loaded"))
         loading = self.least_busy(self.candidates(r.model, "loading"))
         if loaded is not None:
+            # A long line ahead of it there: load it where it is sent soon, if that pays.
+            if loading is None and self.leaves_line(r, loaded):
+                return
             # A long queue for a busy model: load it where there is free room, else queue.
             if loading is not None or not self.start_new_load(r, free_only=True):
                 self.route_to(r, loaded, ready=True, reason="model loaded there, queued")
@@ -391,6 +399,68 @@ class _Pass:
             return False
         return self.ready_on_deployment[d.id] >= self.config.parallel_load_queue
 
+    def soon_rank(self, r: RequestView) -> tuple:
+        """Where `r` will rank within one aging step at most: one class better (a rescued
+        request is already first)."""
+        if self.rescued(r):
+            return self.rank(r)
+        return (self.effective(r) - 1, r.created_at, r.id)
+
+    def line_ahead(self, r: RequestView, server_id: int, enough: int) -> int:
+        """The requests that a slot of `server_id` sends before `r`, now or within one aging
+        step (routed there, or ready for a model loaded there), counted up to `enough`."""
+        if self.soon_order is None:
+            ranks = {q.id: self.soon_rank(q) for q in self.requests.values()}
+            self.soon_order = sorted(ranks.items(), key=lambda item: item[1])
+        mine = self.rank(r)
+        here = {d.model for d in self.on_server(server_id) if d.state == "loaded"}
+        count = 0
+        for qid, soon in self.soon_order:
+            if soon >= mine:
+                break
+            w = self.requests.get(qid)
+            if w is None or w.id == r.id or w.deployment_id is None:
+                continue
+            at = self.deployments.get(w.deployment_id)
+            if at is not None and (
+                at.server_id == server_id or (w.state == "ready" and w.model in here)
+            ):
+                count += 1
+                if count >= enough:
+                    break
+        return count
+
+    def long_line(self, r: RequestView, d: DeploymentView) -> bool:
+        """`d`'s server has no free slot, `r`'s model could load on another server, and at
+        least `slots + parallel_load_queue` requests there go before `r` within an aging
+        step: `r` may load its model where it is sent soon (`start_new_load(leave=…)`)."""
+        server = self.servers[d.server_id]
+        if self.in_flight[server.id] < server.slots:
+            return False
+        if not any(c.state == "unloaded" for c in self.candidates(r.model)):
+            return False
+        enough = server.slots + self.config.parallel_load_queue
+        return self.line_ahead(r, server.id, enough) >= enough
+
+    def leaves_line(self, r: RequestView, loaded: DeploymentView) -> bool:
+        """Behind a long line of other work on `loaded`'s server, `r` loads its model where
+        it is sent soon if that pays (a long queue of its own model is priced as a parallel
+        load instead: that load drains the whole queue). A model that found no such load
+        waits alike until a deployment changes (the requests behind rank no higher)."""
+        if self.crowded(loaded) or self.no_leave.get(r.model) == self.deployment_changes:
+            return False  # a long queue of its own model: a parallel load's price
+        if not self.long_line(r, loaded):
+            return False
+        if self.start_new_load(r, leave=loaded):
+            return True
+        self.no_leave[r.model] = self.deployment_changes
+        return False
+
+    def sent_soon(self, r: RequestView, server_id: int) -> bool:
+        """Fewer requests than its slots go before `r` on `server_id` within an aging step."""
+        slots = self.servers[server_id].slots
+        return self.line_ahead(r, server_id, slots) < slots
+
     def crowded_load(self, d: DeploymentView) -> bool:
         """Enough requests wait for this load that, once it is done, `parallel_load_queue`
         of them still queue behind its server's slots."""
@@ -402,11 +472,15 @@ class _Pass:
         self.decisions.append(Route(r.id, d.id, ready, f"{reason} ({server})"))
         self.set_request(r, state="ready" if ready else "needs_loading", deployment_id=d.id)
 
-    def start_new_load(self, r: RequestView, free_only: bool = False) -> bool:
-        """Start a load for `r` with the least disruption: free room first, then the fewest
-        evictions, then the cheapest, then the server with the fewest waiting requests. Fails
-        `r` when no server ever could; otherwise it waits (with a `Defer` when a rule lifts at
-        a known time)."""
+    def start_new_load(
+        self, r: RequestView, free_only: bool = False, leave: DeploymentView | None = None
+    ) -> bool:
+        """Start a load for `r` with the least disruption: where it is then sent soon first,
+        then free room, then the fewest evictions, then the cheapest, then the server with
+        the fewest waiting requests. Fails `r` when no server ever could; otherwise it waits
+        (with a `Defer` when a rule lifts at a known time). With `leave` (its model loaded
+        behind a long line there), only where `r` is sent soon, evicting only what its wait
+        there is worth (`may_evict_to_leave`)."""
         wakes: Wakes = []
         options: list[tuple[tuple, DeploymentView, tuple[int, ...]]] = []
         reasons: list[NoRoom] = []
@@ -426,23 +500,29 @@ class _Pass:
                 reasons.append(
                     NoRoom(f"another load is under way on {self.servers[d.server_id].name}")
                 )
+            elif leave is not None and not self.sent_soon(r, d.server_id):
+                continue
             else:
-                outcome = self.room_for(d, r, wakes, free_only)
+                outcome = self.room_for(d, r, wakes, free_only, leave)
                 if isinstance(outcome, NoRoom):
                     reasons.append(outcome)
                     continue
+                behind = not self.sent_soon(r, d.server_id)
                 cost = sum(self.victim_cost(self.deployments[e]) for e in outcome)
                 waiting = self.routed[d.server_id]
                 spare = self.spare_after(d, outcome)
-                options.append(((len(outcome), cost, waiting, spare, d.id), d, outcome))
+                options.append(((behind, len(outcome), cost, waiting, spare, d.id), d, outcome))
 
         if options:
             _, d, evict = min(options, key=lambda o: o[0])
             why = "a parallel load beside a long queue" if free_only else f"{r.model} requested"
+            if leave is not None:
+                there = self.servers[leave.server_id].name
+                why = f"{r.model} requested, behind a long line on {there}"
             self.start_load(d, evict, why, for_request=r)
             self.route_to(r, d, ready=False, reason="load started")
             return True
-        if free_only:
+        if free_only or leave is not None:
             return False
         self.wake_times.extend(wakes)
         if r.id not in self.notes:
@@ -501,10 +581,28 @@ class _Pass:
                 self.requeue(w, f"evicted from {server} for {d.model} ({cls})")
 
     def room_for(
-        self, d: DeploymentView, r: RequestView, wakes: Wakes, free_only: bool
+        self,
+        d: DeploymentView,
+        r: RequestView,
+        wakes: Wakes,
+        free_only: bool,
+        leave: DeploymentView | None = None,
     ) -> tuple[int, ...] | NoRoom:
         server = self.servers[d.server_id]
         resident = self.on_server(d.server_id)
+        if leave is not None:
+            # Its wait behind the line it leaves, at the default run time a request.
+            there = self.servers[leave.server_id]
+            line = self.line_ahead(r, there.id, len(self.requests))
+            wait_s = line * self.config.default_run_s / max(there.slots, 1)
+            return evictions_for(
+                d,
+                server,
+                resident,
+                self.now,
+                lambda victim: self.may_evict_to_leave(victim, r, d, wait_s),
+                self.config.default_load_s,
+            )
         if free_only:
             # A parallel load evicts only what the queue it drains is worth more than.
             busy = self.least_busy(self.candidates(r.model, "loaded")) or self.least_busy(
@@ -643,6 +741,27 @@ class _Pass:
             max(protected, users),
             self.config,
             run_s,
+        )
+
+    def may_evict_to_leave(
+        self, victim: DeploymentView, r: RequestView, target: DeploymentView, wait_s: float
+    ) -> bool:
+        """A load for a request behind a long line elsewhere may evict an idle model nobody
+        waits for, past its minimum residency, when the wait it saves outweighs the victim's
+        reload for its expected users (`holding.leave_pays`)."""
+        if self.waiting_on(victim.id):
+            return False
+        if (
+            victim.loaded_at
+            and victim.loaded_at + timedelta(seconds=self.config.min_residency_s) > self.now
+        ):
+            return False
+        mine = self.effective(r)
+        protected, _ = self.protection(victim, target.server_id, mine)
+        last = victim.last_priority
+        users = holding.class_weight(last) if last is not None else 0.0
+        return holding.leave_pays(
+            mine, wait_s, self.load_s(target), self.load_s(victim), max(protected, users)
         )
 
     def batch_of(self, model: str) -> list[RequestView]:

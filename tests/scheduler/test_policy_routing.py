@@ -400,6 +400,68 @@ def test_parallel_load_queue_is_a_knob():
     assert loads(plan(s, at(0))) == [(2, ())]
 
 
+def behind_a_long_line(ahead: int):
+    """s1 (one slot, two LLMs) runs a request of B and holds A; `ahead` background requests
+    for B wait there, aged 160 s: one class up already, and within one more step they rank
+    before a fresh high request (created earlier, same class). s2 holds A too, unloaded."""
+    deployments = [
+        dep(1, 1, "a", "loaded"),
+        dep(2, 1, "b", "loaded", in_flight=1),
+        dep(3, 2, "a"),
+    ]
+    waiting = [
+        req("b", BACKGROUND, age_s=160 + i, state="ready", deployment_id=2) for i in range(ahead)
+    ]
+    return [server(1, llm=2), server(2, llm=2)], deployments, waiting
+
+
+def test_long_line_loads_the_model_where_it_is_sent_soon():
+    """A high request for A, loaded on s1, would wait there behind three aging background
+    requests (one slot): it loads A on s2, where nothing waits, instead. Breaks if a request
+    joined any server that has its model loaded, whatever waits there first (the simulated
+    day's high `qwen3-0.6b` request waited 281 s behind the aged 14:00 flood, a 3 s load
+    away from an idle server)."""
+    servers, deployments, waiting = behind_a_long_line(3)
+    r = req("a", HIGH)
+    decisions = plan(snap(servers, deployments, [*waiting, r]), at(0))
+    assert loads(decisions) == [(3, ())] and routed(decisions) == {r.id: 3}
+    # Two ahead (the slot's next and one more): a load costs more than that short wait.
+    servers, deployments, waiting = behind_a_long_line(2)
+    decisions = plan(snap(servers, deployments, [*waiting, r]), at(0))
+    assert of(decisions, StartLoad) == [] and routed(decisions) == {r.id: 1}
+
+
+def test_long_line_evicts_only_what_the_wait_is_worth():
+    """s2 must evict x to load A (one LLM). Behind three requests (30 s at 10 s each on one
+    slot), the high request saves 4 · (30 − 10) = 80: x, last used by normal work (15 s
+    reload at weight 2, 30), goes; x last used by interactive work (15 s at weight 8, 120)
+    stays, and the request queues on s1."""
+    servers, deployments, waiting = behind_a_long_line(3)
+    servers[1] = server(2, llm=1)
+    r = req("a", HIGH)
+    x = dep(4, 2, "x", "loaded", last_priority=NORMAL, avg_load_s=15.0)
+    decisions = plan(snap(servers, [*deployments, x], [*waiting, r]), at(0))
+    assert loads(decisions) == [(3, (4,))] and routed(decisions) == {r.id: 3}
+    x = replace(x, last_priority=INTERACTIVE)
+    decisions = plan(snap(servers, [*deployments, x], [*waiting, r]), at(0))
+    assert of(decisions, StartLoad) == [] and routed(decisions) == {r.id: 1}
+
+
+def test_routing_new_load_prefers_where_it_is_sent_soon():
+    """A is loaded nowhere. s1 has free room for it, but its one slot is busy and three
+    aging requests wait for it; s2 must evict an idle x, and nothing waits there. The load
+    goes to s2: free room behind a long line is a load and then that line (the simulated
+    day's high `qwen3-0.6b` request loaded in 3 s beside the 14:00 flood, then waited 159 s
+    for a slot)."""
+    servers, deployments, waiting = behind_a_long_line(3)
+    deployments = [deployments[1], dep(5, 1, "a"), dep(3, 2, "a")]
+    servers[1] = server(2, llm=1)
+    x = dep(4, 2, "x", "loaded", last_priority=BACKGROUND)
+    r = req("a", HIGH)
+    decisions = plan(snap(servers, [*deployments, x], [*waiting, r]), at(0))
+    assert loads(decisions) == [(3, (4,))] and routed(decisions) == {r.id: 3}
+
+
 def test_queue_drains_onto_another_server_with_the_model():
     """A request queued on busy s1 is dispatched on s2 once s2 has A loaded and a free slot.
     Breaks if ready requests were tied to the server they were first routed to."""

@@ -89,7 +89,6 @@ NOT_YET = {
     ("default day, seed 2", "interactive p95"),
     ("default day, seed 2", "background p95"),
     ("default day, seed 3", "interactive p95"),
-    ("default day, seed 3", "high p95"),
     ("default day, seed 3", "background p95"),
     ("default day, seed 3", "expired that the baseline served"),
 }
