@@ -51,27 +51,37 @@ class Reason:
     def detail(self, name: str, default: Any = None) -> Any:
         return dict(self.details).get(name, default)
 
-    def live(self, now: datetime) -> str:
-        """The text as of `now`: a load says how far it is."""
-        return live_text(self.kind, self.text, dict(self.details), now)
+    def live(self, now: datetime, reported: float | None = None) -> str:
+        """The text as of `now`: a load says how far it is (`reported`: the server's own
+        fraction, when it gives one)."""
+        return live_text(self.kind, self.text, dict(self.details), now, reported)
 
     def as_json(self) -> dict:
         details = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.details}
         return {"kind": self.kind, "text": self.text, "details": details}
 
 
-def live_text(kind: str, text: str, details: Mapping[str, Any], now: datetime) -> str:
-    """A stored reason's text as of `now` (its details as `Reason.as_json` gives them)."""
+def live_text(
+    kind: str,
+    text: str,
+    details: Mapping[str, Any],
+    now: datetime,
+    reported: float | None = None,
+) -> str:
+    """A stored reason's text as of `now` (its details as `Reason.as_json` gives them). A
+    load's progress is the server's own fraction when it `reported` one (the page's bar
+    shows that one too), else the time elapsed against the policy's estimate."""
     started, expected = details.get("started_at"), details.get("expected_s")
     if kind != LOADING or started is None or expected is None:
         return text
     if isinstance(started, str):
         started = datetime.fromisoformat(started)
     elapsed = max((now - started).total_seconds(), 0.0)
-    return (
-        f"waiting for the load of {details.get('model')} on {details.get('server')},"
-        f" {elapsed:.1f} s of ~{expected:.1f} s"
-    )
+    if reported is None:
+        progress = f"{elapsed:.1f} s of ~{expected:.1f} s"
+    else:
+        progress = f"{reported:.0%} after {elapsed:.1f} s, as the server reports"
+    return f"waiting for the load of {details.get('model')} on {details.get('server')}, {progress}"
 
 
 def clock(at: datetime) -> str:

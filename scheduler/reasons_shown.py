@@ -9,11 +9,16 @@ from .reasons import BEHIND, WAITING, live_text
 
 
 def shown(
-    stored: Mapping[str, Any] | None, state: str, now: datetime, ahead: int | None = None
+    stored: Mapping[str, Any] | None,
+    state: str,
+    now: datetime,
+    ahead: int | None = None,
+    reported: float | None = None,
 ) -> dict | None:
-    """A request's stored reason as shown while it waits (its text as of `now`); without
-    one (a deep line's tail, not yet seen by a pass), `behind N requests` if `ahead` (the
-    requests before it in line) is known; None once it no longer waits."""
+    """A request's stored reason as shown while it waits (its text as of `now`, with a load
+    at the fraction its server `reported`, if it did); without one (a deep line's tail, not
+    yet seen by a pass), `behind N requests` if `ahead` (the requests before it in line) is
+    known; None once it no longer waits."""
     if state not in WAITING_STATES:
         return None
     if not stored:
@@ -27,4 +32,5 @@ def shown(
         }
     details = stored.get("details") or {}
     kind, text = stored.get("kind", WAITING), stored.get("text", "")
-    return {"kind": kind, "text": live_text(kind, text, details, now), "details": details}
+    text = live_text(kind, text, details, now, reported)
+    return {"kind": kind, "text": text, "details": details}

@@ -317,7 +317,7 @@ def test_load_progress_reaches_the_watch_page_and_the_dashboard(
             shown = eventually(loading, what="the load's progress on the watch page")
             assert shown["load"]["estimated"] is False
             assert shown["state"] == State.NEEDS_LOADING, shown
-            assert "the load of slow" in shown["reason"], shown
+            assert "the load of slow on router, 100% after " in shown["reason"], shown
             deployments = [d for s in overview()["servers"] for d in s["models"]]
             assert [(d["model"], d["state"], d["progress"]["fraction"]) for d in deployments] == [
                 ("slow", "loading", 1.0)

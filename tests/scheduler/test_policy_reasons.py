@@ -33,6 +33,12 @@ def test_reason_loading_says_how_far_the_load_is():
     assert reason.kind == reasons.LOADING
     assert reason.text == "waiting for the load of gemma3-27b on s1 (~4.5 s)"
     assert reason.live(at(0)) == "waiting for the load of gemma3-27b on s1, 3.2 s of ~4.5 s"
+    # A server that reports its own progress is believed over the estimate (the page's
+    # bar shows its figure too).
+    assert (
+        reason.live(at(0), reported=1.0)
+        == "waiting for the load of gemma3-27b on s1, 100% after 3.2 s, as the server reports"
+    )
     # The stored text stays the same as the load goes on: nothing to write pass after pass.
     assert why(snap([server(1)], [d], [r]), at(1))[r.id] == reason
 
