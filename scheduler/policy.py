@@ -507,12 +507,13 @@ class _Pass:
                 if isinstance(outcome, NoRoom):
                     reasons.append(outcome)
                     continue
-                behind = not self.sent_soon(r, d.server_id)
                 cost = sum(self.victim_cost(self.deployments[e]) for e in outcome)
                 waiting = self.routed[d.server_id]
                 spare = self.spare_after(d, outcome)
-                options.append(((behind, len(outcome), cost, waiting, spare, d.id), d, outcome))
+                options.append(((len(outcome), cost, waiting, spare, d.id), d, outcome))
 
+        if len(options) > 1:  # where it is sent soon first (the line is counted only then)
+            options = [((not self.sent_soon(r, d.server_id), *k), d, e) for k, d, e in options]
         if options:
             _, d, evict = min(options, key=lambda o: o[0])
             why = "a parallel load beside a long queue" if free_only else f"{r.model} requested"
