@@ -373,7 +373,11 @@ class _Pass:
             if loading is None and self.leaves_line(r, loaded):
                 return
             # A long queue for a busy model: load it where there is free room, else queue.
-            if loading is not None or not self.start_new_load(r, free_only=True):
+            if (
+                loading is not None
+                or not self.crowded(loaded)
+                or not self.start_new_load(r, free_only=True)
+            ):
                 self.route_to(r, loaded, ready=True, reason="model loaded there, queued")
         elif loading is not None:
             # A long batch behind one load: a second load where there is room drains it

@@ -447,6 +447,19 @@ def test_long_line_evicts_only_what_the_wait_is_worth():
     assert of(decisions, StartLoad) == [] and routed(decisions) == {r.id: 1}
 
 
+def test_long_line_queues_when_no_server_sends_it_sooner():
+    """s2 has room for A but a line of its own (its slot busy, three aging requests for C
+    ready there): a load there is a load and then that line, so the high request queues for
+    A on s1 as before. Breaks if a request behind a long line took the free-room load meant
+    for a long queue of its own model."""
+    servers, deployments, waiting = behind_a_long_line(3)
+    busy_c = dep(4, 2, "c", "loaded", in_flight=1)
+    on_s2 = [req("c", BACKGROUND, age_s=160 + i, state="ready", deployment_id=4) for i in range(3)]
+    r = req("a", HIGH)
+    decisions = plan(snap(servers, [*deployments, busy_c], [*waiting, *on_s2, r]), at(0))
+    assert of(decisions, StartLoad) == [] and routed(decisions) == {r.id: 1}
+
+
 def test_routing_new_load_prefers_where_it_is_sent_soon():
     """A is loaded nowhere. s1 has free room for it, but its one slot is busy and three
     aging requests wait for it; s2 must evict an idle x, and nothing waits there. The load
