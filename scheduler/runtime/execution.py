@@ -14,6 +14,7 @@ Operators' intents (`Intents.after_pass`) hand their decisions to `execute` too.
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils import timezone
@@ -170,11 +171,22 @@ class Execution:
         return [job is not None for job in jobs]
 
     async def write_completions(self, answers: list[store.Answer]) -> list[bool]:
-        """Answers stored, and the requests planned for their freed slots sent (`SendNext`)."""
+        """Answers stored, and the requests planned for their freed slots sent (`SendNext`),
+        but for those a request seen by a later pass may go before (the next pass fills
+        their slots)."""
         notify = self.rt.fast.notify_origin
-        return await self.committed(
-            lambda send_now: store.requests_completed(answers, send_now, notify_origin=notify)
-        )
+        arrivals = self.rt.pass_arrivals
+
+        def write(send_now: store.Sending) -> list[bool]:  # in the database thread
+            due = [
+                replace(a, then_send=None)
+                if a.then_send is not None and arrivals.outranked(a.then_send)
+                else a
+                for a in answers
+            ]
+            return store.requests_completed(due, send_now, notify_origin=notify)
+
+        return await self.committed(write)
 
     async def committed(self, write: Callable[[store.Sending], T]) -> T:
         """Run a write in the database thread that may send requests, and serve them.

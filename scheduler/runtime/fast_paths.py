@@ -7,23 +7,29 @@ tests/scheduler/test_fast_paths.py and docs/performance.md).
   each model's next arrival goes; a new request is routed and sent there as its wake-up
   comes, without a pass.
 - **Send next** (`SendNext`): the last pass planned which waiting request takes each slot as
-  it frees; a request's completion sends it in the same transaction.
+  it frees; a request's completion sends it in the same transaction, unless a request that
+  a later pass saw arrive may go first (`PassArrivals`).
 - **Serve tasks before the commit**: a dispatch hands its jobs over under its rows' locks,
   and their tasks start (their adapters ready) beside the commit's round trip; each call to
   a server still waits for the commit (`Execution.committed`).
 - **The end's NOTIFY to its origin**: a non-streamed request's end reaches the web process
   that waits for it by a NOTIFY in the ending transaction, before the channel layer's hint.
 
-State: touched on the event loop's thread only (a pass's plan comes in by `call_on_loop`).
+State: `FastPaths` is touched on the event loop's thread only (a pass's plan comes in by
+`call_on_loop`); `PassArrivals` on the database thread only.
 """
 
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.conf import settings
 
 from ..decisions import Route, SendNext, SendOnArrival
 from ..group_commit import GroupCommit
+from ..models import State
+from ..snapshot import Snapshot
+from ..store import PlannedSend
 from ..wakeup import Arrival
 
 if TYPE_CHECKING:
@@ -43,6 +49,49 @@ class SentOnArrival(NamedTuple):
     request_id: Any
 
 
+def may_go_first(priority: int, api_key: int, planned: SendNext | PlannedSend) -> bool:
+    """Whether a request of class `priority` and key `api_key`, unseen by the plan that
+    chose `planned`, may go before it: it is of a better class, or of its class and another
+    API key's (fair share decides between them)."""
+    theirs = planned.priority if isinstance(planned, PlannedSend) else planned.effective_priority
+    return priority < theirs or (priority == theirs and api_key != (planned.api_key or 0))
+
+
+class PassArrivals:
+    """The requests each pass's snapshot showed waiting to be placed that the one before had
+    not, numbered by pass; on the database thread, where passes read and answers are
+    written. The loop hears of an arrival by its wake-up, which can come after a pass has
+    read it and routed it: a send planned by an older pass, for a slot freeing then, is not
+    made if one of these may go first (`may_go_first`); the next pass fills the slot."""
+
+    KEPT = 64  # passes: a plan is replaced by the next one's
+
+    def __init__(self) -> None:
+        self.number = 0
+        self.pending: set[Any] = set()
+        self.new: deque[tuple[int, int, int]] = deque()  # (pass, class, API key)
+
+    def read(self, snapshot: Snapshot) -> int:
+        """A pass read `snapshot`: its number."""
+        self.number += 1
+        pending = {r.id: r for r in snapshot.requests if r.state == State.PENDING}
+        for rid, r in pending.items():
+            if rid not in self.pending:
+                self.new.append((self.number, r.priority, r.api_key or 0))
+        self.pending = set(pending)
+        while self.new and self.new[0][0] <= self.number - self.KEPT:
+            self.new.popleft()
+        return self.number
+
+    def outranked(self, planned: PlannedSend) -> bool:
+        for seen, priority, key in reversed(self.new):  # the newest first: few are newer
+            if seen <= planned.plan:
+                return False
+            if may_go_first(priority, key, planned):
+                return True
+        return False
+
+
 class FastPaths:
     def __init__(self, runtime: "Runtime", on: bool | None = None) -> None:
         self.runtime = runtime
@@ -50,6 +99,7 @@ class FastPaths:
         # Per server, what the last pass planned for its slots as they free (`SendNext`),
         # and the classes of the requests that arrived since it was installed.
         self.next_sends: dict[int, list[SendNext]] = {}
+        self.plan = 0  # the number of the pass they come from (`PassArrivals`)
         self.arrivals: list[tuple[int, int]] = []  # (class, API key) of each arrival
         # With nothing waiting, where the last pass planned to send each model's next arrival,
         # and the free slots it saw per server, counted down by those sends and up as
@@ -70,14 +120,18 @@ class FastPaths:
     # -- a pass's plan for later ---------------------------------------------------------
 
     def install(
-        self, planned: list[SendNext | SendOnArrival], arrivals_seen: int, slots: dict[int, int]
+        self,
+        planned: list[SendNext | SendOnArrival],
+        arrivals_seen: int,
+        slots: dict[int, int],
+        plan: int = 0,
     ) -> None:
-        """Install a pass's plan for the slots that free and the requests that arrive, held
-        back for the requests that arrived after its snapshot was read (their own pass is
-        coming): the line it saw empty is not."""
+        """Install pass number `plan`'s plan for the slots that free and the requests that
+        arrive, held back for the requests that arrived after its snapshot was read (their
+        own pass is coming): the line it saw empty is not."""
         missed, self.arrivals = self.arrivals[arrivals_seen:], []
         self.next_sends, self.on_arrival, self.room = {}, {}, {}
-        self.slots = slots
+        self.slots, self.plan = slots, plan
         if not self.on:
             return
         for p in planned:
@@ -93,12 +147,7 @@ class FastPaths:
         """Drop the planned sends that a new request of class `arrived` may outrank: of a
         worse class, or of its class and another API key's (fair share)."""
         for planned in self.next_sends.values():
-            planned[:] = [
-                n
-                for n in planned
-                if n.effective_priority < arrived
-                or (n.effective_priority == arrived and (n.api_key or 0) == api_key)
-            ]
+            planned[:] = [n for n in planned if not may_go_first(arrived, api_key, n)]
 
     # -- send on arrival -----------------------------------------------------------------
 
@@ -141,7 +190,7 @@ class FastPaths:
 
     # -- send next -----------------------------------------------------------------------
 
-    def next_send(self, server_id: int) -> tuple[Any, int] | None:
+    def next_send(self, server_id: int) -> PlannedSend | None:
         """The request planned for the slot that just freed on the server, if any is still
         due: taken from every server's plan (it is sent once)."""
         if self.runtime.stopping:
@@ -153,7 +202,10 @@ class FastPaths:
             if n.expires_at > now:
                 for others in self.next_sends.values():
                     others[:] = [o for o in others if o.request_id != n.request_id]
-                return n.request_id, n.deployment_id
+                key = n.api_key or 0
+                return PlannedSend(
+                    n.request_id, n.deployment_id, n.effective_priority, key, self.plan
+                )
         return None
 
     def slot_freed(self, server_id: int) -> None:

@@ -32,7 +32,7 @@ from ..wakeup import Arrival
 from ..webhooks import Webhooks
 from .effects import Effects
 from .execution import Execution, MovesAndSends, db
-from .fast_paths import FastPaths, SentOnArrival
+from .fast_paths import FastPaths, PassArrivals, SentOnArrival
 from .server_tasks import FreedSlot, ServerTasks
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,11 @@ class Runtime:
         self.effects = effects or Effects(clock)
         self.worker_id: int | None = None
         self.knobs = settings.SWITCHYARD
-        # Read and written in the database thread only (inside `plan_and_write`).
+        # Read and written in the database thread only (inside `plan_and_write`; the
+        # arrivals also as answers are written, `Execution.write_completions`).
         self.config = store.policy_config()
         self.snapshots = store.SnapshotReader()
+        self.pass_arrivals = PassArrivals()
         # The rest: the event loop's thread only.
         self.reasons = store.ReasonWriter()  # why each request waits, stored as it changes
         self.execution = Execution(self)
@@ -313,13 +315,14 @@ class Runtime:
         may free before this pass's writes are done. Touches no state of the loop's: the
         plan's reasons why requests wait go back with the rest."""
         snapshot = self.snapshots.read(self.config)
+        number = self.pass_arrivals.read(snapshot)
         server_of = {d.id: d.server_id for d in snapshot.deployments}
         slots = {s.id: s.slots for s in snapshot.servers}
         planned = plan_explained(snapshot, self.clock())  # the clock: read from any thread
         decisions = planned.decisions
         later = [d for d in decisions if isinstance(d, SendNext | SendOnArrival)]
         decisions = [d for d in decisions if not isinstance(d, SendNext | SendOnArrival)]
-        self.call_on_loop(self.fast.install, later, arrivals_seen, slots)
+        self.call_on_loop(self.fast.install, later, arrivals_seen, slots, number)
         moves = MovesAndSends(worker_id, server_of)
         for decision in decisions:
             if not moves.add(decision):

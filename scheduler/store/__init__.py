@@ -15,7 +15,7 @@ database thread (`database_thread`).
 - `reasons`: why requests wait, stored as it changes.
 """
 
-from .completion import Answer, request_failed, requests_completed
+from .completion import Answer, PlannedSend, request_failed, requests_completed
 from .dispatch import (
     LoadedDeployment,
     Sending,
@@ -65,6 +65,7 @@ __all__ = [
     "MODEL_HEAD",
     "SNAPSHOT_HEAD",
     "Answer",
+    "PlannedSend",
     "LoadJob",
     "LoadedDeployment",
     "ReasonWriter",

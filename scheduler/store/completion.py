@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import transaction
 from django.utils import timezone
@@ -42,14 +42,23 @@ def _release(
     sql.write_later(sql.prepared(statement), params)
 
 
+class PlannedSend(NamedTuple):
+    """The request a pass planned for a slot as it frees (its `SendNext`), as the answer
+    that frees the slot carries it to its write."""
+
+    request_id: Any
+    deployment_id: int
+    priority: int  # its class after aging, as planned
+    api_key: int  # 0 for none
+    plan: int  # the number of the pass whose plan it is (`runtime.fast_paths.PassArrivals`)
+
+
 @dataclass(frozen=True)
 class Answer:
     job: ServeJob
     result: dict
     seconds: float
-    # The request planned for the slot this answer frees (a pass's `SendNext`): (request,
-    # deployment).
-    then_send: tuple[Any, int] | None = None
+    then_send: PlannedSend | None = None  # the request planned for the slot this answer frees
 
 
 def requests_completed(
@@ -74,7 +83,8 @@ def requests_completed(
         # requests that end. Held writes, gone in the same round trip as the ends.
         freed = sorted({a.job.deployment_id for a in answers})
         if sends:
-            sql.write_later(*lock_servers(sorted({did for _, did in sends} | set(freed))))
+            deployments = {send.deployment_id for send in sends}
+            sql.write_later(*lock_servers(sorted(deployments | set(freed))))
         sql.write_later(*lock_deployments(freed))
         ends = []
         for a in answers:
@@ -102,7 +112,7 @@ def requests_completed(
             ]
             if made:
                 dispatch_all(
-                    [send for _, send in made],
+                    [(send.request_id, send.deployment_id) for _, send in made],
                     made[0][0],
                     send_now=send_now,
                     reason="sent to the server as a slot freed there",

@@ -217,7 +217,7 @@ def test_a_completion_sends_the_request_planned_for_its_slot():
     w, d, job, [following] = one_busy_slot()
     sent: list[store.ServeJob] = []
 
-    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=planned(following, d))
     assert store.requests_completed([answer], send_now=sent.extend) == [True]
 
     assert [(j.request_id, j.deployment_id, j.worker_id) for j in sent] == [
@@ -238,7 +238,7 @@ def test_no_send_in_a_slot_that_a_refused_completion_did_not_free():
     Request.objects.filter(pk=job.request_id).update(worker=theirs)
     sent: list[store.ServeJob] = []
 
-    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=planned(following, d))
     assert store.requests_completed([answer], send_now=sent.extend) == [False]
 
     assert sent == []
@@ -252,7 +252,7 @@ def test_a_planned_request_gone_meanwhile_leaves_the_slot_free():
     Request.objects.filter(pk=following.pk).update(state=State.CANCELLED)
     sent: list[store.ServeJob] = []
 
-    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=planned(following, d))
     assert store.requests_completed([answer], send_now=sent.extend) == [True]
 
     assert sent == []
@@ -269,7 +269,7 @@ def test_no_send_to_a_server_taken_out_of_service_since_the_plan(change):
     Server.objects.filter(pk=d.server_id).update(**change)
     sent: list[store.ServeJob] = []
 
-    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+    answer = store.Answer(job, {"ok": 1}, 0.5, then_send=planned(following, d))
     assert store.requests_completed([answer], send_now=sent.extend) == [True]
 
     assert sent == [] and store.dispatch_all([(following.pk, d.pk)], job.worker_id) == [None]
@@ -285,7 +285,7 @@ def test_a_completion_that_fills_its_slot_holds_the_server_until_it_commits():
     them = Worker.objects.create(host="b", pid=1)
     sent: list[store.ServeJob] = []
     with transaction.atomic():
-        answer = store.Answer(job, {"ok": 1}, 0.5, then_send=(following.pk, d.pk))
+        answer = store.Answer(job, {"ok": 1}, 0.5, then_send=planned(following, d))
         assert store.requests_completed([answer], send_now=sent.extend) == [True]
         theirs = another_worker_waits([(other.pk, d.pk)], them.pk)
     assert [j.request_id for j in sent] == [following.pk] and theirs() == [None]
@@ -351,3 +351,8 @@ def test_a_request_cancelled_before_its_route_and_send_is_neither():
     r.refresh_from_db()
     assert r.state == State.CANCELLED and not r.traces.exists()
     assert Deployment.objects.get(pk=d.pk).in_flight == 0
+
+
+def planned(request: Request, d: Deployment) -> store.PlannedSend:
+    """`request` as a pass planned it for a slot freeing on `d`'s server."""
+    return store.PlannedSend(request.pk, d.pk, request.priority, 0, plan=1)

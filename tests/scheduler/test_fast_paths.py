@@ -25,6 +25,8 @@ from scheduler.api import intake
 from scheduler.decisions import SendNext, SendOnArrival
 from scheduler.models import TERMINAL_STATES, Priority, Request, State
 from scheduler.runtime import Runtime, ServerTasks
+from scheduler.runtime.fast_paths import PassArrivals
+from scheduler.snapshot import RequestView, Snapshot
 from tests import factories
 from tests.support.openai_upstream import Upstream
 from tests.support.running import Running, db_thread_closed, one_loaded_request, state_of  # noqa: F401 (fixture)
@@ -195,8 +197,61 @@ def test_a_plan_read_before_an_arrival_is_held_back_for_it():
     rt.fast.install([background], seen, {})
     assert rt.fast.next_send(1) is None
 
-    rt.fast.install([background], len(rt.fast.arrivals), {})  # the next pass saw it
-    assert rt.fast.next_send(1) == (background.request_id, 1)
+    rt.fast.install([background], len(rt.fast.arrivals), {}, plan=7)  # the next pass saw it
+    assert rt.fast.next_send(1) == store.PlannedSend(
+        background.request_id, 1, Priority.BACKGROUND, 0, 7
+    )
+
+
+def view(priority: int, api_key: int | None, state: str = State.PENDING) -> RequestView:
+    now = timezone.now()
+    return RequestView(uuid.uuid4(), "m1", priority, state, now, now, api_key=api_key)
+
+
+def snapshot_of(*requests: RequestView) -> Snapshot:
+    return Snapshot(servers=(), deployments=(), requests=requests)
+
+
+def test_a_send_planned_before_a_pass_saw_an_arrival_is_not_made_if_it_may_go_first():
+    """The loop hears of an arrival by its wake-up, which can come after a pass has read the
+    request (and routed it). A slot freeing meanwhile must not go to the older plan's
+    choice if the new request may go before it: a better class, or its class and another
+    key (fair share). The check is made where the answer is written (the database
+    thread), against what the passes read."""
+    arrivals = PassArrivals()
+    waiting = view(Priority.NORMAL, 1)
+    plan = arrivals.read(snapshot_of(waiting))  # the pass that planned the send
+    flooders = store.PlannedSend(uuid.uuid4(), 1, Priority.NORMAL, 1, plan)
+    assert not arrivals.outranked(flooders)
+    # The next pass sees the same request still waiting, and one of the flooder's own:
+    # neither is new news against the plan's choice.
+    arrivals.read(snapshot_of(waiting, view(Priority.NORMAL, 1)))
+    assert not arrivals.outranked(flooders)
+    # Then one of another key, same class: fair share may send it first.
+    trickler = view(Priority.NORMAL, 2)
+    later = arrivals.read(snapshot_of(waiting, trickler))
+    assert arrivals.outranked(flooders)
+    # A plan made from that pass on knows it: nothing newer outranks its choice.
+    assert not arrivals.outranked(flooders._replace(plan=later))
+    # Routed already (ready), a request is no arrival; of a worse class, it never outranks.
+    arrivals.read(snapshot_of(view(Priority.BACKGROUND, 2), view(Priority.HIGH, 1, "ready")))
+    assert not arrivals.outranked(flooders._replace(plan=later))
+    interactive = store.PlannedSend(uuid.uuid4(), 1, Priority.INTERACTIVE, 1, plan)
+    assert not arrivals.outranked(interactive)
+
+
+async def test_a_freed_slot_is_left_to_the_next_pass_when_a_pass_saw_a_request_go_first():
+    """The second request is planned for the slot; then a pass reads a request of another
+    key, same class, that the loop has not heard of (its wake-up not in yet). The first
+    one's answer is written without sending the second: the next pass decides the slot."""
+    async with one_slot_in_use() as (rt, upstream, first, second):
+        await db(rt.pass_arrivals.read)(snapshot_of(view(Priority.NORMAL, 2)))
+        upstream.gate.set()
+        await _serving_ended(rt)
+        assert [await db(state_of)(r) for r in (first, second)] == [State.COMPLETED, State.READY]
+        await rt.step()  # the next pass: here, nothing else waits in the database
+        await _serving_ended(rt)
+        assert await db(state_of)(second) == State.COMPLETED
 
 
 async def test_a_stopping_worker_leaves_a_freed_slot_empty(knobs):
