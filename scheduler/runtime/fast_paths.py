@@ -53,7 +53,7 @@ def may_go_first(priority: int, api_key: int, planned: SendNext | PlannedSend) -
     """Whether a request of class `priority` and key `api_key`, unseen by the plan that
     chose `planned`, may go before it: it is of a better class, or of its class and another
     API key's (fair share decides between them)."""
-    theirs = planned.priority if isinstance(planned, PlannedSend) else planned.effective_priority
+    theirs = planned.effective_priority
     return priority < theirs or (priority == theirs and api_key != (planned.api_key or 0))
 
 

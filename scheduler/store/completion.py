@@ -48,7 +48,7 @@ class PlannedSend(NamedTuple):
 
     request_id: Any
     deployment_id: int
-    priority: int  # its class after aging, as planned
+    effective_priority: int  # its class after aging, as planned
     api_key: int  # 0 for none
     plan: int  # the number of the pass whose plan it is (`runtime.fast_paths.PassArrivals`)
 
