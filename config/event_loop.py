@@ -11,8 +11,10 @@ config.web` install the reactor on our loop before anything else; daphne then ke
 """
 
 import asyncio
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
@@ -43,7 +45,11 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 def install_reactor() -> asyncio.AbstractEventLoop:
-    """Twisted's asyncio reactor, on a loop of ours (call before importing daphne)."""
+    """Twisted's asyncio reactor, on a loop of ours (call before importing daphne). Also,
+    for a process that seems stuck: `kill -USR1 <pid>` prints every thread's stack to its
+    stderr and the process goes on."""
+    if hasattr(signal, "SIGUSR1"):  # not on Windows
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     from twisted.internet import asyncioreactor
 
     loop = new_event_loop()
