@@ -5,16 +5,28 @@ import threading
 
 import pytest
 import uvloop
-from django.db import connection
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
 
 from config import event_loop
 from scheduler.api.inbox import close_inbox
+from scheduler.database_thread import in_database_thread
 from tests.support.manage_process import ManageProcess
 from tests.support.openai_upstream import Upstream
 
 # Tests run without API keys unless they are about them (marked `auth`, or starting
 # processes with SWITCHYARD_AUTH=required): processes they start inherit this.
 os.environ["SWITCHYARD_AUTH"] = "off"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup):
+    """pytest-django's, and before it drops the test database: the threads that outlive a
+    test (the worker's database thread, asgiref's sync thread) let go of their connections,
+    which PostgreSQL would otherwise refuse to drop it under (a warning at the end)."""
+    yield
+    asyncio.run(in_database_thread(connections.close_all)())
+    asyncio.run(sync_to_async(connections.close_all)())
 
 
 def free_port() -> int:
