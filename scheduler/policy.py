@@ -460,6 +460,13 @@ class _Pass:
         self.no_leave[r.model] = self.deployment_changes
         return False
 
+    def wait_in_line_s(self, r: RequestView, loaded: DeploymentView) -> float:
+        """`r`'s wait behind the line on `loaded`'s server, at the default run time a
+        request (what leaving it saves)."""
+        there = self.servers[loaded.server_id]
+        line = self.line_ahead(r, there.id, len(self.requests))
+        return line * self.config.default_run_s / max(there.slots, 1)
+
     def sent_soon(self, r: RequestView, server_id: int) -> bool:
         """Fewer requests than its slots go before `r` on `server_id` within an aging step."""
         slots = self.servers[server_id].slots
@@ -489,6 +496,7 @@ class _Pass:
         options: list[tuple[tuple, DeploymentView, tuple[int, ...]]] = []
         reasons: list[NoRoom] = []
         candidates = self.candidates(r.model)
+        leave_wait_s = None if leave is None else self.wait_in_line_s(r, leave)
         for d in candidates:
             if d.state == "failed":
                 message = d.last_error or f"{d.model} failed to load"
@@ -507,7 +515,7 @@ class _Pass:
             elif leave is not None and not self.sent_soon(r, d.server_id):
                 continue
             else:
-                outcome = self.room_for(d, r, wakes, free_only, leave)
+                outcome = self.room_for(d, r, wakes, free_only, leave_wait_s)
                 if isinstance(outcome, NoRoom):
                     reasons.append(outcome)
                     continue
@@ -591,21 +599,17 @@ class _Pass:
         r: RequestView,
         wakes: Wakes,
         free_only: bool,
-        leave: DeploymentView | None = None,
+        leave_wait_s: float | None = None,
     ) -> tuple[int, ...] | NoRoom:
         server = self.servers[d.server_id]
         resident = self.on_server(d.server_id)
-        if leave is not None:
-            # Its wait behind the line it leaves, at the default run time a request.
-            there = self.servers[leave.server_id]
-            line = self.line_ahead(r, there.id, len(self.requests))
-            wait_s = line * self.config.default_run_s / max(there.slots, 1)
+        if leave_wait_s is not None:
             return evictions_for(
                 d,
                 server,
                 resident,
                 self.now,
-                lambda victim: self.may_evict_to_leave(victim, r, d, wait_s),
+                lambda victim: self.may_evict_to_leave(victim, r, d, leave_wait_s),
                 self.config.default_load_s,
             )
         if free_only:
@@ -727,23 +731,15 @@ class _Pass:
         and past its minimum residency, when draining the queue on two servers saves more
         than the victim's reload costs its expected users (`holding.parallel_pays`, the
         queue priced at its model's measured run time `run_s`)."""
-        if self.waiting_on(victim.id) or not queue:
+        if not queue:
             return False
-        if (
-            victim.loaded_at
-            and victim.loaded_at + timedelta(seconds=self.config.min_residency_s) > self.now
-        ):
-            return False
-        server = self.servers[target.server_id]
         best = min(self.effective(q) for q in queue)
-        protected, _ = self.protection(victim, server.id, best)
-        last = victim.last_priority
-        users = holding.class_weight(last) if last is not None else 0.0
-        return holding.parallel_pays(
+        users = self.idle_victim_users(victim, target.server_id, best)
+        return users is not None and holding.parallel_pays(
             [self.effective(q) for q in queue],
             self.load_s(target),
             self.load_s(victim),
-            max(protected, users),
+            users,
             self.config,
             run_s,
         )
@@ -754,20 +750,27 @@ class _Pass:
         """A load for a request behind a long line elsewhere may evict an idle model nobody
         waits for, past its minimum residency, when the wait it saves outweighs the victim's
         reload for its expected users (`holding.leave_pays`)."""
+        mine = self.effective(r)
+        users = self.idle_victim_users(victim, target.server_id, mine)
+        return users is not None and holding.leave_pays(
+            mine, wait_s, self.load_s(target), self.load_s(victim), users
+        )
+
+    def idle_victim_users(self, victim: DeploymentView, server_id: int, mine: int) -> float | None:
+        """The weight of an idle `victim`'s expected users (the protected work a switch by
+        class `mine` would make wait, or its last user's class), as the loads that only
+        drain work elsewhere price it; None if they may not evict it at all: someone waits
+        for it, or it is within its minimum residency."""
         if self.waiting_on(victim.id):
-            return False
+            return None
         if (
             victim.loaded_at
             and victim.loaded_at + timedelta(seconds=self.config.min_residency_s) > self.now
         ):
-            return False
-        mine = self.effective(r)
-        protected, _ = self.protection(victim, target.server_id, mine)
+            return None
+        protected, _ = self.protection(victim, server_id, mine)
         last = victim.last_priority
-        users = holding.class_weight(last) if last is not None else 0.0
-        return holding.leave_pays(
-            mine, wait_s, self.load_s(target), self.load_s(victim), max(protected, users)
-        )
+        return max(protected, holding.class_weight(last) if last is not None else 0.0)
 
     def batch_of(self, model: str) -> list[RequestView]:
         """The requests not yet placed that one load of `model` would serve."""
