@@ -92,7 +92,16 @@ def test_reason_held_by_a_guard_window():
 
 
 def test_reason_held_by_minimum_residency():
-    a = dep(1, 1, "a", "loaded", loaded_at=at(-10), last_used_at=at(-1), last_priority=NORMAL)
+    a = dep(
+        1,
+        1,
+        "a",
+        "loaded",
+        loaded_at=at(-10),
+        last_used_at=at(-1),
+        last_priority=NORMAL,
+        avg_load_s=60.0,
+    )
     r = req("b", NORMAL)
     found = why(snap([server(1)], [a, dep(2, 1, "b")], [r]))
     assert found[r.id].text == "held: a on s1 keeps its minimum residency until 12:00:20"

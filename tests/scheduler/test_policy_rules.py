@@ -278,8 +278,17 @@ def test_urgent_load_never_throws_away_a_finished_load():
 # -- minimum residency -------------------------------------------------------------------
 
 
-def residency_case(priority: int, loaded_s_ago: float, **config):
-    a = dep(1, 1, "a", "loaded", loaded_at=at(-loaded_s_ago), last_used_at=at(-1), last_priority=2)
+def residency_case(priority: int, loaded_s_ago: float, load_s: float = 60.0, **config):
+    a = dep(
+        1,
+        1,
+        "a",
+        "loaded",
+        loaded_at=at(-loaded_s_ago),
+        last_used_at=at(-1),
+        last_priority=2,
+        avg_load_s=load_s,
+    )
     return plan(snap([server(1)], [a, dep(2, 1, "b")], [req("b", priority)], **config), at(0))
 
 
@@ -304,11 +313,24 @@ def test_min_residency_is_a_knob():
     assert loads(residency_case(NORMAL, 10, min_residency_s=5)) == [(2, (1,))]
 
 
+def test_min_residency_is_no_longer_than_a_reload():
+    """A that loads in 2 s was loaded 5 s ago: a normal request for B is not held for the
+    rest of the 30 s (its wait would cost more than A's next user could lose); one that
+    loads in 8 s keeps A until 8 s after its load. Breaks if a model that loads in a blink
+    held an idle server for 30 s, as `tiny` on a real llama-server router did."""
+    assert loads(residency_case(NORMAL, 5, load_s=2.0)) == [(2, (1,))]
+    decisions = residency_case(NORMAL, 5, load_s=8.0)
+    assert of(decisions, StartLoad) == []
+    assert defer(decisions).until == at(3)
+
+
 def test_min_residency_bounds_interactive_ping_pong():
     """Two interactive users alternate between A and B on a one-model server. B was just
     loaded for one of them; the other's request for A waits out B's residency instead of
     swapping back at once. Breaks if every interactive request could swap the model."""
-    b = dep(2, 1, "b", "loaded", loaded_at=at(-5), last_used_at=at(-1), last_priority=0)
+    b = dep(
+        2, 1, "b", "loaded", loaded_at=at(-5), last_used_at=at(-1), last_priority=0, avg_load_s=40
+    )
     decisions = plan(snap([server(1)], [dep(1, 1, "a"), b], [req("a", INTERACTIVE)]), at(0))
     assert of(decisions, StartLoad) == []
     assert defer(decisions).until == at(25)
