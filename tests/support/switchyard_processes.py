@@ -18,7 +18,6 @@ KNOBS = {
     "WAITING_COMMENT_S": "0.5",
     "RETRY_BASE_S": "0.2",
     "RETRY_MAX_S": "1",
-    "MIN_RESIDENCY_S": "0",  # a model just loaded may go again at once: swaps do not wait
 }
 
 
