@@ -82,11 +82,17 @@ def probe_result(server_id: int, error: AdapterError | None) -> None:
         open_breaker(server, f"probe failed: {error.message}")
 
 
+def server_name(server_id: int) -> str:
+    """For a log line an operator reads: the name they gave the server, not its row id."""
+    name = Server.objects.filter(pk=server_id).values_list("name", flat=True).first()
+    return name or f"#{server_id}"
+
+
 def mark_down(server_id: int, message: str) -> None:
     changed = Server.objects.filter(pk=server_id).exclude(health__in=(Health.DOWN, Health.COOLDOWN))
     down = {"unavailable_since": unavailable_from(timezone.now())}
     if changed.update(health=Health.DOWN, last_error=message[:2000], **down):
-        log.warning("server %s is down: %s", server_id, message)
+        log.warning("server %s is down: %s", server_name(server_id), message)
         channel_hints.dashboard_changed()
 
 
@@ -120,7 +126,9 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
             )
             changes.append(f"{d.server_model_id} was loaded outside Switchyard")
     if changes or was_down:
-        log.info("status sync of server %s: %s", server_id, "; ".join(changes) or "back up")
+        log.info(
+            "status sync of server %s: %s", server_name(server_id), "; ".join(changes) or "back up"
+        )
         channel_hints.dashboard_changed()
     return changes
 

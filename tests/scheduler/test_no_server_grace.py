@@ -72,3 +72,11 @@ def test_the_policy_sees_both_and_counts_the_grace_from_the_later():
     assert reason.kind == "no_server"
     assert reason.detail("until") == snapshot.servers[0].unavailable_since + timedelta(seconds=600)
     assert "s1 is down since " in reason.text
+
+
+def test_the_log_names_the_server_as_the_operator_named_it(caplog):
+    """An operator reads "server gpu-a is down", not the row's id."""
+    s1 = factories.server("gpu-a")
+    with caplog.at_level("INFO", logger="scheduler.store.health"):
+        mark_down(s1.pk, "refused")
+    assert "server gpu-a is down: refused" in caplog.text
