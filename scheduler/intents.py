@@ -106,7 +106,7 @@ def _model_step(intent: IntentView, d: DeploymentView, on_server, server, now) -
             return Step(intent.id, status, f"no room: {victims.reason}")
         evicting = [x.model for x in on_server if x.id in victims]
         said = f", evicting {', '.join(evicting)}" if evicting else ""
-        load = StartLoad(d.id, victims, f"operator intent {intent.id}{said}")
+        load = StartLoad(d.id, victims, f"operator intent {intent.id}")  # its log names victims
         return Step(intent.id, S.RUNNING, f"load started{said}", load)
     # unload
     if intent.status == S.RUNNING and d.state != "unloading":
