@@ -100,7 +100,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return
         super().save_model(request, obj, form, change)
 
-    @admin.action(description="Revoke the selected keys (refused within 5 s)")
+    @admin.action(
+        description="Revoke the selected keys (refused everywhere within SWITCHYARD_AUTH_CACHE_S)"
+    )
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         count = queryset.update(revoked=True)
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)

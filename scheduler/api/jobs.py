@@ -35,9 +35,8 @@ class SubmitSerializer(serializers.Serializer):
         help_text="POSTed the final state, signed, when the request ends. Only hosts in"
         " SWITCHYARD_WEBHOOK_HOSTS.",
     )
-    no_server_grace_s = serializers.FloatField(
+    no_server_grace_s = serializers.FloatField(  # its range: intake.check_grace, one code
         required=False,
-        min_value=0,
         help_text="How long to wait while no server can serve its model (all down, disabled,"
         " in cooldown or failed) before failing with no_server_available: 0 to the class's"
         " longest wait (SWITCHYARD_MAX_WAIT_<CLASS>_S); the default"

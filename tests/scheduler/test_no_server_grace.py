@@ -38,6 +38,7 @@ def test_a_job_asks_for_its_own_grace_within_its_class_longest_wait(client):
         )
         assert refused.status_code == 400, refused.content
         assert refused.json()["error"]["param"] == "no_server_grace_s"
+        assert refused.json()["error"]["code"] == "invalid_value"  # one code either side
     assert Request.objects.count() == 1
 
 

@@ -250,7 +250,7 @@ def test_command_prints_the_table_for_a_trace_file(tmp_path):
     assert (
         "ETA given on arrival, checked when sent: 0% within ±20% (or 1 s) of 1, median error 7.0 s"
     ) in lines
-    at = lines.index("Targets against self-swapping servers (issue 34):")
+    at = lines.index("Targets against self-swapping servers:")
     # One request, one load either way: no third of anything.
     assert lines[at + 1] == "  MISS  interactive p95: 3.0 s, at most a third of 3.0 s"
     assert "  MISS  loads: 1, at most a third of 1" in lines[at + 1 :]

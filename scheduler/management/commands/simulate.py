@@ -20,7 +20,7 @@ class Command(BaseCommand):
     help = (
         "Simulate the scheduling policy against self-swapping servers and a one-worker FIFO "
         "on a trace (the default day when no file is given) and print waits per class, loads, "
-        "expired and lost requests, and issue 34's targets."
+        "expired and lost requests, and the targets against self-swapping servers."
     )
 
     def add_arguments(self, parser) -> None:
@@ -35,7 +35,8 @@ class Command(BaseCommand):
             "--day",
             choices=("default", "mixed"),
             default="default",
-            help="which day to generate: the default one, or the mixed one of issue 34",
+            help="which day to generate: the default one, or the mixed one"
+            " (a heartbeat flood, batch waves, models with two homes)",
         )
         parser.add_argument("--write-trace", metavar="PATH", help="save the generated day here")
 
@@ -64,7 +65,7 @@ class Command(BaseCommand):
         )
         self.stdout.write(comparison_table([policy, swap, fifo]))
         self.stdout.write(f"ETA given on arrival, checked when sent: {policy.eta.summary()}\n")
-        self.stdout.write("Targets against self-swapping servers (issue 34):\n")
+        self.stdout.write("Targets against self-swapping servers:\n")
         self.stdout.write(report(targets(policy, swap)))
 
 
