@@ -1,4 +1,4 @@
-"""The policy's invariants on hand-built snapshots (DESIGN.md); no database, no sleeps."""
+"""The policy's invariants (scheduler/README.md) on hand-built snapshots; no database, no sleeps."""
 
 from scheduler.decisions import Dispatch, Expire, Fail, MarkReady, Requeue, Route, StartLoad
 from scheduler.policy import plan
