@@ -19,6 +19,7 @@ class PolicyConfig:
     default_run_s: float = 10.0
     """Run time assumed for a request, to price how long a model's queue takes to drain."""
     parallel_load_queue: int = 2
+    """Start a load on a second server once this many requests queue for a busy model."""
     no_server_grace_s: float = 15.0
     """A request whose model no server can serve now fails after this long."""
     urgent_load_s: float = 20.0
@@ -26,7 +27,6 @@ class PolicyConfig:
     passes the holds (`holding.rescue_pays`)."""
     rescue_s: float = 30.0
     """A request this close to its expiry goes first (earliest expiry first)."""
-    """Start a load on a second server once this many requests queue for a busy model."""
 
 
 @dataclass(frozen=True, slots=True)
