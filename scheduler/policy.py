@@ -38,16 +38,14 @@ from . import reasons as waits
 from .decisions import (
     Decision,
     Defer,
-    Dispatch,
     Expire,
     Fail,
     MarkReady,
     Probe,
     Requeue,
-    SendNext,
-    SendOnArrival,
     Unload,
 )
+from .dispatching import Dispatching
 from .eviction import evictions_for
 from .routing import Routing
 from .snapshot import DeploymentView, RequestView, Snapshot
@@ -82,7 +80,7 @@ def effective_priority(request: RequestView, now: datetime, aging_step_s: float)
     return request.priority - int(waited_s // aging_step_s)
 
 
-class _Pass(Routing, Switching):
+class _Pass(Routing, Switching, Dispatching):
     """One planning pass. Mutable bookkeeping lives here so decisions in the same pass see
     each other (a load started for one request is joined by the next)."""
 
@@ -279,105 +277,6 @@ class _Pass(Routing, Switching):
     def fail(self, r: RequestView, code: str, message: str) -> None:
         self.decisions.append(Fail(r.id, code, message))
         self.drop(r)
-
-    # -- dispatch ------------------------------------------------------------------------
-
-    def fairly(self, ranked: list[RequestView]) -> list[RequestView]:
-        """Within each class, API keys share the slots by weight (see fair_share)."""
-        return fair_share.fair_order(ranked, self.level, self.keys)
-
-    def dispatch(self) -> None:
-        for r in self.fairly(self.ranked("ready")):
-            if not self.any_free_slot():
-                # The rest waits; a slot that frees wakes the loop (retries' times included).
-                return
-            if self.backing_off(r):
-                self.wake_at(r.not_before, "retry a request")
-                continue
-            if not self.quota.allows(r):  # its key's quota is full: one of its own ends first
-                continue
-            d = self.free_slot_for(r)
-            if d is None:
-                continue
-            self.quota.take(r)
-            self.decisions.append(Dispatch(r.id, d.id))
-            self.in_flight[d.server_id] += 1
-            self.set_deployment(d, in_flight=d.in_flight + 1)
-            self.drop(r)
-
-    def backing_off(self, r: RequestView) -> bool:
-        """A retry that must not be sent before its `not_before`."""
-        return r.not_before is not None and r.not_before > self.now
-
-    def any_free_slot(self) -> bool:
-        return any(self.in_flight[s.id] < s.slots for s in self.servers.values())
-
-    def free_slot_for(self, r: RequestView) -> DeploymentView | None:
-        """Its own deployment if it has a free slot, else another server with its model
-        loaded and a free slot: a queue on a busy server drains onto an idle one."""
-        own = self.deployments[r.deployment_id]
-        others = sorted(self.candidates(r.model, "loaded"), key=lambda d: d.id)
-        for d in [own, *others]:
-            if (
-                d.state == "loaded"
-                and self.in_flight[d.server_id] < self.servers[d.server_id].slots
-            ):
-                return d
-        return None
-
-    def send_next(self) -> None:
-        """For each usable server whose slots are all busy: the ready requests that
-        `dispatch` would send there as its slots free, best first, one per slot. None where
-        a request still waits to be placed for a model the server holds: an idle slot may be
-        what it waits for (a load that evicts)."""
-        full = [
-            s
-            for s in self.servers.values()
-            if self.in_flight[s.id] >= s.slots and self.usable(s.id)
-        ]
-        if not full:  # most passes of a quiet system: no need to rank the line again
-            return
-        unplaced = {r.model for r in self.requests.values() if r.state == "pending"}
-        ready = [r for r in self.fairly(self.ranked("ready")) if not self.backing_off(r)]
-        if not ready:
-            return
-        quota = self.quota.copy()  # a request sent next takes a slot of its key's quota
-        for s in full:
-            here = sorted(self.on_server(s.id), key=lambda d: d.id)
-            if any(d.model in unplaced for d in here):
-                continue
-            loaded: dict[str, DeploymentView] = {}
-            for d in here:
-                if d.state == "loaded":
-                    loaded.setdefault(d.model, d)
-            nexts = 0
-            for r in ready:
-                own = self.deployments.get(r.deployment_id) if r.deployment_id else None
-                d = own if own is not None and own.server_id == s.id else loaded.get(r.model)
-                if d is None or d.state != "loaded" or not quota.allows(r):
-                    continue
-                quota.take(r)
-                self.decisions.append(
-                    SendNext(s.id, r.id, d.id, r.expires_at, self.effective(r), r.api_key)
-                )
-                nexts += 1
-                if nexts == s.slots:
-                    break
-
-    def send_on_arrival(self) -> None:
-        """For each model loaded with a free slot, the deployment a request for it that
-        arrives next would be routed to (the least busy one with the model loaded: step 2)
-        and sent to at once (step 3), if no request left waiting could use its server: none
-        waits for a model deployed there (to be sent, or loaded, evicting)."""
-        wanted = {r.model for r in self.requests.values()} | self.unseen
-        claimed = {d.server_id for d in self.deployments.values() if d.model in wanted}
-        for model in sorted(self.deployed):
-            d = self.least_busy(self.candidates(model, "loaded"))
-            if d is None or d.server_id in claimed:
-                continue
-            room = self.servers[d.server_id].slots - self.in_flight[d.server_id]
-            if room > 0:
-                self.decisions.append(SendOnArrival(model, d.id, d.server_id, room))
 
     # -- housekeeping --------------------------------------------------------------------
 
