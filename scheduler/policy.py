@@ -21,6 +21,12 @@ Read `scheduler/README.md` first. One pass, in this order:
    arrives next, if no waiting request could use that server (`SendOnArrival`);
 6. one `Defer` for the earliest moment something above changes by itself.
 
+The pass is `_Pass`. This module holds its state and bookkeeping, `run`, and steps 0, 1 and
+6. The other steps are mixins of `_Pass`, each in a module of its own, working on the pass's
+state: step 2 in `routing.py` (`Routing`), with the loads it starts and what they may evict
+in `switching.py` (`Switching`); steps 3 and 5 in `dispatching.py` (`Dispatching`); step 4
+in `housekeeping.py` (`Housekeeping`). The priority classes are named in `priorities.py`.
+
 "Best first" is (effective class, arrival, id), except that a request within `rescue_s` of
 its expiry goes before all others, earliest expiry first. The effective class of a request
 is its priority minus one for every `aging_step_s` it has waited; it keeps falling below 0
@@ -81,7 +87,8 @@ def effective_priority(request: RequestView, now: datetime, aging_step_s: float)
 
 class _Pass(Routing, Switching, Dispatching, Housekeeping):
     """One planning pass. Mutable bookkeeping lives here so decisions in the same pass see
-    each other (a load started for one request is joined by the next)."""
+    each other (a load started for one request is joined by the next). Steps 2 to 5 are
+    its mixins' methods."""
 
     def __init__(self, snapshot: Snapshot, now: datetime) -> None:
         self.now = now
