@@ -74,7 +74,7 @@ def test_reason_behind_mixed_classes_and_a_long_line_by_steps():
 
 def test_reason_held_switch_batching_says_until_when_and_what_it_saves():
     """The priced hold of switch batching (holding.py): until the batch has paid a load."""
-    from .test_policy_rules import busy_homes_for_b
+    from .test_policy_holds import busy_homes_for_b
 
     r = req("b", NORMAL, age_s=4)
     found = why(snap([server(1, llm=2), server(2, llm=2)], busy_homes_for_b(), [r]))

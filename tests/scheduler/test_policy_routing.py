@@ -1,5 +1,6 @@
 """One or more tests per policy rule (scheduler/README.md), on hand-built snapshots: where a
-request goes, the room it needs, failures, and failing fast (the line: test_policy_rules.py).
+request goes, the room it needs, failures, and failing fast (the line: test_policy_order.py;
+what holds a switch: test_policy_holds.py).
 
 Pure: no database, no clock, no sleeps. Each test says what would break if it failed.
 """
