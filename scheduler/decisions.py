@@ -62,6 +62,16 @@ class Unload:
 
 
 @dataclass(frozen=True, slots=True)
+class StopLoad:
+    """Stop the load under way of `deployment_id`, which nobody waits for any more, so that
+    its server's one load channel frees for a load someone does wait for. Only on servers
+    that can stop a load (`ServerView.stops_loads`); it ends `unloaded`."""
+
+    deployment_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Dispatch:
     """ready → processing on `deployment_id`: the one it was routed to, or another server's
     deployment of the same model that has a free slot (a busy queue drains onto it)."""
@@ -125,6 +135,7 @@ Decision = (
     | MarkReady
     | StartLoad
     | Unload
+    | StopLoad
     | Dispatch
     | SendNext
     | SendOnArrival

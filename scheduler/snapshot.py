@@ -74,6 +74,9 @@ class ServerView:
     unavailable_since: datetime | None = None
     """When it last went down, disabled or into cooldown, if known: the no-server grace
     counts from then for requests older than that."""
+    stops_loads: bool = False
+    """Its server kind can stop a load under way (its adapter's `stops_loads`): a load that
+    nobody waits for any more then gives way to one somebody does (`StopLoad`)."""
 
     def available(self, now: datetime) -> bool:
         if not self.enabled or self.health == "down":

@@ -88,6 +88,9 @@ class Adapter:
     """
 
     controls_loading = True
+    stops_loads = False
+    """`unload(id)` of a model still loading stops that load (the policy stops a load that
+    nobody waits for any more, so that its server can load another at once)."""
 
     async def list_models(self) -> list[ServerModel]:
         raise NotImplementedError

@@ -57,6 +57,11 @@ def size_mb(entry: dict[str, Any]) -> int | None:
 
 
 class LlamaCppAdapter(HttpAdapter):
+    # Router mode: `POST /models/unload` of a model still `loading` stops its load (it is
+    # listed `unloaded`, `failed: true`, as a failed load is). A single-model server never
+    # loads a model for us, so no load of ours there is ever stopped.
+    stops_loads = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.router: bool | None = None  # learnt from the first listing

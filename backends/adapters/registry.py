@@ -1,5 +1,6 @@
 """Which adapter speaks to which kind of server."""
 
+import functools
 from importlib import import_module
 
 from django.conf import settings
@@ -14,7 +15,27 @@ ADAPTERS = {
     "llamaswap": "backends.adapters.llamaswap.LlamaSwapAdapter",
     "vllm": "backends.adapters.vllm.VLLMAdapter",
     "lemonade": "backends.adapters.lemonade.LemonadeAdapter",
+    "simulated": "backends.adapters.simulated.SimulatedAdapter",
 }
+
+
+@functools.cache
+def adapter_class(kind: str) -> type[Adapter]:
+    """The adapter class that speaks to servers of `kind`."""
+    try:
+        dotted = ADAPTERS[kind]
+    except KeyError:
+        raise ValueError(f"no adapter for server kind {kind!r}") from None
+    module, _, name = dotted.rpartition(".")
+    return getattr(import_module(module), name)
+
+
+def stops_loads(kind: str) -> bool:
+    """Whether servers of `kind` can stop a load under way (an unknown kind cannot)."""
+    try:
+        return adapter_class(kind).stops_loads
+    except ValueError:
+        return False
 
 
 def settings_of(server) -> tuple:
@@ -24,16 +45,9 @@ def settings_of(server) -> tuple:
 
 def adapter_for(server) -> Adapter:
     """A new adapter for a `backends.Server` (the runtime keeps one per server)."""
+    cls = adapter_class(server.kind)
     if server.kind == "simulated":
-        from .simulated import SimulatedAdapter
-
-        return SimulatedAdapter(server.name, speed=settings.SWITCHYARD.get("SIM_SPEED", 1.0))
-    try:
-        dotted = ADAPTERS[server.kind]
-    except KeyError:
-        raise ValueError(f"no adapter for server kind {server.kind!r}") from None
-    module, _, name = dotted.rpartition(".")
-    cls = getattr(import_module(module), name)
+        return cls(server.name, speed=settings.SWITCHYARD.get("SIM_SPEED", 1.0))
     knobs = settings.SWITCHYARD
     return cls(
         server.base_url,

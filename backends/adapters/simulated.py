@@ -37,6 +37,8 @@ def simulated_server(name: str) -> SimulatedServer:
 
 
 class SimulatedAdapter(Adapter):
+    stops_loads = True  # its load runs in the worker's task: cancelling that task stops it
+
     def __init__(self, name: str, speed: float = 1.0) -> None:
         self.server = simulated_server(name)
         self.speed = speed  # > 1 runs faster than the configured seconds, for benchmarks

@@ -19,7 +19,7 @@ KEYS = ApiKey._meta.db_table
 
 SERVER_VIEW_SQL = sql.prepared(
     "SELECT id, name, slots, max_llm, max_embedding, max_reranking, memory_mb, enabled,"
-    f" health, cooldown_until, unavailable_since FROM {SERVERS} ORDER BY name"
+    f" health, cooldown_until, unavailable_since, kind FROM {SERVERS} ORDER BY name"
 )
 # Every DeploymentView field is the deployment's column of that name, but for its model's.
 DEPLOYMENT_VIEW_SQL = sql.prepared(

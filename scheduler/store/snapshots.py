@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from django.conf import settings
 
+from backends.adapters.registry import stops_loads
 from backends.models import ModelType
 
 from .. import sql
@@ -123,6 +124,7 @@ def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:
             health=health,
             cooldown_until=sql.aware(cooldown_until),
             unavailable_since=sql.aware(unavailable_since),
+            stops_loads=stops_loads(kind),
         )
         for (
             sid,
@@ -136,6 +138,7 @@ def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:
             health,
             cooldown_until,
             unavailable_since,
+            kind,
         ) in rows
     )
 

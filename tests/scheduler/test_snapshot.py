@@ -30,6 +30,18 @@ def test_a_short_line_is_read_whole() -> None:
     assert waiting_ids(snapshot) == {r.id for r in requests}
 
 
+def test_a_server_stops_loads_as_its_kind_can() -> None:
+    """`ServerView.stops_loads` is its adapter's: the policy stops a load nobody waits for
+    only where the server can stop it."""
+    for name, kind in (("sim", "simulated"), ("lcpp", "llamacpp"), ("oai", "openai")):
+        factories.server(name, kind=kind, base_url="http://127.0.0.1:1")
+
+    snapshot = store.SnapshotReader().read(store.policy_config())
+
+    stops = {s.name: s.stops_loads for s in snapshot.servers}
+    assert stops == {"sim": True, "lcpp": True, "oai": False}
+
+
 def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> None:
     monkeypatch.setattr(store.snapshots, "SNAPSHOT_HEAD", 2)
     long_ago = timezone.now() - timedelta(hours=1)
