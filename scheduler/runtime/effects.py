@@ -68,6 +68,13 @@ class Effects:
     def running(self, name: str) -> bool:
         return name in self.tasks
 
+    def cancel(self, name: str) -> asyncio.Task | None:
+        """Cancel the task `name`, if under way; returns it (to await its end)."""
+        task = self.tasks.get(name)
+        if task is not None:
+            task.cancel()
+        return task
+
     def serving(self) -> list[asyncio.Task]:
         """The tasks of requests at their servers."""
         return [task for name, task in self.tasks.items() if name.startswith("serve ")]

@@ -3,7 +3,8 @@
 - `Route`, `Requeue`, `MarkReady`, `Expire`, `Fail`: `transition_for`, written by a `MovesAndSends`
   (one transaction with the pass's sends that follow).
 - `Dispatch`: a `MovesAndSends` (`store.move_and_dispatch`); its calls start in `committed`.
-- `StartLoad`, `Unload`, `Probe`: `execute` (a store write, then a task of `ServerTasks`).
+- `StartLoad`, `Unload`, `StopLoad`, `Probe`: `execute` (a store write, then a task of
+  `ServerTasks`).
 - `Defer`: `execute` (the loop's next wake-up).
 - `SendNext`, `SendOnArrival`: installed in `FastPaths` (fast_paths.py); sent by a
   completion (`write_completions`) or an arrival (`send_on_arrival`), through `committed`.
@@ -35,6 +36,11 @@ T = TypeVar("T")
 def db(fn: Callable[..., T]) -> Callable[..., Any]:
     """`fn` in the database thread, run again should it lose a lock conflict."""
     return in_database_thread(conflicts.retried(fn))
+
+
+def load_task(model_name: str, server_name: str) -> str:
+    """The name of the task that loads `model_name` on `server_name` (one at most)."""
+    return f"load {model_name}@{server_name}"
 
 
 def transition_for(decision: Decision, server_of: dict[int, int]) -> Transition | None:
@@ -144,7 +150,13 @@ class Execution:
                 job = await db(store.start_load)(did, evict, rt.worker_id, reason)
                 if job is None:
                     return False
-                rt.spawn(f"load {job.model_name}@{job.server_name}", rt.server_tasks.load(job))
+                rt.spawn(load_task(job.model_name, job.server_name), rt.server_tasks.load(job))
+                return True
+            case decisions.StopLoad(deployment_id=did, reason=reason):
+                stop = await db(store.stop_load)(did, rt.worker_id)
+                if stop is None:
+                    return False
+                rt.spawn(f"stop {did}", rt.server_tasks.stop_load(stop, reason))
                 return True
             case decisions.Unload(deployment_id=did, reason=reason):
                 target = await db(store.start_unload)(did, rt.worker_id)

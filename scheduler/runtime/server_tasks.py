@@ -16,6 +16,7 @@ from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.models import Health
 
 from .. import store, streams
+from . import execution
 from .execution import db
 
 if TYPE_CHECKING:
@@ -105,6 +106,28 @@ class ServerTasks:
             return
         log.info("unloaded %s (%s)", model_id, why)
         await db(store.evicted)(deployment_id)
+
+    async def stop_load(self, job: store.StopJob, why: str) -> None:
+        """Stop a load that nobody waits for any more (`StopLoad`): cancel its task, then
+        have the server drop what it was loading. A load that finished meanwhile is simply
+        unloaded; a server that cannot say it stopped is asked what it holds."""
+        load = self.effects.cancel(execution.load_task(job.model_name, job.server_name))
+        if load is not None:
+            await asyncio.gather(load, return_exceptions=True)
+        adapter = await self.effects.adapter(job.server_id)
+        try:
+            await adapter.unload(job.server_model_id)
+        except AdapterError as error:
+            log.warning(
+                "stopping the load of %s on %s failed: %s",
+                job.model_name,
+                job.server_name,
+                error.message,
+            )
+            await self.recheck(job.deployment_id, held_by=self.rt.worker_id)
+            return
+        log.info("stopped the load of %s on %s: %s", job.model_name, job.server_name, why)
+        await db(store.evicted)(job.deployment_id)
 
     async def recheck(self, deployment_id: int, held_by: int | None = None) -> None:
         """Set a load or unload under way to what its server says now (unloaded if it cannot

@@ -39,6 +39,7 @@ from .health import (
 from .knobs import knob, policy_config
 from .loads import (
     LoadJob,
+    StopJob,
     evicted,
     load_failed,
     load_succeeded,
@@ -46,6 +47,7 @@ from .loads import (
     set_load_progress,
     start_load,
     start_unload,
+    stop_load,
 )
 from .queries import HEAD_SQL, IN_INDEX_ORDER
 from .reasons import ReasonWriter, write_reasons
@@ -73,6 +75,7 @@ __all__ = [
     "SentRequest",
     "ServeJob",
     "SnapshotReader",
+    "StopJob",
     "all_servers",
     "apply_server_models",
     "dispatch_all",
@@ -102,6 +105,7 @@ __all__ = [
     "set_load_progress",
     "start_load",
     "start_unload",
+    "stop_load",
     "take_over_stale_workers",
     "write_reasons",
 ]

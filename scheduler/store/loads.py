@@ -130,6 +130,31 @@ def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
     return d.server_id, d.server_model_id
 
 
+@dataclass(frozen=True)
+class StopJob:
+    """A load under way that this worker stops (`stop_load`)."""
+
+    deployment_id: int
+    server_id: int
+    server_name: str
+    model_name: str
+    server_model_id: str
+
+
+def stop_load(deployment_id: int, worker_id: int) -> StopJob | None:
+    """`loading` → `unloading`, only if this worker holds that load (its task is ours to
+    cancel); None if the load ended meanwhile, or is another worker's. Its end, should it
+    finish all the same, then finds the row `unloading` and leaves it so
+    (`load_succeeded`, `load_failed`)."""
+    if not Deployment.objects.filter(
+        pk=deployment_id, state=DS.LOADING, worker_id=worker_id
+    ).update(state=DS.UNLOADING, state_changed_at=timezone.now(), load_progress=None):
+        return None
+    d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
+    channel_hints.dashboard_changed()
+    return StopJob(d.pk, d.server_id, d.server.name, d.model.name, d.server_model_id)
+
+
 def server_of_deployment(deployment_id: int) -> int:
     return Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)
 
@@ -159,7 +184,9 @@ def load_succeeded(job: LoadJob, seconds: float) -> None:
     )
     if loaded:
         MetricEvent.record(MetricEvent.Kind.LOAD, d.server.name, d.model.name, seconds)
-    log.info("loaded %s in %.1f s", d, seconds)
+        log.info("loaded %s in %.1f s", d, seconds)
+    else:  # stopped meanwhile (`stop_load`), or taken over: its row is not ours to move
+        log.info("loaded %s in %.1f s, but that load was no longer ours", d, seconds)
     channel_hints.dashboard_changed()
 
 
