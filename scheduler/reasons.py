@@ -129,6 +129,18 @@ def no_room(model: str, why: Iterable[str], until: datetime | None) -> Reason:
     )
 
 
+def stopping(model: str, victim: str, server: str) -> Reason:
+    """No load of `model` can start before the load of `victim` on `server`, which nobody
+    waits for any more, is stopped."""
+    return make(
+        NO_ROOM,
+        f"waiting for the stop of {victim}'s load on {server} (nobody waits for it)",
+        model=model,
+        server=server,
+        stopping=victim,
+    )
+
+
 def sooner(a: Reason | None, b: Reason) -> Reason:
     """Of two notes for one request, the one that lifts first (known times first)."""
     if a is None:

@@ -5,7 +5,9 @@ queue, or one that leaves a long line) where the request is then sent soon first
 the least disruption. `room_for` asks `eviction.py` what must leave the server: after a
 failed load every idle model, otherwise only models that pass `may_evict` (a request's own
 load), `may_evict_for_queue` (a parallel load) or `may_evict_to_leave` (leaving a line),
-priced by `holding.py`.
+priced by `holding.py`. A request that no load can serve now because a load that nobody
+waits for any more holds its server's load channel stops that load (`stop_load`), on servers
+that can stop one.
 """
 
 from collections.abc import Iterable
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import holding
 from . import reasons as waits
-from .decisions import StartLoad
+from .decisions import StartLoad, StopLoad
 from .eviction import NoRoom, evictions_for, keep_value
 from .priorities import BACKGROUND, CLASS_NAMES, INTERACTIVE, NORMAL
 from .snapshot import DeploymentView, RequestView
@@ -39,6 +41,7 @@ class Switching:
         wakes: Wakes = []
         options: list[tuple[tuple, DeploymentView, tuple[int, ...]]] = []
         reasons: list[NoRoom] = []
+        orphans: list[DeploymentView] = []  # loads nobody waits for, in its way
         candidates = self.candidates(r.model)
         leave_wait_s = None if leave is None else self.wait_in_line_s(r, leave)
         for d in candidates:
@@ -56,6 +59,8 @@ class Switching:
                 reasons.append(
                     NoRoom(f"another load is under way on {self.servers[d.server_id].name}")
                 )
+                if (orphan := self.orphaned_load(d.server_id)) is not None:
+                    orphans.append(orphan)
             elif leave is not None and not self.sent_soon(r, d.server_id):
                 continue
             else:
@@ -81,6 +86,8 @@ class Switching:
             return True
         if free_only or leave is not None:
             return False
+        if orphans:  # no load can start now, but one that nobody waits for can give way
+            self.stop_load(orphans[0], r)
         self.wake_times.extend(wakes)
         if r.id not in self.notes:
             until = min((at for at, _ in wakes), default=None)
@@ -136,6 +143,30 @@ class Switching:
             cls = CLASS_NAMES.get(for_request.priority, "") if for_request else ""
             for w in self.waiting_on(e):
                 self.requeue(w, f"evicted from {server} for {d.model} ({cls})")
+
+    def orphaned_load(self, server_id: int) -> DeploymentView | None:
+        """The load under way on `server_id` if nobody waits for it any more (its requests
+        cancelled, expired or served elsewhere) and the server can stop it: the only thing
+        under way there (no eviction of its own left to finish), not a preload, and not of
+        a model more requests may wait for than the snapshot holds."""
+        if not self.servers[server_id].stops_loads:
+            return None
+        busy = [x for x in self.on_server(server_id) if x.state in ("loading", "unloading")]
+        if len(busy) != 1 or busy[0].state != "loading":
+            return None
+        d = busy[0]
+        if self.waiting_on(d.id) or d.preload or d.model in self.unseen:
+            return None
+        return d
+
+    def stop_load(self, d: DeploymentView, r: RequestView) -> None:
+        """Stop `d`'s load, which nobody waits for, so that `r`'s can start once it is
+        `unloaded` (a later pass). It is `unloading` for the rest of this pass: the load
+        channel stays busy until then."""
+        server = self.servers[d.server_id].name
+        self.decisions.append(StopLoad(d.id, f"gives way to a load of {r.model}"))
+        self.set_state(d, "unloading")
+        self.notes[r.id] = waits.stopping(r.model, d.model, server)
 
     def room_for(
         self,

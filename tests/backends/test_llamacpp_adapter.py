@@ -204,6 +204,29 @@ async def test_router_unload_waits_for_the_child_to_exit(server, adapter):
     ]
 
 
+async def test_router_unload_of_a_loading_model_stops_its_load(server, adapter):
+    """As the real router does: the unload of a model still `loading` returns at once, and
+    within about 0.1 s it is `unloaded` with `failed: true` and exit code 1, as a failed
+    load would be. For a stop we asked for, that is plain `unloaded` (no failed load)."""
+    assert adapter.stops_loads
+    loading = router({"value": "loading", "args": ARGS}, {})
+    stopped = router({"value": "unloaded", "args": ARGS, "failed": True, "exit_code": 1}, {})
+    server.on("GET", "/v1/models", loading, loading, stopped)
+    server.on("POST", "/models/unload", Reply(200, {"success": True}))
+    events = [status_event("unloaded", exit_code=1)]
+    server.on(
+        "GET",
+        "/models/sse",
+        Stream(sse(*events, done=False), after=("POST", "/models/unload"), hold_open=True),
+    )
+    await adapter.unload("gemma")
+    assert server.body_of("POST", "/models/unload") == {"model": GEMMA}
+    assert [(m.id, m.state) for m in await adapter.list_models()] == [
+        (GEMMA, "unloaded"),
+        ("nomic", "unloaded"),
+    ]
+
+
 async def test_router_unload_of_a_model_not_running_is_done(server, adapter):
     server.on("GET", "/v1/models", router({"value": "unloaded", "args": ARGS}, {}))
     error = {

@@ -1,12 +1,19 @@
-"""A load nobody waits for gives way (`StopLoad`): the store's side of a stop and its races
-(the load that ends as it is stopped)."""
+"""A load nobody waits for gives way (`StopLoad`): the worker stops it on a simulated server
+so that a load somebody waits for starts at once, and the races around a stop (the load
+that ends as it is stopped, an unload that fails). The rule itself: test_policy_routing.py;
+against the real llama.cpp router: tests/integration/test_real_llama_router.py."""
+
+import logging
 
 import pytest
 from asgiref.sync import sync_to_async
 
 from backends.adapters.base import AdapterError, ErrorCode
+from backends.adapters.simulated import SimulatedAdapter, simulated_server
 from backends.models import Deployment, DeploymentState
 from scheduler import store
+from scheduler.api import jobs
+from scheduler.models import State
 from tests import factories
 from tests.support.running import (  # noqa: F401 (fixture)
     Running,
@@ -30,6 +37,66 @@ def one_server_two_models():
 
 def deployment(model: str) -> Deployment:
     return Deployment.objects.get(model__name=model)
+
+
+async def orphan_a_load(running: Running, slow) -> None:
+    """`slow`'s load under way, then its only request cancelled: nobody waits for it."""
+    await running.until(lambda: deployment("slow").state == DS.LOADING)
+    await db(jobs.cancel)(slow.pk, None)
+
+
+async def test_a_load_nobody_waits_for_gives_way_to_one_somebody_does(caplog):
+    slow = await db(one_server_two_models)()
+    with caplog.at_level(logging.INFO, logger="scheduler"):
+        async with Running() as running:
+            await orphan_a_load(running, slow)
+            fast = await db(factories.request)("fast")
+            await running.until(lambda: state_of(fast) == State.COMPLETED)
+            stopped = await db(deployment)("slow")
+            assert not running.runtime.effects.running("load slow@s1")  # its task cancelled
+    assert simulated_server("s1").loaded == {"fast"}
+    assert stopped.state == DS.UNLOADED and stopped.worker_id is None
+    # Stopped, not failed: no retry's backoff, no error, and no load counted.
+    assert (stopped.load_failures, stopped.next_load_at, stopped.last_error) == (0, None, "")
+    said = [r.getMessage() for r in caplog.records]
+    assert "stopped the load of slow on s1: gives way to a load of fast" in said
+    assert not any(m.startswith("loading slow") and "failed" in m for m in said)
+
+
+async def test_a_load_somebody_still_waits_for_is_not_stopped():
+    """Two requests for `slow`, one cancelled: the other still waits for the load, and a
+    request for `fast` waits its turn."""
+    slow = await db(one_server_two_models)()
+    also_slow = await db(factories.request)("slow")
+    async with Running() as running:
+        await orphan_a_load(running, slow)
+        fast = await db(factories.request)("fast")
+        await running.passes(3)
+        assert await db(state_of)(fast) == State.PENDING
+        assert await db(state_of)(also_slow) == State.NEEDS_LOADING
+        assert (await db(deployment)("slow")).state == DS.LOADING
+
+
+async def test_a_stop_whose_unload_fails_asks_the_server(monkeypatch, caplog):
+    """The server does not say it stopped: it is asked what it holds (`recheck`), so the
+    deployment never stays `unloading`, and the next load starts."""
+    real_unload = SimulatedAdapter.unload
+
+    async def refusing(self, server_model_id: str) -> None:
+        if server_model_id == "slow":
+            raise AdapterError(ErrorCode.SERVER_ERROR, "no")
+        await real_unload(self, server_model_id)
+
+    monkeypatch.setattr(SimulatedAdapter, "unload", refusing)
+    slow = await db(one_server_two_models)()
+    with caplog.at_level(logging.INFO, logger="scheduler"):
+        async with Running() as running:
+            await orphan_a_load(running, slow)
+            fast = await db(factories.request)("fast")
+            await running.until(lambda: state_of(fast) == State.COMPLETED)
+    assert (await db(deployment)("slow")).state == DS.UNLOADED
+    said = [r.getMessage() for r in caplog.records]
+    assert "stopping the load of slow on s1 failed: no" in said
 
 
 # -- the store's side of the races ------------------------------------------------------------
