@@ -39,6 +39,7 @@ from .decisions import (
     SendNext,
     SendOnArrival,
     StartLoad,
+    StopLoad,
     Unload,
 )
 from .eta import Accuracy
@@ -68,6 +69,7 @@ class Result:
     accepted: int
     outcomes: dict[int, Outcome] = field(default_factory=dict)
     loads: int = 0
+    stopped: int = 0  # loads stopped because nobody waited for them any more
     passes: int = 0
     dropped: int = 0  # decisions whose compare-and-set failed
     eta: Accuracy = field(default_factory=Accuracy)  # the ETA given on arrival, checked
@@ -113,11 +115,16 @@ class _PolicySimulation:
                 slots=s.slots,
                 capacity=dict(s.capacity),
                 memory_mb=s.memory_mb,
+                stops_loads=True,  # a load here is an event on the clock: it can be called off
             )
             for s in trace.servers
         )
         self.deployments: dict[int, DeploymentView] = {}
         self.model_of: dict[int, ModelSpec] = {}
+        # Each deployment's load under way, by number: a stopped load's `loaded` event finds
+        # another number (or none) and is dropped.
+        self.load_number: dict[int, int] = {}
+        self.loads_started = itertools.count(1)
         for m in trace.models:
             for server in m.servers:
                 did = len(self.deployments) + 1
@@ -196,7 +203,10 @@ class _PolicySimulation:
         elif kind == "unloaded":
             self.update(payload, state="unloaded", loaded_at=None)
         elif kind == "loaded":
-            did, seconds = payload
+            did, seconds, number = payload
+            if self.load_number.get(did) != number:
+                return  # that load was stopped
+            del self.load_number[did]
             d = self.deployments[did]
             avg = seconds if d.avg_load_s is None else 0.7 * d.avg_load_s + 0.3 * seconds
             self.update(
@@ -247,6 +257,14 @@ class _PolicySimulation:
                 self.update(did, state="unloading")
                 self.schedule(self.now + timedelta(seconds=self.trace.unload_s), "unloaded", did)
                 return True
+            case StopLoad(deployment_id=did):
+                if self.deployments[did].state != "loading":
+                    return self.drop()
+                del self.load_number[did]
+                self.update(did, state="unloading")
+                self.schedule(self.now + timedelta(seconds=self.trace.unload_s), "unloaded", did)
+                self.result.stopped += 1
+                return True
             case Dispatch(request_id=rid, deployment_id=did):
                 return self.dispatch(rid, did)
             case Probe():
@@ -285,7 +303,8 @@ class _PolicySimulation:
             done += timedelta(seconds=self.trace.unload_s)
             self.schedule(done, "unloaded", v.id)
         done += timedelta(seconds=self.model_of[did].load_s)
-        self.schedule(done, "loaded", (did, (done - self.now).total_seconds()))
+        self.load_number[did] = number = next(self.loads_started)
+        self.schedule(done, "loaded", (did, (done - self.now).total_seconds(), number))
         return True
 
     def dispatch(self, rid: UUID, did: int) -> bool:

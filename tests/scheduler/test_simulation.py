@@ -174,6 +174,26 @@ def test_a_request_expires_at_its_max_wait_and_is_not_lost():
     assert result.lost == 0 and result.loads == 1
 
 
+def test_a_load_nobody_waits_for_gives_way():
+    """`big`'s only request expires 60 s into its 90 s load; `small` needs s1 at 61 s: the
+    load is stopped (2 s to unload), its pending end dropped, and `small` waits 5 s instead
+    of 34 s (the rest of the load, then an eviction). Breaks if a stopped load still
+    finished, or if `small` waited for it."""
+    trace = Workload(
+        servers=(ServerSpec("s1"),),
+        models=(ModelSpec("big", 90, ("s1",)), ModelSpec("small", 3, ("s1",))),
+        requests=(
+            WorkloadRequest(0, "big", INTERACTIVE, 1),
+            WorkloadRequest(61, "small", NORMAL, 1),
+        ),
+        max_wait_s={INTERACTIVE: 60, NORMAL: 600},
+    )
+    result = simulate_policy(trace)
+    assert [result.outcomes[i].state for i in range(2)] == ["expired", "completed"]
+    assert result.outcomes[1].wait_s == 5
+    assert (result.stopped, result.loads, result.lost) == (1, 1, 0)
+
+
 def test_fifo_expires_what_the_worker_reaches_too_late():
     trace = two_servers(
         WorkloadRequest(0, "big", BACKGROUND, 100),
