@@ -5,6 +5,7 @@ scheduler, every kind of call, failures the real router really has."""
 import contextlib
 import json
 import os
+import shutil
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -328,6 +329,45 @@ def test_load_progress_reaches_the_watch_page_and_the_dashboard(
         assert (shown["state"], shown["load"]) == ("completed", None)
     finally:
         thaw()
+        router.stop()
+
+
+def test_a_load_nobody_waits_for_gives_way(llama_server_binary, tiny_models, tmp_path, switchyard):
+    """A load that never ends by itself: `slow`'s file becomes a named pipe once the router
+    has read it, so its child waits on it for good. Its one request is cancelled: a request
+    for `tiny` stops that load (`POST /models/unload` on a loading model; the router lists it
+    `unloaded`, `failed: true`) and is served at once. Without the stop it would wait for the
+    load's timeout, and the model would count a failed load."""
+    slow = tmp_path / "slow.gguf"
+    shutil.copy(tiny_models["tiny-5mb"], slow)
+    sections = {
+        "*": {"c": 1024, "np": 2, "stop-timeout": 2},
+        "tiny": {"model": tiny_models["tiny-5mb"]},
+        "slow": {"model": str(slow)},
+    }
+    preset = tmp_path / "models.ini"
+    preset.write_text(real_llama.preset(sections))
+    router = real_llama.RealLlamaServer(
+        ["--models-preset", str(preset), "--models-max", "1"], tmp_path
+    )
+    try:
+        slow.unlink()
+        os.mkfifo(slow)  # opened by the model's own process, which never reads a byte
+        server = discovered(router, max_llm=1)
+        Model.objects.filter(name="slow").update(load_timeout_s=120)
+        live = switchyard()
+        body = {"model": "slow", "messages": CHAT, "max_tokens": 8}
+        job = live.post("/api/v1/requests", {"kind": "chat", "body": body}).json()
+        eventually(lambda: router.status("slow")["value"] == "loading", what="slow loading")
+        eventually(lambda: states(server)["slow"] == DS.LOADING, what="slow loading, as we see it")
+        assert live.http.delete(f"/api/v1/requests/{job['id']}").status_code == 200
+
+        assert_words(chat(live, "tiny")["choices"][0]["message"]["content"])
+        assert router.status("slow")["failed"] is True  # as the router says of a stop
+        assert router_states(router) == {"slow": "unloaded", "tiny": "loaded"}
+        stopped = Deployment.objects.get(model__name="slow")
+        assert (stopped.state, stopped.load_failures, stopped.last_error) == (DS.UNLOADED, 0, "")
+    finally:
         router.stop()
 
 
