@@ -15,7 +15,9 @@ Both sides count a wait from arrival to the moment the request is sent to a serv
 still waiting when its class's max wait runs out is expired, and its wait is that max wait.
 
 Simulated servers never fail and deployments have no idle TTL, pinning or preload, so the
-policy's retry, cooldown and housekeeping paths are not exercised here.
+policy's retry, cooldown and housekeeping paths are not exercised here. They can stop a load
+(`StopLoad`, a load nobody waits for any more): its end is dropped, and it is unloaded after
+the trace's `unload_s`.
 """
 
 import heapq
