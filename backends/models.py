@@ -61,6 +61,16 @@ class DeploymentState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class LoadCause(models.TextChoices):
+    """Who asked for a deployment's last load (the policy treats a restore as a guess)."""
+
+    REQUEST = "request", "requests waiting"
+    RESTORE = "restore", "restore on idle"
+    PRELOAD = "preload", "preload"
+    OPERATOR = "operator", "an operator's load"
+    OUTSIDE = "outside", "loaded outside Switchyard"
+
+
 def unavailable_from(now) -> models.Expression:
     """For `update(unavailable_since=…)` as a server goes out of service: `now`, unless it
     already was out of service (then since then)."""
@@ -163,6 +173,17 @@ class Deployment(models.Model):
     loaded_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     last_interactive_at = models.DateTimeField(null=True, blank=True)
+    load_cause = models.CharField(
+        max_length=16,
+        blank=True,
+        choices=LoadCause.choices,
+        help_text="Who asked for its last load.",
+    )
+    displaced = models.BooleanField(
+        default=False,
+        help_text="Unloaded by Switchyard to make room for another load: an idle server may"
+        " load it back (restore on idle).",
+    )
     last_priority = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Priority class of the last request it served."
     )

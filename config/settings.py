@@ -219,6 +219,7 @@ SWITCHYARD = {
     "PARALLEL_LOAD_QUEUE": env.int("SWITCHYARD_PARALLEL_LOAD_QUEUE", default=2),
     "NO_SERVER_GRACE_S": env.float("SWITCHYARD_NO_SERVER_GRACE_S", default=15.0),
     "RESCUE_S": env.float("SWITCHYARD_RESCUE_S", default=30.0),
+    "RESTORE_WINDOW_S": env.float("SWITCHYARD_RESTORE_WINDOW_S", default=3600.0),
     "URGENT_LOAD_S": env.float("SWITCHYARD_URGENT_LOAD_S", default=20.0),
     "RETRY_BASE_S": env.float("SWITCHYARD_RETRY_BASE_S", default=2.0),
     "RETRY_MAX_S": env.float("SWITCHYARD_RETRY_MAX_S", default=15.0),

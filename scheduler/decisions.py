@@ -53,6 +53,9 @@ class StartLoad:
     deployment_id: int
     evict: tuple[int, ...]
     reason: str
+    cause: str = "request"
+    """Who asked: "request" (requests wait for it), "restore" (`housekeeping.restore`),
+    "preload" or "operator" (a load intent). Stored on the deployment as `load_cause`."""
 
 
 @dataclass(frozen=True, slots=True)

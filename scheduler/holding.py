@@ -154,3 +154,19 @@ def leave_pays(
         wait_s = line · default_run_s / slots
     """
     return class_weight(mine) * max(wait_s - load_s, 0.0) > victim_load_s * victim_users
+
+
+RESTORE_PRICE = 4.0
+"""How many times a restore must outweigh its victims: it is a guess (interactive work may
+not come back), paid for with loads that are certain."""
+
+
+def restore_pays(load_s: float, since_s: float, victims_cost: float) -> bool:
+    """Loading back, on an idle server, a model interactive work used `since_s` ago: the next
+    interactive request for it would wait its whole load; its expected cost is priced as
+    eviction prices a loaded model (`victim_cost`: reload time over time since last use, at
+    the interactive weight). It goes ahead only at several times its victims' cost:
+
+        restore  iff  w(interactive) · load_s / since_s  >  RESTORE_PRICE · Σ victim_cost
+    """
+    return class_weight(INTERACTIVE) * load_s / max(since_s, 1.0) > RESTORE_PRICE * victims_cost

@@ -1,9 +1,11 @@
 """Step 4 of a pass, housekeeping: unload models idle past their TTL, preload marked
-deployments (`policy.py` lists the steps). Pure.
+deployments, and load back on an idle server the model interactive work used lately
+(`policy.py` lists the steps). Pure.
 """
 
 from datetime import timedelta
 
+from . import holding
 from .decisions import Unload
 from .eviction import evictions_for
 from .snapshot import DeploymentView
@@ -22,6 +24,9 @@ class Housekeeping:
                 self.unload_if_idle(d, wanted)
             elif d.preload and d.state == "unloaded" and not self.load_under_way(d.server_id):
                 self.preload(d)
+        if self.config.restore_window_s > 0:
+            for server_id in sorted(self.servers):
+                self.restore(server_id, wanted)
 
     def preload(self, d: DeploymentView) -> None:
         """Load a preload deployment when its server is up and has room without evicting."""
@@ -33,7 +38,7 @@ class Housekeeping:
         resident = self.on_server(d.server_id)
         outcome = evictions_for(d, self.servers[d.server_id], resident, self.now, lambda _: False)
         if outcome == ():
-            self.start_load(d, (), "preload")
+            self.start_load(d, (), "preload", cause="preload")
 
     def unload_if_idle(self, d: DeploymentView, wanted: set[str]) -> None:
         """Unload `d` once idle past its TTL, unless something waits for it or its model."""
@@ -48,3 +53,69 @@ class Housekeeping:
             self.set_state(d, "unloading")
         else:
             self.wake_at(idle_until, f"{d.model} idle TTL")
+
+    def restore(self, server_id: int, wanted: set[str]) -> None:
+        """Restore on idle: a server that can stop a load, with nothing running, routed or
+        loading there and no request waiting for a model it holds, loads back the model
+        interactive work used within `restore_window_s` that is loaded nowhere, evicting only
+        idle models nobody waits for past their minimum residency, when that pays
+        (`holding.restore_pays`; of several, the one with the highest `load_s / since_s`).
+        Nobody waits for its load, so it gives way to a request that needs the server
+        (`orphaned_load`), and the model keeps no residency until a request uses it
+        (`unused`)."""
+        server = self.servers[server_id]
+        if not server.stops_loads or not self.usable(server_id) or server.health != "up":
+            return
+        if self.in_flight[server_id] or self.routed[server_id] or self.load_under_way(server_id):
+            return
+        here = self.on_server(server_id)
+        if any(d.model in wanted for d in here):
+            return
+        best: tuple[float, DeploymentView, tuple[int, ...]] | None = None
+        for d in here:
+            since = self.since_interactive_use(d)
+            if since is None or (d.next_load_at and d.next_load_at > self.now):
+                continue
+            outcome = evictions_for(
+                d, server, here, self.now, self.may_evict_to_restore, self.config.default_load_s
+            )
+            if not isinstance(outcome, tuple):
+                continue
+            cost = sum(self.victim_cost(self.deployments[e]) for e in outcome)
+            value = self.load_s(d) / max(since, 1.0)
+            if holding.restore_pays(self.load_s(d), since, cost) and (
+                best is None or value > best[0]
+            ):
+                best = (value, d, outcome)
+        if best is not None:
+            _, d, evict = best
+            since = self.since_interactive_use(d)
+            why = f"restore: interactive work used {d.model} {since:.0f} s ago"
+            self.start_load(d, evict, why, cause="restore")
+
+    def since_interactive_use(self, d: DeploymentView) -> float | None:
+        """Seconds since interactive work last used `d`'s model anywhere, if `d` may be
+        restored: unloaded by us to make room (`displaced`: not by an operator, its idle TTL
+        or the server itself), its model loaded nowhere, used within `restore_window_s` and,
+        with an idle TTL, within that too (a restore must not undo the TTL's unload)."""
+        if d.state != "unloaded" or not d.displaced:
+            return None
+        homes = [x for x in self.deployments.values() if x.model == d.model]
+        if any(x.state in ("loading", "loaded") for x in homes):
+            return None
+        last = max((x.last_interactive_at for x in homes if x.last_interactive_at), default=None)
+        if last is None:
+            return None
+        since = (self.now - last).total_seconds()
+        window = self.config.restore_window_s
+        if d.idle_ttl_s is not None:
+            window = min(window, d.idle_ttl_s)
+        return since if since < window else None
+
+    def may_evict_to_restore(self, victim: DeploymentView) -> bool:
+        """A restore evicts only idle models nobody waits for, past their minimum residency."""
+        if self.waiting_on(victim.id):
+            return False
+        if self.unused(victim) or not victim.loaded_at:
+            return True
+        return self.resident_until(victim) <= self.now

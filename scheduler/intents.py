@@ -106,7 +106,8 @@ def _model_step(intent: IntentView, d: DeploymentView, on_server, server, now) -
             return Step(intent.id, status, f"no room: {victims.reason}")
         evicting = [x.model for x in on_server if x.id in victims]
         said = f", evicting {', '.join(evicting)}" if evicting else ""
-        load = StartLoad(d.id, victims, f"operator intent {intent.id}")  # its log names victims
+        # Its log names the victims; an operator's load is never stopped for a request.
+        load = StartLoad(d.id, victims, f"operator intent {intent.id}", "operator")
         return Step(intent.id, S.RUNNING, f"load started{said}", load)
     # unload
     if intent.status == S.RUNNING and d.state != "unloading":

@@ -72,6 +72,7 @@ class Result:
     outcomes: dict[int, Outcome] = field(default_factory=dict)
     loads: int = 0
     stopped: int = 0  # loads stopped because nobody waited for them any more
+    restores: int = 0  # loads started by a restore on idle (nobody asked for them)
     passes: int = 0
     dropped: int = 0  # decisions whose compare-and-set failed
     eta: Accuracy = field(default_factory=Accuracy)  # the ETA given on arrival, checked
@@ -250,8 +251,13 @@ class _PolicySimulation:
             case MarkReady(request_id=rid):
                 r = self.waiting.get(rid)
                 return self.move(rid, "needs_loading", "ready", r.deployment_id if r else None)
-            case StartLoad(deployment_id=did, evict=evict):
-                return self.start_load(did, evict)
+            case StartLoad(deployment_id=did, evict=evict, cause=cause):
+                started = self.start_load(did, evict)
+                if started:
+                    self.update(did, load_cause=cause)
+                    if cause == "restore":
+                        self.result.restores += 1
+                return started
             case Unload(deployment_id=did):
                 d = self.deployments[did]
                 if d.state != "loaded" or d.in_flight:
@@ -296,10 +302,10 @@ class _PolicySimulation:
             v.state != "loaded" or v.in_flight for v in victims
         ):
             return self.drop()
-        self.update(did, state="loading", last_used_at=self.now)
+        self.update(did, state="loading", last_used_at=self.now, displaced=False)
         self.etas.load_started[did] = self.now
         for v in victims:
-            self.update(v.id, state="unloading")
+            self.update(v.id, state="unloading", displaced=True)
         done = self.now
         for v in victims:
             done += timedelta(seconds=self.trace.unload_s)

@@ -25,6 +25,9 @@ class PolicyConfig:
     urgent_load_s: float = 20.0
     """A request whose load must start within this long to be served before it expires
     passes the holds (`holding.rescue_pays`)."""
+    restore_window_s: float = 3600.0
+    """An idle server that can stop a load loads back a model interactive work used within
+    this long (`housekeeping.restore`); 0 turns restores off."""
     rescue_s: float = 30.0
     """A request this close to its expiry goes first (earliest expiry first)."""
 
@@ -45,6 +48,10 @@ class DeploymentView:
     loaded_at: datetime | None = None
     last_used_at: datetime | None = None
     last_interactive_at: datetime | None = None
+    load_cause: str = ""
+    """Who asked for its last load ("request", "restore", "preload", "operator", "outside")."""
+    displaced: bool = False
+    """Unloaded by Switchyard to make room for another load (a restore may bring it back)."""
     last_priority: int | None = None
     avg_load_s: float | None = None
     load_failures: int = 0

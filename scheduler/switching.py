@@ -132,9 +132,10 @@ class Switching:
         evict: Iterable[int],
         reason: str,
         for_request: RequestView | None = None,
+        cause: str = "request",
     ) -> None:
         evict = tuple(evict)
-        self.decisions.append(StartLoad(d.id, evict, reason))
+        self.decisions.append(StartLoad(d.id, evict, reason, cause))
         self.set_state(d, "loading")
         for e in evict:
             self.set_state(self.deployments[e], "unloading")
@@ -155,7 +156,9 @@ class Switching:
         if len(busy) != 1 or busy[0].state != "loading":
             return None
         d = busy[0]
-        if self.waiting_on(d.id) or d.preload or d.model in self.unseen:
+        if self.waiting_on(d.id) or d.load_cause in ("preload", "operator"):
+            return None
+        if d.model in self.unseen:
             return None
         return d
 
@@ -225,12 +228,15 @@ class Switching:
     def may_evict(
         self, victim: DeploymentView, r: RequestView, target: DeploymentView, wakes: "Wakes"
     ) -> bool:
-        """May `r`'s load of `target` evict the idle `victim`? The rules, in order: no wasted
-        load, a request about to expire, priced collation, minimum residency, the priced hold
-        (see `holding.py`)."""
+        """May `r`'s load of `target` evict the idle `victim`? The rules, in order: not used
+        since loaded, no wasted load, a request about to expire, priced collation, minimum
+        residency, the priced hold (see `holding.py`)."""
         server = self.servers[target.server_id]
         mine = self.effective(r)
         theirs = self.waiting_on(victim.id)
+        # A restore not used yet: a guess holds no real work back.
+        if self.unused(victim) and not theirs:
+            return True
         # No wasted load: the requests that waited for the victim's load go first.
         if victim.loaded_at and any(w.created_at <= victim.loaded_at for w in theirs):
             self.note(r, waits.held("no_wasted_load", server.name, victim.model, None))
@@ -338,6 +344,8 @@ class Switching:
         for it, or it is within its minimum residency."""
         if self.waiting_on(victim.id):
             return None
+        if self.unused(victim):
+            return 0.0
         if victim.loaded_at and self.resident_until(victim) > self.now:
             return None
         protected, _ = self.protection(victim, server_id, mine)
@@ -380,3 +388,12 @@ class Switching:
     def has_choice(self, model: str) -> bool:
         """More than one usable server could hold `model`."""
         return sum(1 for d in self.candidates(model) if d.state != "failed") > 1
+
+    def unused(self, d: DeploymentView) -> bool:
+        """A restore no request has used yet."""
+        return (
+            d.state == "loaded"
+            and d.load_cause == "restore"
+            and d.loaded_at is not None
+            and (d.last_used_at is None or d.last_used_at <= d.loaded_at)
+        )

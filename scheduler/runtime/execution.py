@@ -146,8 +146,8 @@ class Execution:
             case decisions.Defer(until=until):
                 rt.next_wake = until if rt.next_wake is None else min(rt.next_wake, until)
                 return False
-            case decisions.StartLoad(deployment_id=did, evict=evict, reason=reason):
-                job = await db(store.start_load)(did, evict, rt.worker_id, reason)
+            case decisions.StartLoad(deployment_id=did, evict=evict, reason=reason, cause=cause):
+                job = await db(store.start_load)(did, evict, rt.worker_id, reason, cause)
                 if job is None:
                     return False
                 rt.spawn(load_task(job.model_name, job.server_name), rt.server_tasks.load(job))

@@ -123,6 +123,8 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
                 loaded_at=now,
                 last_used_at=now,
                 load_overrides={},  # not a load an operator asked for
+                displaced=False,
+                load_cause="outside",
             )
             changes.append(f"{d.server_model_id} was loaded outside Switchyard")
     if changes or was_down:

@@ -21,5 +21,6 @@ def policy_config() -> PolicyConfig:
         parallel_load_queue=knob("PARALLEL_LOAD_QUEUE"),
         no_server_grace_s=knob("NO_SERVER_GRACE_S"),
         rescue_s=knob("RESCUE_S"),
+        restore_window_s=knob("RESTORE_WINDOW_S"),
         urgent_load_s=knob("URGENT_LOAD_S"),
     )

@@ -46,7 +46,9 @@ def this_loads_options(deployment_id: int) -> dict:
     return asked or {}
 
 
-def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reason: str):
+def start_load(
+    deployment_id: int, evict: tuple[int, ...], worker_id: int, reason: str, cause: str = "request"
+):
     now = timezone.now()
     server_id = Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)
     with transaction.atomic():
@@ -66,6 +68,8 @@ def start_load(deployment_id: int, evict: tuple[int, ...], worker_id: int, reaso
             load_progress=0.0,
             worker_id=worker_id,
             last_used_at=now,
+            displaced=False,
+            load_cause=cause,
         )
         if not claimed:
             return None
@@ -117,6 +121,7 @@ def evicted(deployment_id: int, to_make_room: bool = False) -> None:
         worker=None,
         loaded_at=None,
         load_progress=None,
+        displaced=to_make_room,
     )
     channel_hints.dashboard_changed()
 

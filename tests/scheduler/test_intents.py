@@ -21,7 +21,7 @@ def intent(id, action, deployment_id=None, status="pending", server_id=1, reason
 def test_a_load_evicts_an_idle_model_as_the_policy_would():
     s = snap([server(1)], [dep(1, 1, "a", "loaded"), dep(2, 1, "b")], [])
     [step] = plan_intents(s, [intent(7, "load", 2)], T0)
-    assert step.decision == StartLoad(2, (1,), "operator intent 7")
+    assert step.decision == StartLoad(2, (1,), "operator intent 7", "operator")
     assert (step.status, step.reason) == ("running", "load started, evicting a")
 
 

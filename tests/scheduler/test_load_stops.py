@@ -141,3 +141,21 @@ def test_a_load_that_ends_after_the_stop_stays_stopped():
     assert (d.state, d.load_failures, d.loaded_at) == (DS.UNLOADING, 0, None)
     store.evicted(job.deployment_id)
     assert deployment("slow").state == DS.UNLOADED
+
+
+def test_the_store_keeps_who_asked_for_a_load_and_what_was_displaced():
+    """`load_cause` tells the policy a restore (which gives way and keeps no residency) from
+    an operator's load (which does neither); `displaced` marks only what a load evicted to
+    make room, the only models a restore brings back."""
+    one_server_two_models()
+    worker_id = store.register_worker()
+    job = store.start_load(deployment("slow").pk, (), worker_id, "test", "operator")
+    assert deployment("slow").load_cause == "operator"
+    store.load_succeeded(job, 1.0)
+    store.evicted(job.deployment_id, to_make_room=True)
+    assert deployment("slow").displaced
+    job = store.start_load(deployment("slow").pk, (), worker_id, "test", "restore")
+    assert (deployment("slow").load_cause, deployment("slow").displaced) == ("restore", False)
+    store.load_succeeded(job, 1.0)
+    store.evicted(job.deployment_id)  # an operator's unload, an idle TTL
+    assert not deployment("slow").displaced

@@ -195,11 +195,15 @@ def test_stop_load_not_when_nobody_needs_the_channel():
 
 
 def test_stop_load_not_a_preload_nor_with_its_evictions_under_way():
-    """A preload is a load the operator asked for, and a load whose victims still unload has
-    a step left that a stop would cut in two: neither is stopped."""
+    """A preload or an operator's load intent is a load the operator asked for, and a load
+    whose victims still unload has a step left that a stop would cut in two: none is
+    stopped. A restore (nobody asked for it) is."""
     s1 = server(1, llm=2, stops_loads=True)
-    preload = [dep(1, 1, "a", "loading", preload=True), dep(2, 1, "b")]
-    assert of(plan(snap([s1], preload, [req("b")]), at(0)), StopLoad) == []
+    for cause in ("preload", "operator"):
+        asked = [dep(1, 1, "a", "loading", load_cause=cause), dep(2, 1, "b")]
+        assert of(plan(snap([s1], asked, [req("b")]), at(0)), StopLoad) == []
+    restore = [dep(1, 1, "a", "loading", load_cause="restore"), dep(2, 1, "b")]
+    assert of(plan(snap([s1], restore, [req("b")]), at(0)), StopLoad) != []
     evicting = [dep(1, 1, "a", "loading"), dep(2, 1, "b"), dep(3, 1, "c", "unloading")]
     assert of(plan(snap([s1], evicting, [req("b")]), at(0)), StopLoad) == []
 

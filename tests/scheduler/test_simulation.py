@@ -61,8 +61,11 @@ def test_policy_waits_less_for_interactive_and_loses_nothing(day):
 
 
 def test_policy_loads_less_than_fifo(day):
+    """For requests: the restores on idle (`housekeeping.restore`) are loads nobody asked for,
+    counted apart (and in issue 34's load target)."""
     _, policy, fifo = day
-    assert policy.loads < fifo.loads
+    assert 0 < policy.restores < policy.loads
+    assert policy.loads - policy.restores < fifo.loads
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -83,12 +86,9 @@ DAYS = {
 # Targets the policy does not meet yet, by day (strict: meeting one fails the test, so the
 # list shrinks as the policy improves). See `manage.py simulate` for the numbers.
 NOT_YET = {
-    ("default day, seed 0", "expired that the baseline served"),
-    ("default day, seed 1", "interactive p95"),
     ("default day, seed 1", "background p95"),
     ("default day, seed 2", "interactive p95"),
     ("default day, seed 2", "background p95"),
-    ("default day, seed 3", "interactive p95"),
     ("default day, seed 3", "background p95"),
     ("default day, seed 3", "expired that the baseline served"),
 }

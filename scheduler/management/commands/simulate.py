@@ -78,6 +78,7 @@ def comparison_table(results: list[Result]) -> str:
             )
     rows.append(("loads", *(str(r.loads) for r in results)))
     rows.append(("loads stopped", *(str(r.stopped) for r in results)))
+    rows.append(("restores started", *(str(r.restores) for r in results)))
     for priority, name in CLASS_NAMES.items():
         rows.append((f"expired {name}", *(str(r.count("expired", priority)) for r in results)))
     rows.append(("failed", *(str(r.count("failed")) for r in results)))
