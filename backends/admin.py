@@ -156,6 +156,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "server_column",
         "server_model_id",
         "state",
+        "load_cause",
         "in_flight",
         "size_mb",
         "device",
@@ -167,7 +168,16 @@ class DeploymentAdmin(admin.ModelAdmin):
         "load_failures",
         "last_error",
     ]
-    list_filter = ["state", "server", "server__kind", "model__type", "pinned", "preload", "device"]
+    list_filter = [
+        "state",
+        "load_cause",
+        "server",
+        "server__kind",
+        "model__type",
+        "pinned",
+        "preload",
+        "device",
+    ]
     search_fields = ["model__name", "server__name", "server_model_id"]
     list_select_related = ["model", "server"]
     autocomplete_fields = ["model", "server"]
@@ -176,6 +186,8 @@ class DeploymentAdmin(admin.ModelAdmin):
         "state_changed_at",
         "load_started_at",
         "loaded_at",
+        "load_cause",
+        "displaced",
         "last_used_at",
         "last_interactive_at",
         "last_priority",

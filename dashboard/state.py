@@ -10,7 +10,7 @@ from django.db.models import Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
 
-from backends.models import Deployment, DeploymentState, Health, Server
+from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 from scheduler.reasons_shown import shown as shown_reason
 
@@ -83,6 +83,16 @@ def run_left_s(r: Request, now: datetime) -> float | None:
     return seconds(max(d.avg_inference_s - (now - r.started_at).total_seconds(), 0.0))
 
 
+def is_restore(d: Deployment) -> bool:
+    """Loading, or loaded and unused, because an idle server restores it (nobody asked)."""
+    if d.load_cause != LoadCause.RESTORE:
+        return False
+    if d.state == DeploymentState.LOADING:
+        return True
+    used = d.last_used_at and d.loaded_at and d.last_used_at > d.loaded_at
+    return d.state == DeploymentState.LOADED and not used
+
+
 def deployment_row(d: Deployment, now: datetime) -> dict:
     return {
         "model": d.model.name,
@@ -90,6 +100,7 @@ def deployment_row(d: Deployment, now: datetime) -> dict:
         "state": d.state,
         "in_flight": d.in_flight,
         "pinned": d.pinned,
+        "restore": is_restore(d),
         "progress": load_progress(d, now),
         "error": d.last_error if d.state == DeploymentState.FAILED else "",
     }

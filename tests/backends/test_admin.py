@@ -35,6 +35,7 @@ FILTERS = {
     "model": ["type=embedding", "q=nomic", "deployments__server__id__exact=1"],
     "deployment": [
         "state=failed",
+        "load_cause=restore",
         "server__kind=simulated",
         "model__type=llm",
         "pinned__exact=0",

@@ -86,6 +86,16 @@ def test_loaded_and_loading_models_are_listed_unloaded_ones_are_not():
     assert (view["in_use"], view["slots"]) == (3, 4)
 
 
+def test_a_restore_is_marked_until_a_request_uses_it():
+    srv = factories.server("sim", slots=4)
+    started_loading(srv, "b", 1, load_cause="restore")
+    used = factories.deployment(srv, "a", state=DeploymentState.LOADED, load_cause="restore")
+    used.loaded_at, used.last_used_at = ago(60), ago(5)
+    used.save()
+    view = server_named(state.overview(NOW), "sim")
+    assert {m["model"]: m["restore"] for m in view["models"]} == {"a": False, "b": True}
+
+
 def test_load_progress_is_the_adapters_own_figure_when_it_reports_one():
     srv = factories.server()
     d = started_loading(srv, "m", 3, load_progress=0.25, avg_load_s=10)
