@@ -143,6 +143,28 @@ def test_alternating_models_swap_through_the_scheduler(router, switchyard):
     assert "unloaded" not in json.dumps([r.error for r in requests])
 
 
+def test_an_idle_router_loads_back_what_interactive_work_used(router, switchyard):
+    """Restore on idle against the real router: `tiny` served a person, a normal request for
+    `large` evicted it, and once the router is idle Switchyard loads `tiny` back (evicting
+    `large`). `tiny`'s measured load time is set to a minute, as a big model's would be:
+    restoring a 5 MB model that loads in a blink does not pay."""
+    server = discovered(router, max_llm=1)
+    live = switchyard(MIN_RESIDENCY_S="0", NORMAL_WARM_WINDOW_S="0")
+    assert_words(chat(live, "tiny", priority="interactive")["choices"][0]["message"]["content"])
+    server.deployments.filter(server_model_id="tiny").update(avg_load_s=60.0)
+    assert_words(chat(live, "large")["choices"][0]["message"]["content"])
+
+    def restored() -> bool:
+        now = router_states(router)
+        return (now["tiny"], now["large"]) == ("loaded", "unloaded")
+
+    eventually(restored, what="tiny loaded back, large unloaded")
+    eventually(lambda: matches_router(server, router), what="deployments match the router")
+    tiny = server.deployments.get(server_model_id="tiny")
+    assert (tiny.load_cause, tiny.displaced) == ("restore", False)
+    assert server.deployments.get(server_model_id="large").displaced
+
+
 def test_embeddings_from_an_embeddings_preset(router, switchyard):
     discovered(router)
     live = switchyard()
