@@ -23,20 +23,23 @@ def displaced(model: str) -> bool:
     return Deployment.objects.values_list("displaced", flat=True).get(model__name=model)
 
 
+def one_server(*others: str):
+    """s1 (one slot, one LLM): `chat` (0.5 s to load), `batch` and `others` (0.05 s); an
+    interactive request for `chat`."""
+    s1 = factories.server("s1", slots=1)
+    factories.deployment(s1, "chat", load_s=0.5)
+    for name in ("batch", *others):
+        factories.deployment(s1, name, load_s=0.05)
+    return factories.request("chat", Priority.INTERACTIVE)
+
+
 async def test_an_idle_server_loads_back_what_a_normal_request_evicted(knobs):
     """`chat` (0.5 s to load) served an interactive request, then a normal request for
     `batch` (0.05 s) evicted it. Once `batch` is done and the server idle, `chat` is loaded
     back, evicting `batch`: the next person waits for nothing. Breaks if evicted models
     stay out until someone asks again."""
     knobs(MIN_RESIDENCY_S=0, NORMAL_WARM_WINDOW_S=0)
-
-    def setup():
-        s1 = factories.server("s1", slots=1)
-        factories.deployment(s1, "chat", load_s=0.5)
-        factories.deployment(s1, "batch", load_s=0.05)
-        return factories.request("chat", Priority.INTERACTIVE)
-
-    first = await db(setup)()
+    first = await db(one_server)()
     async with Running() as running:
         await running.until(lambda: state_of(first) == State.COMPLETED)
         second = await db(factories.request)("batch", Priority.NORMAL)
@@ -52,15 +55,7 @@ async def test_a_request_stops_a_restore_under_way(knobs):
     arrives: the restore stops at once and `other` loads. Breaks if a guess held the
     server's one load channel."""
     knobs(MIN_RESIDENCY_S=0, NORMAL_WARM_WINDOW_S=0)
-
-    def setup():
-        s1 = factories.server("s1", slots=1)
-        factories.deployment(s1, "chat", load_s=0.5)
-        factories.deployment(s1, "batch", load_s=0.05)
-        factories.deployment(s1, "other", load_s=0.05)
-        return factories.request("chat", Priority.INTERACTIVE)
-
-    first = await db(setup)()
+    first = await db(one_server)("other")
     async with Running() as running:
         await running.until(lambda: state_of(first) == State.COMPLETED)
         # From now on `chat` loads for 600 s: its restore is still under way below.
