@@ -14,7 +14,8 @@ Read `scheduler/README.md` first. One pass, in this order:
    Routing the cheap ones first lets collation see every request for a loaded model;
 3. dispatch ready requests into free slots, best first, on any server that has their
    model loaded (their own first);
-4. housekeeping: unload models idle past their TTL, preload marked deployments;
+4. housekeeping: unload models idle past their TTL, preload marked deployments, and on an
+   idle server that can stop a load, restore what interactive work used lately;
 5. for each server with every slot busy, what step 3 would send there as its slots free
    (`SendNext`), unless a request still waits to be placed for a model it holds; for each
    model loaded with a free slot, where steps 2 and 3 would send a request for it that
