@@ -25,7 +25,9 @@ class Housekeeping:
             elif d.preload and d.state == "unloaded" and not self.load_under_way(d.server_id):
                 self.preload(d)
         if self.config.restore_window_s > 0:
-            for server_id in sorted(self.servers):
+            # Only servers holding a model we evicted may restore one: most passes, none.
+            out = {d.server_id for d in self.deployments.values() if d.displaced}
+            for server_id in sorted(out):
                 self.restore(server_id, wanted)
 
     def preload(self, d: DeploymentView) -> None:
