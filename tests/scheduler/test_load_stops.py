@@ -1,6 +1,6 @@
 """A load nobody waits for gives way (`StopLoad`): the worker stops it on a simulated server
 so that a load somebody waits for starts at once, and the races around a stop (the load
-that ends as it is stopped, an unload that fails). The rule itself: test_policy_routing.py;
+that ends as it is stopped, an unload that fails). The rule itself: test_policy_stops.py;
 against the real llama.cpp router: tests/integration/test_real_llama_router.py."""
 
 import logging
