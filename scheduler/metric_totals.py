@@ -20,6 +20,11 @@ from .models import TERMINAL_STATES, MetricCarry, MetricEvent, Priority, Request
 WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 PROCESSING_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 LOAD_BUCKETS = (1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600)
+LOAD_OUTCOMES = {
+    MetricEvent.Kind.LOAD: "loaded",
+    MetricEvent.Kind.LOAD_FAILED: "failed",
+    MetricEvent.Kind.LOAD_STOPPED: "stopped",
+}
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -107,7 +112,8 @@ def count_requests(totals: Totals, rows: models.QuerySet) -> None:
 
 
 def count_events(totals: Totals, rows: models.QuerySet) -> None:
-    """Add what the worker's events in `rows` count for: loads, evictions, breaker trips."""
+    """Add what the worker's events in `rows` count for: loads, restores, evictions, breaker
+    trips."""
     loaded = Q(kind=MetricEvent.Kind.LOAD)
     grouped = (
         rows.values("kind", "server", "model")
@@ -124,12 +130,13 @@ def count_events(totals: Totals, rows: models.QuerySet) -> None:
     for row in grouped:
         labels = (("server", row["server"]), ("model", row["model"]))
         kind = row["kind"]
-        if kind in (MetricEvent.Kind.LOAD, MetricEvent.Kind.LOAD_FAILED):
-            outcome = "loaded" if kind == MetricEvent.Kind.LOAD else "failed"
+        if outcome := LOAD_OUTCOMES.get(kind):
             totals.count("loads", (*labels, ("outcome", outcome)), row["n"])
         if kind == MetricEvent.Kind.LOAD:
             buckets = [row[f"load_le_{i}"] for i in range(len(LOAD_BUCKETS))]
             totals.observe("load", labels, LOAD_BUCKETS, buckets, row["n"], row["load_sum"] or 0)
+        elif kind == MetricEvent.Kind.RESTORE:
+            totals.count("restores", labels, row["n"])
         elif kind == MetricEvent.Kind.EVICTION:
             totals.count("evictions", labels, row["n"])
         elif kind == MetricEvent.Kind.BREAKER_TRIP:

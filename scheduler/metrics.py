@@ -31,7 +31,8 @@ CLASSES = [p.label for p in Priority]
 COUNTERS = {
     "requests": "Finished requests by class, model and outcome (the terminal state)",
     "request_retries": "Attempts of requests beyond their first, by class and model",
-    "loads": "Model loads by server, model and outcome (loaded or failed)",
+    "loads": "Model loads by server, model and outcome (loaded, failed or stopped)",
+    "restores": "Loads started by restore on idle (nobody asked for them), by server and model",
     "evictions": "Models unloaded to make room for another, by server and model",
     "breaker_trips": "Times a server's breaker opened (cooldown after failures)",
 }

@@ -179,12 +179,15 @@ class Trace(models.Model):
 
 
 class MetricEvent(models.Model):
-    """A load, a failed load, an eviction or a breaker trip, written by the worker as it
-    happens, for /metrics to count at scrape time (see scheduler.metric_totals)."""
+    """A load, a failed or stopped load, a restore, an eviction or a breaker trip, written by
+    the worker as it happens, for /metrics to count at scrape time (see
+    scheduler.metric_totals)."""
 
     class Kind(models.TextChoices):
         LOAD = "load", "Load"
         LOAD_FAILED = "load_failed", "Failed load"
+        LOAD_STOPPED = "load_stopped", "Stopped load"
+        RESTORE = "restore", "Restore on idle"
         EVICTION = "eviction", "Eviction"
         BREAKER_TRIP = "breaker_trip", "Breaker trip"
 

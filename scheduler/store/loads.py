@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ErrorCode, LoadTarget
-from backends.models import Deployment, DeploymentState, Server
+from backends.models import Deployment, DeploymentState, LoadCause, Server
 
 from .. import channel_hints
 from ..models import Intent, MetricEvent
@@ -87,6 +87,8 @@ def start_load(
         victims = tuple(
             Deployment.objects.filter(pk__in=evict).values_list("pk", "server_model_id")
         )
+        if cause == LoadCause.RESTORE:
+            MetricEvent.record(MetricEvent.Kind.RESTORE, d.server.name, d.model.name)
     transaction.on_commit(channel_hints.dashboard_changed)
     log.info(
         "loading %s on %s (%s)%s",
@@ -156,6 +158,7 @@ def stop_load(deployment_id: int, worker_id: int) -> StopJob | None:
     ).update(state=DS.UNLOADING, state_changed_at=timezone.now(), load_progress=None):
         return None
     d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
+    MetricEvent.record(MetricEvent.Kind.LOAD_STOPPED, d.server.name, d.model.name)
     channel_hints.dashboard_changed()
     return StopJob(d.pk, d.server_id, d.server.name, d.model.name, d.server_model_id)
 

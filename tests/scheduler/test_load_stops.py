@@ -13,7 +13,7 @@ from backends.adapters.simulated import SimulatedAdapter, simulated_server
 from backends.models import Deployment, DeploymentState
 from scheduler import store
 from scheduler.api import jobs
-from scheduler.models import State
+from scheduler.models import MetricEvent, State
 from tests import factories
 from tests.support.running import (  # noqa: F401 (fixture)
     Running,
@@ -115,8 +115,10 @@ def test_a_stop_claims_only_a_load_this_worker_holds():
     other = store.register_worker()
     assert store.stop_load(job.deployment_id, other) is None
     assert deployment("slow").state == DS.LOADING
+    assert not MetricEvent.objects.filter(kind="load_stopped").exists()
     stop = store.stop_load(job.deployment_id, worker_id)
     assert stop == store.StopJob(job.deployment_id, job.server_id, "s1", "slow", "slow")
+    assert MetricEvent.objects.filter(kind="load_stopped", model="slow").count() == 1
     d = deployment("slow")
     assert (d.state, d.worker_id) == (DS.UNLOADING, worker_id)
 
@@ -156,6 +158,7 @@ def test_the_store_keeps_who_asked_for_a_load_and_what_was_displaced():
     assert deployment("slow").displaced
     job = store.start_load(deployment("slow").pk, (), worker_id, "test", "restore")
     assert (deployment("slow").load_cause, deployment("slow").displaced) == ("restore", False)
+    assert MetricEvent.objects.filter(kind="restore", model="slow").count() == 1
     store.load_succeeded(job, 1.0)
     store.evicted(job.deployment_id)  # an operator's unload, an idle TTL
     assert not deployment("slow").displaced

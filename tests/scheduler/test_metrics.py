@@ -83,6 +83,8 @@ def test_gauges_counters_and_histograms(client, token):
     finished("qwen", wait_s=1, run_s=1, state="failed")
     MetricEvent.record("load", "gpu-1", "qwen", 12.0)
     MetricEvent.record("load_failed", "gpu-1", "qwen")
+    MetricEvent.record("load_stopped", "gpu-1", "qwen")
+    MetricEvent.record("restore", "gpu-1", "qwen")
     MetricEvent.record("eviction", "gpu-1", "llama")
     MetricEvent.record("breaker_trip", "gpu-1")
 
@@ -111,6 +113,8 @@ def test_gauges_counters_and_histograms(client, token):
     at = (("model", "qwen"), ("server", "gpu-1"))
     assert got["switchyard_loads_total", (*at, ("outcome", "loaded"))] == 1
     assert got["switchyard_loads_total", (*at, ("outcome", "failed"))] == 1
+    assert got["switchyard_loads_total", (*at, ("outcome", "stopped"))] == 1
+    assert got["switchyard_restores_total", at] == 1
     assert got["switchyard_load_duration_seconds_bucket", (("le", "10"), *at)] == 0
     assert got["switchyard_load_duration_seconds_bucket", (("le", "20"), *at)] == 1
     assert got["switchyard_evictions_total", (("model", "llama"), ("server", "gpu-1"))] == 1
