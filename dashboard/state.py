@@ -13,6 +13,7 @@ from django.utils import timezone
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 from scheduler.reasons_shown import shown as shown_reason
+from scheduler.snapshot import unused_restore
 
 from . import charts, forecast
 from .models import EtaCheck
@@ -85,12 +86,8 @@ def run_left_s(r: Request, now: datetime) -> float | None:
 
 def is_restore(d: Deployment) -> bool:
     """Loading, or loaded and unused, because an idle server restores it (nobody asked)."""
-    if d.load_cause != LoadCause.RESTORE:
-        return False
-    if d.state == DeploymentState.LOADING:
-        return True
-    used = d.last_used_at and d.loaded_at and d.last_used_at > d.loaded_at
-    return d.state == DeploymentState.LOADED and not used
+    loading = d.state == DeploymentState.LOADING and d.load_cause == LoadCause.RESTORE
+    return loading or unused_restore(d)
 
 
 def deployment_row(d: Deployment, now: datetime) -> dict:

@@ -8,7 +8,7 @@ from datetime import timedelta
 from . import holding
 from .decisions import Unload
 from .eviction import evictions_for
-from .snapshot import DeploymentView
+from .snapshot import DeploymentView, unused_restore
 
 
 class Housekeeping:
@@ -64,7 +64,7 @@ class Housekeeping:
         (`holding.restore_pays`; of several, the one with the highest `load_s / since_s`).
         Nobody waits for its load, so it gives way to a request that needs the server
         (`orphaned_load`), and the model keeps no residency until a request uses it
-        (`unused`)."""
+        (`unused_restore`)."""
         server = self.servers[server_id]
         if not server.stops_loads or not self.usable(server_id) or server.health != "up":
             return
@@ -73,7 +73,7 @@ class Housekeeping:
         here = self.on_server(server_id)
         if any(d.model in wanted for d in here):
             return
-        best: tuple[float, DeploymentView, tuple[int, ...]] | None = None
+        best: tuple[float, float, DeploymentView, tuple[int, ...]] | None = None
         for d in here:
             since = self.since_interactive_use(d)
             if since is None or (d.next_load_at and d.next_load_at > self.now):
@@ -88,10 +88,9 @@ class Housekeeping:
             if holding.restore_pays(self.load_s(d), since, cost) and (
                 best is None or value > best[0]
             ):
-                best = (value, d, outcome)
+                best = (value, since, d, outcome)
         if best is not None:
-            _, d, evict = best
-            since = self.since_interactive_use(d)
+            _, since, d, evict = best
             why = f"restore: interactive work used {d.model} {since:.0f} s ago"
             self.start_load(d, evict, why, cause="restore")
 
@@ -118,6 +117,6 @@ class Housekeeping:
         """A restore evicts only idle models nobody waits for, past their minimum residency."""
         if self.waiting_on(victim.id):
             return False
-        if self.unused(victim) or not victim.loaded_at:
+        if unused_restore(victim) or not victim.loaded_at:
             return True
         return self.resident_until(victim) <= self.now

@@ -68,6 +68,17 @@ class DeploymentView:
         return self.state in ("loading", "loaded", "unloading")
 
 
+def unused_restore(d) -> bool:
+    """Loaded by a restore on idle and not used by a request since: a guess that holds no
+    real work back. `d` is a `DeploymentView`, or a `backends.Deployment` (the dashboard)."""
+    return (
+        d.state == "loaded"
+        and d.load_cause == "restore"
+        and d.loaded_at is not None
+        and (d.last_used_at is None or d.last_used_at <= d.loaded_at)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ServerView:
     id: int

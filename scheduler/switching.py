@@ -19,7 +19,7 @@ from . import reasons as waits
 from .decisions import StartLoad, StopLoad
 from .eviction import NoRoom, evictions_for, keep_value
 from .priorities import BACKGROUND, CLASS_NAMES, INTERACTIVE, NORMAL
-from .snapshot import DeploymentView, RequestView
+from .snapshot import DeploymentView, RequestView, unused_restore
 
 if TYPE_CHECKING:  # for annotations only: policy.py imports this module
     from .policy import Wakes
@@ -235,7 +235,7 @@ class Switching:
         mine = self.effective(r)
         theirs = self.waiting_on(victim.id)
         # A restore not used yet: a guess holds no real work back.
-        if self.unused(victim) and not theirs:
+        if unused_restore(victim) and not theirs:
             return True
         # No wasted load: the requests that waited for the victim's load go first.
         if victim.loaded_at and any(w.created_at <= victim.loaded_at for w in theirs):
@@ -344,7 +344,7 @@ class Switching:
         for it, or it is within its minimum residency."""
         if self.waiting_on(victim.id):
             return None
-        if self.unused(victim):
+        if unused_restore(victim):
             return 0.0
         if victim.loaded_at and self.resident_until(victim) > self.now:
             return None
@@ -388,12 +388,3 @@ class Switching:
     def has_choice(self, model: str) -> bool:
         """More than one usable server could hold `model`."""
         return sum(1 for d in self.candidates(model) if d.state != "failed") > 1
-
-    def unused(self, d: DeploymentView) -> bool:
-        """A restore no request has used yet."""
-        return (
-            d.state == "loaded"
-            and d.load_cause == "restore"
-            and d.loaded_at is not None
-            and (d.last_used_at is None or d.last_used_at <= d.loaded_at)
-        )
