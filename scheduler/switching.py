@@ -136,7 +136,8 @@ class Switching:
     ) -> None:
         evict = tuple(evict)
         self.decisions.append(StartLoad(d.id, evict, reason, cause))
-        self.set_state(d, "loading")
+        # As the store records it: a wait reason counts from this load, not the last one.
+        self.set_deployment(d, state="loading", load_started_at=self.now)
         for e in evict:
             self.set_state(self.deployments[e], "unloading")
             # Its waiters go back to routing now, told it was our own eviction.

@@ -50,6 +50,16 @@ def test_reason_loading_for_a_load_this_pass_starts():
     assert decided.reasons[r.id].live(at(2)) == "waiting for the load of a on s1, 2.0 s of ~10.0 s"
 
 
+def test_reason_loading_counts_from_this_load_not_the_last_one():
+    """The deployment still carries the start of its previous load (an hour ago): the
+    reason counts from the load this pass starts. Breaks if the page says "95% after
+    3600 s" of a load that just began."""
+    r = req("a")
+    d = dep(1, 1, "a", load_started_at=at(-3600))
+    decided = plan_explained(snap([server(1)], [d], [r]), at(0))
+    assert decided.reasons[r.id].detail("started_at") == at(0)
+
+
 def test_reason_behind_counts_the_requests_ahead_by_class():
     """Three interactive requests are ahead of a normal one for s1's one busy slot."""
     ahead = [req("a", INTERACTIVE, age_s=3 - i, state="ready", deployment_id=1) for i in range(3)]
