@@ -2,6 +2,8 @@ from django.contrib import admin, messages
 from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
+from dashboard.state import load_progress
+
 from .discovery import sync_server
 from .models import (
     Deployment,
@@ -20,6 +22,10 @@ def server_label(server: Server | None) -> str:
     if server is None:
         return "-"
     return f"{server.name} (simulated)" if server.is_simulated else server.name
+
+
+def in_seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
 
 
 class DeploymentInline(admin.TabularInline):
@@ -155,7 +161,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "model",
         "server_column",
         "server_model_id",
-        "state",
+        "state_column",
         "load_cause",
         "in_flight",
         "size_mb",
@@ -163,8 +169,8 @@ class DeploymentAdmin(admin.ModelAdmin):
         "pinned",
         "preload",
         "last_used_at",
-        "avg_load_s",
-        "avg_inference_s",
+        "load_time",
+        "run_time",
         "load_failures",
         "last_error",
     ]
@@ -206,6 +212,25 @@ class DeploymentAdmin(admin.ModelAdmin):
     @admin.display(description="server", ordering="server__name")
     def server_column(self, deployment: Deployment) -> str:
         return server_label(deployment.server)
+
+    @admin.display(description="state", ordering="state")
+    def state_column(self, deployment: Deployment) -> str:
+        """A load under way says how far it is, as the dashboard's bar does."""
+        load = load_progress(deployment, timezone.now())
+        if load is None:
+            return deployment.get_state_display()
+        if load["fraction"] is None:
+            return f"loading, {load['elapsed_s']:.0f} s"
+        about = "~" if load["estimated"] else ""
+        return f"loading, {about}{load['fraction']:.0%}"
+
+    @admin.display(description="load (avg)", ordering="avg_load_s")
+    def load_time(self, deployment: Deployment) -> str:
+        return in_seconds(deployment.avg_load_s)
+
+    @admin.display(description="run (avg)", ordering="avg_inference_s")
+    def run_time(self, deployment: Deployment) -> str:
+        return in_seconds(deployment.avg_inference_s)
 
     @admin.action(description="Reset failed deployments (allow loading again)")
     def reset_failed(self, request, queryset):

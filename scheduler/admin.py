@@ -4,11 +4,15 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.utils import timezone
+from django.utils.text import Truncator
 
 from backends.admin import server_label
 
 from .models import WAITING_STATES, Request, State, Trace, Worker
+from .reasons_shown import shown
 from .transitions import move
+
+WHY_CHARS = 120  # an error's first line or so; the whole of it is on the request's page
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -42,20 +46,22 @@ class TraceInline(admin.TabularInline):
 class RequestAdmin(ReadOnlyAdmin):
     # Short enough for a 1,280 px screen beside the filters: the full id and the start and
     # end times are on the request's own page.
+    # The kind is a filter and on the request's page; `why` says why a waiting request
+    # waits, or how an ended one failed.
     list_display = [
         "short_id",
-        "kind",
         "model_name",
         "priority",
         "state",
+        "why",
         "api_key",
         "server_column",
         "created_at",
         "waited",
         "took",
         "attempts",
-        "error_code",
     ]
+    readonly_fields = ["why"]
     list_filter = ["state", "priority", "kind", "server", "api_key", "stream"]
     search_fields = ["id", "model_name", "error"]
     date_hierarchy = "created_at"
@@ -85,6 +91,16 @@ class RequestAdmin(ReadOnlyAdmin):
     @admin.display(description="server", ordering="server__name")
     def server_column(self, obj: Request) -> str:
         return server_label(obj.server)
+
+    @admin.display(description="why")
+    def why(self, obj: Request) -> str:
+        """A waiting request's reason as the pages show it (`reasons_shown`); for one that
+        failed or expired, its error code and message."""
+        if (reason := shown(obj.reason, obj.state, timezone.now())) is not None:
+            return reason["text"]
+        if obj.error_code:
+            return Truncator(f"{obj.error_code}: {obj.error}").chars(WHY_CHARS)
+        return "-"
 
     @admin.action(description="Cancel selected requests (those not yet processing)")
     def cancel(self, request, queryset):

@@ -153,3 +153,26 @@ def test_list_pages_do_not_query_per_row(admin_client, django_assert_max_num_que
     add_rows(20, 1)
     with django_assert_max_num_queries(len(one_row)):
         assert admin_client.get(changelist(name)).status_code == 200
+
+
+def test_request_list_says_why_each_waits_and_how_each_failed(admin_client):
+    """A waiting request shows its stored reason as the pages do; a failed one its error
+    code and message; a completed one nothing."""
+    waiting = factories.request(
+        "qwen3-8b",
+        reason={"kind": "no_room", "text": "no load of qwen3-8b can start now: gpu-a is busy"},
+    )
+    factories.request(
+        "qwen3-8b",
+        state=State.FAILED,
+        error_code="no_server_available",
+        error="no server can serve qwen3-8b: gpu-a is down",
+    )
+    factories.request("qwen3-8b", state=State.COMPLETED)
+
+    page = admin_client.get(changelist("request")).content.decode()
+
+    assert "no load of qwen3-8b can start now: gpu-a is busy" in page
+    assert "no_server_available: no server can serve qwen3-8b: gpu-a is down" in page
+    detail = admin_client.get(reverse("admin:scheduler_request_change", args=[waiting.pk]))
+    assert "no load of qwen3-8b can start now" in detail.content.decode()
