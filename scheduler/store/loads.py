@@ -84,9 +84,9 @@ def start_load(
         asked = this_loads_options(deployment_id)
         Deployment.objects.filter(pk=deployment_id).update(load_overrides=asked)
         d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
-        victims = tuple(
-            Deployment.objects.filter(pk__in=evict).values_list("pk", "server_model_id")
-        )
+        leaving = Deployment.objects.filter(pk__in=evict).order_by("pk")
+        victims = tuple(leaving.values_list("pk", "server_model_id"))
+        victim_names = ", ".join(leaving.values_list("model__name", flat=True))
         if cause == LoadCause.RESTORE:
             MetricEvent.record(MetricEvent.Kind.RESTORE, d.server.name, d.model.name)
     transaction.on_commit(channel_hints.dashboard_changed)
@@ -95,7 +95,7 @@ def start_load(
         d.model.name,
         d.server.name,
         reason,
-        f", evicting {[v[1] for v in victims]}" if victims else "",
+        f", evicting {victim_names}" if victims else "",
     )
     return LoadJob(
         deployment_id=d.pk,

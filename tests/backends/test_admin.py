@@ -177,9 +177,7 @@ def test_deployment_list_shows_how_far_a_load_is_and_readable_averages(admin_cli
     sim, real = fleet
     started = timezone.now() - timedelta(seconds=3)
     factories.deployment(sim, "gemma", state="loading", load_started_at=started, avg_load_s=12.0)
-    factories.deployment(
-        real, "llama", state="loading", load_started_at=started, load_progress=0.4
-    )
+    factories.deployment(real, "llama", state="loading", load_started_at=started, load_progress=0.4)
     Deployment.objects.filter(model__name="qwen3-8b", server=sim).update(
         avg_load_s=8.017399, avg_inference_s=0.51234
     )

@@ -20,6 +20,10 @@ def browser_page():
         page = browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
+        # Every file a page asks for is there (its icon too: the browser asks for one).
+        missing: list[str] = []
+        page.on("response", lambda r: r.status >= 400 and missing.append(f"{r.status} {r.url}"))
         yield page
         browser.close()
     assert errors == [], "the page's JavaScript failed"
+    assert missing == [], "the page asked for what the server does not have"

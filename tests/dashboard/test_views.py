@@ -1,10 +1,13 @@
 """The staff pages: login required, and they render the state they will then follow."""
 
 import json
+import re
 
 import pytest
 from django.contrib.auth.models import User
+from django.contrib.staticfiles import finders
 
+from dashboard.watch_tokens import token_for
 from scheduler.models import State
 from tests import factories
 
@@ -75,3 +78,14 @@ def test_the_state_json_is_the_overview(staff):
     body = staff.get("/dashboard/state.json").json()
     assert body["waiting_total"] == 1
     assert body["waiting"][0]["position"] == 1
+
+
+def test_every_page_names_an_icon_that_exists(staff):
+    """Browsers ask each page for an icon: without one named, every visit logs a 404 for
+    /favicon.ico. The dashboard, a watch page and the admin name one that is there."""
+    r = factories.request("m")
+    for path in ["/", f"/watch/{token_for(r.pk)}/", "/admin/"]:
+        html = staff.get(path).content.decode()
+        icon = re.search(r'<link rel="icon" href="/static/([^"]+)"', html)
+        assert icon, f"{path} names no icon"
+        assert finders.find(icon.group(1)), f"{path}'s icon {icon.group(1)} is missing"
