@@ -178,17 +178,23 @@ MAX_CONNECTIONS = 64  # per server: more than any server's slots
 KEEPALIVE_S = 4.0
 
 
-def transport(max_connections: int = MAX_CONNECTIONS) -> AiohttpTransport:
+def transport(
+    max_connections: int = MAX_CONNECTIONS, force_close: bool = False
+) -> AiohttpTransport:
     """httpx's calls carried by aiohttp's connections: the same client API, with about half
     of the CPU a call took through httpcore, anyio and h11 (measured against the bench's
     instant upstream, 1.18-1.47 -> 0.68-0.77 ms per call, streamed 1.54-1.96 -> 0.69-0.93).
     The session is made on the first call, in the loop that makes it; like the httpx client,
     it keeps no cookie. (With a transport of its own, httpx applies no proxy from the
-    environment: calls go straight to the server.) `max_connections` 0: no limit."""
+    environment: calls go straight to the server.) `max_connections` 0: no limit;
+    `force_close`: a new connection per call, closed after it (`Connection: close`)."""
     return AiohttpTransport(
         client=lambda: aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=max_connections, keepalive_timeout=KEEPALIVE_S, ssl=ssl_context()
+                limit=max_connections,
+                keepalive_timeout=None if force_close else KEEPALIVE_S,
+                force_close=force_close,
+                ssl=ssl_context(),
             ),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
@@ -220,6 +226,10 @@ class HttpAdapter(Adapter):
     routes in `inference_paths`; kinds with a native format override `run`/`stream`."""
 
     inference_paths = OPENAI_PATHS
+    # A server that closes a connection after an answer without saying so (no `Connection:
+    # close`) leaves a dead one in the pool, and the next call on it fails at once. A kind
+    # whose server does that opens a connection per call instead.
+    connection_per_call = False
     poll_interval_s = 0.5  # between looks at a server that changes state in the background
     first_poll_s = 0.01  # the first wait between looks; doubles up to poll_interval_s
 
@@ -238,8 +248,10 @@ class HttpAdapter(Adapter):
             headers=headers,
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
             cookies=NoCookies(),
-            transport=transport(),
+            transport=transport(force_close=self.connection_per_call),
         )
+        if self.connection_per_call:
+            del self.client.headers["Connection"]  # httpx's keep-alive: the transport says close
         self.read_timeout_s = read_timeout_s
         self.loading: set[str] = set()  # loads this adapter has under way
 

@@ -61,6 +61,10 @@ class LlamaCppAdapter(HttpAdapter):
     # listed `unloaded`, `failed: true`, as a failed load is). A single-model server never
     # loads a model for us, so no load of ours there is ever stopped.
     stops_loads = True
+    # llama-server (b11434) closes the connection after a streamed answer, and its router
+    # after every answer it relays from a model's process, without `Connection: close` when
+    # asked for keep-alive: calls one at a time failed every other time on the pooled one.
+    connection_per_call = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -15,6 +15,9 @@ PATHS = {
 
 class OpenAIAdapter(HttpAdapter):
     controls_loading = False
+    # Often a single-model llama-server, which closes the connection after a streamed
+    # answer without saying so (see `LlamaCppAdapter`).
+    connection_per_call = True
 
     async def list_models(self) -> list[ServerModel]:
         body = await self.json("GET", "/v1/models")

@@ -10,6 +10,7 @@ import pytest
 
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.openai import OpenAIAdapter
+from backends.adapters.vllm import VLLMAdapter
 from tests.support.openai_upstream import Upstream
 from tests.support.replay_server import Reply, Stream, sse
 
@@ -68,15 +69,36 @@ async def test_run_and_stream(upstream, adapter):
     assert upstream.received[0]["headers"]["Authorization"] == "Bearer sk-test"
 
 
-async def test_a_finished_stream_leaves_its_connection_for_the_next_call(upstream, adapter):
-    """A server that keeps the connection open after a stream (a chunked body, as
-    llama-server and vLLM send) gets the next call on the same connection."""
+async def test_each_call_has_a_connection_of_its_own(upstream, adapter):
+    """Often in front of llama-server, which closes a connection after a streamed answer
+    without saying so: a call sent on it after that failed at once. Each call asks for a
+    connection of its own (`Connection: close`), whatever the server keeps open."""
     upstream.chunked_streams = True
     call = InferenceCall("chat", "qwen3-8b", {**CHAT, "stream": True}, stream=True)
     for _ in range(2):
         chunks = [c async for c in adapter.stream(call)]
         assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
+    await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
+
+    peers = [r["peer"] for r in upstream.received]
+    assert len(set(peers)) == 4
+    assert {r["headers"]["Connection"] for r in upstream.received} == {"close"}
+
+
+async def test_a_kind_that_keeps_connections_sends_the_next_call_on_the_same_one(upstream):
+    """A server that keeps the connection open after a stream (a chunked body, as vLLM
+    sends) gets the next call on the same connection, for kinds that pool them."""
+    adapter = VLLMAdapter(upstream.url)
+    upstream.chunked_streams = True
+    call = InferenceCall("chat", "qwen3-8b", {**CHAT, "stream": True}, stream=True)
+    try:
+        for _ in range(2):
+            chunks = [c async for c in adapter.stream(call)]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
+    finally:
+        await adapter.close()
 
     first, *others = [r["peer"] for r in upstream.received]
     assert others == [first, first]

@@ -139,6 +139,7 @@ def test_alternating_models_swap_through_the_scheduler(router, switchyard):
     eventually(lambda: matches_router(server, router), what="deployments match the router")
     requests = list(Request.objects.order_by("created_at"))
     assert [r.state for r in requests] == [State.COMPLETED] * 4
+    assert [r.attempts for r in requests] == [1] * 4  # none sent on a connection gone dead
     # Each swap was the scheduler's: it unloaded the other model before loading.
     assert "unloaded" not in json.dumps([r.error for r in requests])
 
