@@ -1,8 +1,10 @@
 """Settings, all read from the environment (see .env.example and docs/operating.md)."""
 
 import os
+import re
 import secrets
 import tempfile
+import warnings
 from pathlib import Path
 
 import environ
@@ -152,6 +154,9 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
+# With the finders the apps' files are served without `collectstatic`: its folder missing
+# (a first run, `manage.py serve`) is no reason to warn at every start.
+warnings.filterwarnings("ignore", message=re.escape(f"No directory at: {STATIC_ROOT}"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "/admin/login/"
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PRINT = "from django.conf import settings; print(settings.DEBUG, settings.SECRET_KEY)"
 
@@ -50,3 +52,26 @@ def test_debug_and_the_key_come_from_the_environment(tmp_path) -> None:
 
     assert settings_in(project, DEBUG="true", SECRET_KEY="k" * 50) == ("True", "k" * 50)
     assert not (project / ".secret_key").exists()
+
+
+def test_a_first_run_without_collectstatic_starts_without_a_warning():
+    """WhiteNoise serves the apps' files through the finders, so `collectstatic`'s folder
+    missing (a first `manage.py serve` with DEBUG off) is nothing to warn about at start."""
+    if (ROOT / "staticfiles").exists():
+        pytest.skip("this checkout ran collectstatic: nothing is missing")
+    script = (
+        "import django; django.setup(); "
+        "from whitenoise.middleware import WhiteNoiseMiddleware; "
+        "WhiteNoiseMiddleware(lambda request: None)"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "PYTHONWARNINGS"}}
+    clean.update(DJANGO_SETTINGS_MODULE="config.settings")
+    out = subprocess.run(
+        [sys.executable, "-W", "default", "-c", script],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "No directory at" not in out.stderr
