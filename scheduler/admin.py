@@ -44,9 +44,8 @@ class TraceInline(admin.TabularInline):
 
 @admin.register(Request)
 class RequestAdmin(ReadOnlyAdmin):
-    # Short enough for a 1,280 px screen beside the filters: the full id and the start and
-    # end times are on the request's own page.
-    # The kind is a filter and on the request's page; `why` says why a waiting request
+    # Short enough for a 1,280 px screen beside the filters: the full id, the kind and the
+    # start and end times are on the request's own page. `why` says why a waiting request
     # waits, or how an ended one failed.
     list_display = [
         "short_id",
