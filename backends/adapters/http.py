@@ -1,5 +1,6 @@
-"""Shared HTTP plumbing: one pooled `httpx.AsyncClient` per server, error mapping, SSE, and
-the OpenAI-compatible inference every server kind also speaks."""
+"""Shared HTTP plumbing: one `httpx.AsyncClient` per server (its connections pooled, or one
+per call for kinds whose server closes them unannounced), error mapping, SSE, and the
+OpenAI-compatible inference every server kind also speaks."""
 
 import asyncio
 import contextlib
