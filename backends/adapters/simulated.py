@@ -4,6 +4,7 @@ to rehearse failures, `fail_load`."""
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,11 @@ from .base import (
 )
 
 REPLY_WORDS = ["This", "answer", "comes", "from", "a", "simulated", "server", "."]
+
+
+def answer_id(kind: str) -> str:
+    """Unique per answer, shaped as OpenAI's (`chatcmpl-…`, `cmpl-…`): apps key logs on it."""
+    return f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-sim{uuid.uuid4().hex[:20]}"
 
 
 class SimulatedServer:
@@ -91,7 +97,7 @@ class SimulatedAdapter(Adapter):
         if call.kind == "completion":
             choice = {"index": 0, "text": text, "finish_reason": "stop"}
             return {
-                "id": "sim",
+                "id": answer_id(call.kind),
                 "object": "text_completion",
                 "created": created,
                 "model": call.server_model_id,
@@ -100,7 +106,7 @@ class SimulatedAdapter(Adapter):
             }
         message = {"role": "assistant", "content": text}
         return {
-            "id": "sim",
+            "id": answer_id(call.kind),
             "object": "chat.completion",
             "created": created,
             "model": call.server_model_id,
@@ -121,6 +127,7 @@ class SimulatedAdapter(Adapter):
     async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
         options = self._check_loaded(call)
         created = int(time.time())
+        one_id = answer_id(call.kind)  # every chunk of a stream carries its answer's id
         async for word in self._words(call, options):
             if call.kind == "completion":
                 choice = {"index": 0, "text": word + " ", "finish_reason": None}
@@ -129,7 +136,7 @@ class SimulatedAdapter(Adapter):
                 choice = {"index": 0, "delta": {"content": word + " "}, "finish_reason": None}
                 obj = "chat.completion.chunk"
             yield {
-                "id": "sim",
+                "id": one_id,
                 "object": obj,
                 "created": created,
                 "model": call.server_model_id,
@@ -139,7 +146,7 @@ class SimulatedAdapter(Adapter):
         if call.kind == "completion":
             done = {"index": 0, "text": "", "finish_reason": "stop"}
         yield {
-            "id": "sim",
+            "id": one_id,
             "object": "chat.completion.chunk" if call.kind == "chat" else "text_completion",
             "created": created,
             "model": call.server_model_id,

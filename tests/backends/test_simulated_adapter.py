@@ -38,3 +38,22 @@ async def test_tokens_are_due_at_their_time_from_the_start(monkeypatch):
     assert result["usage"]["completion_tokens"] == 8
     # 8 tokens at 16 per second: 0.5 s, plus one late wake-up, not eight.
     assert clock.now == pytest.approx(0.5 + 0.005)
+
+
+async def test_each_answer_has_an_id_of_its_own_shaped_as_openais():
+    """Apps key their logs on an answer's id: two answers never share one, and every chunk
+    of a stream carries its answer's."""
+    server = "sim-ids"
+    simulated.simulated_server(server).loaded.add("m")
+    simulated.simulated_server(server).options["m"] = {"tokens_per_second": 10_000}
+    adapter = simulated.SimulatedAdapter(server)
+    payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    first = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
+    second = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
+    text = await adapter.run(InferenceCall("completion", "m", {"prompt": "hi"}, False, {}))
+    chunks = [c async for c in adapter.stream(InferenceCall("chat", "m", payload, True, {}))]
+
+    assert first["id"].startswith("chatcmpl-") and text["id"].startswith("cmpl-")
+    assert len({first["id"], second["id"], text["id"], chunks[0]["id"]}) == 4
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
