@@ -20,7 +20,8 @@ def browser_page():
         page = browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
-        # Every file a page asks for is there (its icon too: the browser asks for one).
+        # Every file a page asks for is there (its icon, which the browser fetches apart,
+        # is checked in test_views.py).
         missing: list[str] = []
         page.on("response", lambda r: r.status >= 400 and missing.append(f"{r.status} {r.url}"))
         yield page
