@@ -77,10 +77,12 @@ class Switching:
             options = [((not self.sent_soon(r, d.server_id), *k), d, e) for k, d, e in options]
         if options:
             _, d, evict = min(options, key=lambda o: o[0])
-            why = "a parallel load beside a long queue" if free_only else f"{r.model} requested"
+            # What the log says of it: how many it is for, and the best of them.
+            asked = f"{len(self.batch_of(r.model))} waiting, {CLASS_NAMES[r.priority]} first"
+            why = "a parallel load beside a long queue" if free_only else asked
             if leave is not None:
                 there = self.servers[leave.server_id].name
-                why = f"{r.model} requested, behind a long line on {there}"
+                why = f"{asked}, behind a long line on {there}"
             self.start_load(d, evict, why, for_request=r)
             self.route_to(r, d, ready=False, reason="load started")
             return True

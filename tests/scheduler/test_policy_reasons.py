@@ -46,8 +46,16 @@ def test_reason_loading_says_how_far_the_load_is():
 def test_reason_loading_for_a_load_this_pass_starts():
     r = req("a")
     decided = plan_explained(snap([server(1)], [dep(1, 1, "a")], [r]), at(0))
-    assert of(decided.decisions, StartLoad) == [StartLoad(1, (), "a requested")]
+    assert of(decided.decisions, StartLoad) == [StartLoad(1, (), "1 waiting, normal first")]
     assert decided.reasons[r.id].live(at(2)) == "waiting for the load of a on s1, 2.0 s of ~10.0 s"
+
+
+def test_a_load_says_how_many_it_is_for_and_the_best_of_them():
+    """The worker logs a load with its decision's reason: an operator reads who it was
+    for, not only that the model was asked for."""
+    line = [req("a", BACKGROUND, age_s=9), req("a", INTERACTIVE, age_s=1), req("a", NORMAL)]
+    decided = plan(snap([server(1)], [dep(1, 1, "a")], line), at(0))
+    assert of(decided, StartLoad) == [StartLoad(1, (), "3 waiting, interactive first")]
 
 
 def test_reason_loading_counts_from_this_load_not_the_last_one():
