@@ -18,7 +18,8 @@ from .base import (
     ServerModel,
 )
 
-REPLY_WORDS = ["This", "answer", "comes", "from", "a", "simulated", "server", "."]
+# Tokens as a model streams them, each with the space before it: joined they read as text.
+REPLY_WORDS = ["This", " answer", " comes", " from", " a", " simulated", " server", ". "]
 
 
 def answer_id(kind: str) -> str:
@@ -87,7 +88,7 @@ class SimulatedAdapter(Adapter):
                 "usage": {"prompt_tokens": 1, "total_tokens": 1},
             }
         words = [w async for w in self._words(call, options)]
-        text = " ".join(words)
+        text = "".join(words).rstrip()
         created = int(time.time())
         usage = {
             "prompt_tokens": 1,
@@ -130,10 +131,10 @@ class SimulatedAdapter(Adapter):
         one_id = answer_id(call.kind)  # every chunk of a stream carries its answer's id
         async for word in self._words(call, options):
             if call.kind == "completion":
-                choice = {"index": 0, "text": word + " ", "finish_reason": None}
+                choice = {"index": 0, "text": word, "finish_reason": None}
                 obj = "text_completion"
             else:
-                choice = {"index": 0, "delta": {"content": word + " "}, "finish_reason": None}
+                choice = {"index": 0, "delta": {"content": word}, "finish_reason": None}
                 obj = "chat.completion.chunk"
             yield {
                 "id": one_id,

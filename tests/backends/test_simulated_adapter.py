@@ -57,3 +57,21 @@ async def test_each_answer_has_an_id_of_its_own_shaped_as_openais():
     assert first["id"].startswith("chatcmpl-") and text["id"].startswith("cmpl-")
     assert len({first["id"], second["id"], text["id"], chunks[0]["id"]}) == 4
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+
+
+async def test_the_answer_reads_as_text_whole_or_streamed():
+    """Tokens carry their own spaces, as a model's do: the answer and the stream's joined
+    chunks read the same, with no space before the full stop."""
+    server = "sim-text"
+    simulated.simulated_server(server).loaded.add("m")
+    simulated.simulated_server(server).options["m"] = {"tokens_per_second": 10_000}
+    adapter = simulated.SimulatedAdapter(server)
+    payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+
+    whole = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
+    chunks = [c async for c in adapter.stream(InferenceCall("chat", "m", payload, True, {}))]
+
+    text = whole["choices"][0]["message"]["content"]
+    assert text == "This answer comes from a simulated server. This answer"
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert streamed.rstrip() == text
