@@ -77,12 +77,12 @@ class Switching:
             options = [((not self.sent_soon(r, d.server_id), *k), d, e) for k, d, e in options]
         if options:
             _, d, evict = min(options, key=lambda o: o[0])
-            # What the log says of it: how many it is for, and the best of them.
-            asked = f"{len(self.batch_of(r.model))} waiting, {CLASS_NAMES[r.priority]} first"
-            why = "a parallel load beside a long queue" if free_only else asked
-            if leave is not None:
-                there = self.servers[leave.server_id].name
-                why = f"{asked}, behind a long line on {there}"
+            if free_only and leave is None:
+                why = "a parallel load beside a long queue"
+            else:  # what the log says of it: how many it is for, and the best of them
+                why = f"{len(self.batch_of(r.model))} waiting, {CLASS_NAMES[r.priority]} first"
+                if leave is not None:
+                    why += f", behind a long line on {self.servers[leave.server_id].name}"
             self.start_load(d, evict, why, for_request=r)
             self.route_to(r, d, ready=False, reason="load started")
             return True

@@ -85,8 +85,9 @@ def start_load(
         Deployment.objects.filter(pk=deployment_id).update(load_overrides=asked)
         d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
         leaving = Deployment.objects.filter(pk__in=evict).order_by("pk")
-        victims = tuple(leaving.values_list("pk", "server_model_id"))
-        victim_names = ", ".join(leaving.values_list("model__name", flat=True))
+        rows = tuple(leaving.values_list("pk", "server_model_id", "model__name"))
+        victims = tuple((pk, server_model_id) for pk, server_model_id, _ in rows)
+        victim_names = ", ".join(name for _, _, name in rows)
         if cause == LoadCause.RESTORE:
             MetricEvent.record(MetricEvent.Kind.RESTORE, d.server.name, d.model.name)
     transaction.on_commit(channel_hints.dashboard_changed)
