@@ -40,14 +40,21 @@ async def test_tokens_are_due_at_their_time_from_the_start(monkeypatch):
     assert clock.now == pytest.approx(0.5 + 0.005)
 
 
+def quick(server: str) -> simulated.SimulatedAdapter:
+    """A simulated server of its own with `m` loaded, answering at once."""
+    simulated.simulated_server(server).loaded.add("m")
+    simulated.simulated_server(server).options["m"] = {"tokens_per_second": 10_000}
+    return simulated.SimulatedAdapter(server)
+
+
+def chat(max_tokens: int) -> dict:
+    return {"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+
+
 async def test_each_answer_has_an_id_of_its_own_shaped_as_openais():
     """Apps key their logs on an answer's id: two answers never share one, and every chunk
     of a stream carries its answer's."""
-    server = "sim-ids"
-    simulated.simulated_server(server).loaded.add("m")
-    simulated.simulated_server(server).options["m"] = {"tokens_per_second": 10_000}
-    adapter = simulated.SimulatedAdapter(server)
-    payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    adapter, payload = quick("sim-ids"), chat(2)
 
     first = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
     second = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
@@ -62,11 +69,7 @@ async def test_each_answer_has_an_id_of_its_own_shaped_as_openais():
 async def test_the_answer_reads_as_text_whole_or_streamed():
     """Tokens carry their own spaces, as a model's do: the answer and the stream's joined
     chunks read the same, with no space before the full stop."""
-    server = "sim-text"
-    simulated.simulated_server(server).loaded.add("m")
-    simulated.simulated_server(server).options["m"] = {"tokens_per_second": 10_000}
-    adapter = simulated.SimulatedAdapter(server)
-    payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    adapter, payload = quick("sim-text"), chat(10)
 
     whole = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
     chunks = [c async for c in adapter.stream(InferenceCall("chat", "m", payload, True, {}))]
