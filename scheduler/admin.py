@@ -8,9 +8,9 @@ from django.utils.text import Truncator
 
 from backends.admin import server_label
 
-from .models import WAITING_STATES, Request, State, Trace, Worker
+from .models import Request, State, Trace, Worker
 from .reasons_shown import shown
-from .transitions import move
+from .store.completion import cancel_request
 
 WHY_CHARS = 120  # an error's first line or so; the whole of it is on the request's page
 
@@ -101,21 +101,17 @@ class RequestAdmin(ReadOnlyAdmin):
             return Truncator(f"{obj.error_code}: {obj.error}").chars(WHY_CHARS)
         return "-"
 
-    @admin.action(description="Cancel selected requests (those not yet processing)")
+    @admin.action(description="Cancel selected requests (stopping those at their servers)")
     def cancel(self, request, queryset):
         ids = list(queryset.values_list("pk", flat=True))
-        cancelled = sum(
-            move(pk, WAITING_STATES, State.CANCELLED, f"cancelled in admin by {request.user}")
-            for pk in ids
-        )
+        cancelled = sum(cancel_request(pk, f"cancelled in admin by {request.user}") for pk in ids)
         skipped = len(ids) - cancelled
         if cancelled:
             self.message_user(request, f"Cancelled {cancelled} request(s).", messages.SUCCESS)
         if skipped:
             self.message_user(
                 request,
-                f"{skipped} request(s) were already processing or finished and were left alone "
-                "(a request that is processing runs to its end).",
+                f"{skipped} request(s) had already ended and were left alone.",
                 messages.WARNING,
             )
 

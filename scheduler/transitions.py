@@ -19,8 +19,8 @@ ALLOWED: dict[str, set[str]] = {
     S.NEEDS_LOADING: {S.READY, S.PENDING, S.FAILED, S.CANCELLED, S.EXPIRED},
     S.READY: {S.PROCESSING, S.PENDING, S.FAILED, S.CANCELLED, S.EXPIRED},
     # Back to ready: retry after a failure; back to pending: the model went away, or the
-    # worker that held it stopped.
-    S.PROCESSING: {S.COMPLETED, S.FAILED, S.READY, S.PENDING},
+    # worker that held it stopped. Cancelled: its call is stopped (`store.cancel_request`).
+    S.PROCESSING: {S.COMPLETED, S.FAILED, S.READY, S.PENDING, S.CANCELLED},
 }
 
 

@@ -49,8 +49,33 @@ class Arrival(NamedTuple):
             return None
 
 
-# Told of news: with the request that arrived, or None for other news.
-Listener = Callable[[Arrival | None], None]
+class Cancelled(NamedTuple):
+    """A request cancelled while at its server: the worker serving it stops its call (the
+    server stops generating when the connection closes)."""
+
+    request_id: uuid.UUID
+
+    PREFIX = "cancel "
+
+    def payload(self) -> str:
+        return f"{self.PREFIX}{self.request_id.hex}"
+
+
+News = Arrival | Cancelled | None
+
+
+def parse(payload: str) -> News:
+    """A NOTIFY's news: an arrival, a cancel, or None for anything else (news all the same)."""
+    if payload.startswith(Cancelled.PREFIX):
+        try:
+            return Cancelled(uuid.UUID(hex=payload.removeprefix(Cancelled.PREFIX)))
+        except ValueError:
+            return None
+    return Arrival.parse(payload)
+
+
+# Told of news: the request that arrived, the request cancelled, or None for other news.
+Listener = Callable[[News], None]
 
 _lock = threading.Lock()
 _listeners: set[tuple[asyncio.AbstractEventLoop, Listener]] = set()
@@ -67,7 +92,7 @@ def unsubscribe(listener: Listener) -> None:
             _listeners.discard(entry)
 
 
-def wake_local(arrived: Arrival | None = None) -> None:
+def wake_local(arrived: News = None) -> None:
     with _lock:
         listeners = list(_listeners)
     for loop, listener in listeners:
@@ -109,7 +134,7 @@ async def listen_postgres(listener: Listener) -> None:
     worker runs; of None first each time (whatever arrived while not listening)."""
 
     def heard(payload: str | None) -> None:
-        listener(None if payload is None else Arrival.parse(payload))
+        listener(None if payload is None else parse(payload))
 
     await listen(CHANNEL, heard)
 

@@ -18,9 +18,9 @@ from access import auth
 from access.models import ApiKey
 from access.watch import watch_url
 
-from ..models import WAITING_STATES, Request, RequestKind, State
+from ..models import Request, RequestKind
 from ..reasons_shown import shown as shown_reason
-from ..transitions import move
+from ..store.completion import cancel_request
 from . import callback_url, callers, idempotency, intake, listing, recovery
 from .errors import ApiError
 from .waiting import Subscription, current, stored, until_finished
@@ -210,7 +210,7 @@ def detail_body(request_id, api_key: ApiKey | None) -> dict:
 
 def cancel(request_id, api_key: ApiKey | None) -> dict:
     found = get_request(request_id, api_key)
-    if not move(found.pk, WAITING_STATES, State.CANCELLED, "cancelled through the API"):
+    if not cancel_request(found.pk, "cancelled through the API"):
         found.refresh_from_db()
         raise ApiError(
             409,
@@ -254,7 +254,7 @@ def parse_wait_s(value: str) -> float:
 @require_http_methods(["GET", "DELETE"])
 async def request_detail(http, request_id) -> JsonResponse:
     """GET: state, position, trace and result (`?wait_s=N` waits up to N s for the end).
-    DELETE: cancel if not yet processing."""
+    DELETE: cancel, at its server too if it is processing."""
     try:
         api_key = await auth.acaller(http.headers.get("Authorization"))
         if http.method == "DELETE":

@@ -300,7 +300,7 @@ def paths() -> dict[str, Any]:
             },
             "delete": {
                 "operationId": "request_cancel",
-                "summary": "Cancel a request that is not yet processing",
+                "summary": "Cancel a request, stopping it at its server if processing",
                 "tags": ["jobs"],
                 "parameters": [JOB_ID],
                 "responses": {"200": json_body(ref("RequestDetail")), **errors(404, 405, 409)},

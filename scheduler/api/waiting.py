@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from asgiref.sync import sync_to_async
 
 from .. import faults
-from ..models import TERMINAL_STATES, WAITING_STATES, Request, State
+from ..models import TERMINAL_STATES, Request, State
 from ..pool_threads import in_pool_thread
-from ..transitions import move
+from ..store.completion import cancel_request
 from .errors import ApiError
 from .inbox import WAKE, Message, inbox
 
@@ -152,12 +152,6 @@ async def until_finished(sub: Subscription, every_s: float) -> Request:
 
 
 async def cancel_abandoned(request_id) -> None:
-    """The caller went away: cancel unless it is already processing (then it finishes)."""
-    await asyncio.shield(
-        sync_to_async(move)(
-            request_id,
-            WAITING_STATES,
-            State.CANCELLED,
-            "the caller disconnected before it was processed",
-        )
-    )
+    """The caller went away: cancel the request, at its server too if it is processing (no
+    one is left to read the answer; the server stops generating)."""
+    await asyncio.shield(sync_to_async(cancel_request)(request_id, "the caller disconnected"))

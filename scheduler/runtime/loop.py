@@ -28,7 +28,7 @@ from ..policy import plan_explained
 from ..pool_threads import in_pool_thread
 from ..reasons import Reason
 from ..snapshot import Snapshot
-from ..wakeup import Arrival
+from ..wakeup import Cancelled, News
 from ..webhooks import Webhooks
 from .effects import Effects
 from .execution import Execution, MovesAndSends, db
@@ -216,9 +216,15 @@ class Runtime:
             self.quiet_ends += 1
             self.passed.notify_all()
 
-    def news(self, arrived: Arrival | None) -> None:
+    def news(self, arrived: News) -> None:
         """Something to plan for (`arrived`: a new request), unless a fast path took care of
-        it (a new request sent on arrival)."""
+        it (a new request sent on arrival). A request cancelled while this worker serves it
+        (`Cancelled`): its call is stopped, and the pass its end calls for fills the slot."""
+        if isinstance(arrived, Cancelled):
+            rid = arrived.request_id
+            if self.effects.cancel(f"serve {rid}") is not None:
+                log.info("request %s was cancelled; its call to its server is stopped", rid)
+            return
         self.intents.news(arrived)
         if arrived is not None and self.fast.arrived(arrived):
             return

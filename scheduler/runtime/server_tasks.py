@@ -167,7 +167,8 @@ class ServerTasks:
         answer = store.Answer(job, result, seconds, then_send)
         if not await self.rt.completions.submit(answer):
             log.warning(
-                "request %s finished after it was taken over; result dropped", job.request_id
+                "request %s finished after it was taken over or cancelled; result dropped",
+                job.request_id,
             )
         elif then_send is None:
             fast.slot_freed(job.server_id)

@@ -10,12 +10,18 @@ database thread (`database_thread`).
 - `workers`: leases, heartbeats, taking over a stale worker's requests.
 - `loads`: loads and unloads of deployments.
 - `dispatch`: sending requests to their deployments.
-- `completion`: a request's end on its server.
+- `completion`: a request's end on its server, or its cancel.
 - `health`: server health, probes and status sync.
 - `reasons`: why requests wait, stored as it changes.
 """
 
-from .completion import Answer, PlannedSend, request_failed, requests_completed
+from .completion import (
+    Answer,
+    PlannedSend,
+    cancel_request,
+    request_failed,
+    requests_completed,
+)
 from .dispatch import (
     LoadedDeployment,
     Sending,
@@ -78,6 +84,7 @@ __all__ = [
     "StopJob",
     "all_servers",
     "apply_server_models",
+    "cancel_request",
     "dispatch_all",
     "evicted",
     "heartbeat",

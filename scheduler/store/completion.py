@@ -1,4 +1,5 @@
-"""The end of a request on its server: completed (with the sends its slot allows) or failed."""
+"""The end of a request on its server: completed (with the sends its slot allows), failed, or
+cancelled."""
 
 from dataclasses import dataclass
 from datetime import timedelta
@@ -10,8 +11,8 @@ from django.utils import timezone
 from backends.adapters.base import AdapterError, ErrorCode
 from backends.models import Deployment, DeploymentState
 
-from .. import sql
-from ..models import Request, State
+from .. import sql, wakeup
+from ..models import WAITING_STATES, Request, State
 from ..retry import backoff_s
 from ..transitions import Transition, end_later, move
 from .dispatch import Sending, ServeJob, dispatch_all
@@ -165,3 +166,31 @@ def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -
     if error.server_fault:
         server_failed(job.server_id, error.message)
     return state if moved else "taken over"
+
+
+def cancel_request(request_id, reason: str) -> bool:
+    """Cancel a request that has not ended; False if it had. A waiting one ends at once. One
+    at its server ends with its slot freed in the same transaction, and the worker serving
+    it is told (`wakeup.Cancelled`) to stop its call: closing the connection stops the
+    server's generation. Should that worker not hear (it died, or runs in another process
+    on the embedded default, which has no NOTIFY), its answer finds the request ended and is
+    dropped; the slot was freed here either way."""
+    if move(request_id, WAITING_STATES, State.CANCELLED, reason):
+        return True
+    at = Request.objects.filter(pk=request_id, state=State.PROCESSING)
+    found = at.values_list("deployment_id", "server__name").first()
+    if found is None or found[0] is None:
+        return False
+    deployment_id, server = found
+    with transaction.atomic():
+        sql.fetch(*lock_deployments([deployment_id]))  # before the request: the lock order
+        # Still on that deployment (not retried elsewhere meanwhile), under lock.
+        if not at.filter(deployment_id=deployment_id).select_for_update().exists():
+            return False
+        if not move(request_id, [State.PROCESSING], State.CANCELLED, reason, server or ""):
+            return False
+        _release(deployment_id)
+        cancelled = wakeup.Cancelled(request_id)
+        wakeup.notify_later(wakeup.CHANNEL, cancelled.payload())
+        transaction.on_commit(lambda: wakeup.wake_local(cancelled))
+    return True

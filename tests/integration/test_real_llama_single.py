@@ -137,3 +137,27 @@ def test_llamacpp_single_mode_sleeps_and_wakes(single, switchyard):
     # ...and the next request wakes it.
     assert_words(chat(live, "tiny-5mb")["choices"][0]["message"]["content"])
     assert Request.objects.filter(state=State.COMPLETED).count() == 2
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/api/v1/requests"])
+def test_a_stopped_request_stops_the_generation(single, switchyard, path):
+    """A streamed generation whose caller hangs up after its first chunk, or a job cancelled
+    with DELETE while it generates: the request ends `cancelled` and llama-server cancels
+    its task (its log says so; left alone it would generate its whole context, ~250
+    tokens), and its slot is idle again."""
+    llama = single(tiny_gguf.LARGE.name)
+    server = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
+    deploy(server, "big", tiny_gguf.LARGE.name)
+    live = switchyard()
+    body = {"model": "big", "prompt": "Once", "max_tokens": 5000, "ignore_eos": True}
+    if path == "/v1/completions":
+        with live.stream(path, body) as response:
+            next(line for line in response.iter_lines() if line.startswith("data: "))
+    else:
+        job = live.post(path, {"kind": "completion", "body": body}).json()
+        eventually(lambda: Request.objects.get().state == State.PROCESSING, what="processing")
+        assert live.http.delete(f"{path}/{job['id']}").json()["state"] == State.CANCELLED
+    eventually(lambda: "cancel task" in llama.log(), what="llama-server cancels the task")
+    assert Request.objects.get().state == State.CANCELLED
+    slots = llama.api("GET", "/slots").json()
+    assert not any(slot["is_processing"] for slot in slots)

@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from backends.models import Deployment
 from scheduler.models import Request, State, Trace, Worker
 from tests import factories
 from tests.support.admin_pages import act, assert_renders_with_each_filter
@@ -25,10 +26,10 @@ def queue():
     sim = factories.server("sim-1", kind="simulated")
     worker = Worker.objects.create(host="box", pid=42)
     rows = {}
+    at = factories.deployment(sim, "qwen3-8b", state="loaded", in_flight=1)
     for state in [State.PENDING, State.NEEDS_LOADING, State.READY, State.PROCESSING]:
-        rows[state] = factories.request(
-            "qwen3-8b", state=state, server=sim, worker=worker if state == "processing" else None
-        )
+        busy = {"worker": worker, "deployment": at} if state == "processing" else {}
+        rows[state] = factories.request("qwen3-8b", state=state, server=sim, **busy)
     rows[State.COMPLETED] = factories.request("nomic-embed", kind="embedding", state="completed")
     for row in rows.values():
         Trace.objects.create(request=row, to_state=row.state, server="sim-1", reason="seeded")
@@ -110,32 +111,35 @@ def test_request_page_shows_its_trace_and_is_read_only(admin_client, queue):
     assert admin_client.get(f"{url}delete/").status_code == 403
 
 
-def test_cancel_action_cancels_only_waiting_requests_and_traces_it(admin_client, queue):
+def test_cancel_action_cancels_what_has_not_ended_and_traces_it(admin_client, queue):
+    """Waiting requests leave the line; the processing one is stopped at its server, its
+    slot freed; the finished one is left alone."""
     page = act(admin_client, changelist("request"), "cancel", [r.pk for r in queue.values()])
 
-    assert "Cancelled 3 request(s)." in page
-    assert "2 request(s) were already processing or finished and were left alone" in page
+    assert "Cancelled 4 request(s)." in page
+    assert "1 request(s) had already ended and were left alone" in page
     states = {s: Request.objects.get(pk=r.pk).state for s, r in queue.items()}
     assert states == {
         State.PENDING: State.CANCELLED,
         State.NEEDS_LOADING: State.CANCELLED,
         State.READY: State.CANCELLED,
-        State.PROCESSING: State.PROCESSING,
+        State.PROCESSING: State.CANCELLED,
         State.COMPLETED: State.COMPLETED,
     }
     trace = Trace.objects.filter(request=queue[State.READY]).last()
     assert (trace.from_state, trace.to_state) == (State.READY, State.CANCELLED)
     assert "cancelled in admin by admin" in trace.reason
     assert Request.objects.get(pk=queue[State.READY].pk).finished_at is not None
-    assert not Trace.objects.filter(
-        request__in=[queue[State.PROCESSING], queue[State.COMPLETED]], to_state="cancelled"
-    ).exists()
+    stopped = Trace.objects.filter(request=queue[State.PROCESSING]).last()
+    assert (stopped.from_state, stopped.server) == (State.PROCESSING, "sim-1")
+    assert Deployment.objects.get(model__name="qwen3-8b").in_flight == 0
+    assert not Trace.objects.filter(request=queue[State.COMPLETED], to_state="cancelled").exists()
 
 
 def test_cancel_action_on_nothing_cancellable_says_so(admin_client, queue):
-    page = act(admin_client, changelist("request"), "cancel", [queue[State.PROCESSING].pk])
+    page = act(admin_client, changelist("request"), "cancel", [queue[State.COMPLETED].pk])
     assert "Cancelled" not in page
-    assert "1 request(s) were already processing or finished and were left alone" in page
+    assert "1 request(s) had already ended and were left alone" in page
 
 
 @pytest.mark.parametrize("name", ["request", "trace", "worker"])

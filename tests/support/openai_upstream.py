@@ -1,7 +1,11 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1 for tests: instant answers, SSE
-streaming, a record of every request, and failures on demand."""
+streaming, a record of every request, failures on demand, and a gate that holds answers
+(noticing a caller that hangs up meanwhile)."""
 
+import select
+import socket
 import threading
+import time
 from typing import Any
 
 from tests.support.local_server import Handler, LocalServer
@@ -14,6 +18,7 @@ class Upstream(LocalServer):
         self.fail_next: list[tuple[int, str]] = []  # (status, message) served in order
         self.gate: threading.Event | None = None  # when set: inference waits for it
         self.arrived = threading.Event()
+        self.hung_up = threading.Event()  # a caller held at the gate closed its connection
         self.chunked_streams = False  # streams end without closing the connection
         self.reply_headers: dict[str, str] = {}  # sent with every non-streamed answer
         super().__init__()
@@ -22,6 +27,16 @@ class Upstream(LocalServer):
         upstream = self
 
         class UpstreamHandler(Handler):
+            def held_at_gate(self, gate: threading.Event) -> bool:
+                """Wait for `gate` (30 s at most); False as soon as the caller hangs up."""
+                deadline = time.monotonic() + 30
+                while not gate.is_set() and time.monotonic() < deadline:
+                    # Readable with nothing to read: the caller closed its end.
+                    readable, _, _ = select.select([self.connection], [], [], 0.05)
+                    if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                        return False
+                return True
+
             def do_GET(self) -> None:
                 if self.path == "/v1/models":
                     self.send_json(200, model_list(upstream.models))
@@ -39,8 +54,9 @@ class Upstream(LocalServer):
                     }
                 )
                 upstream.arrived.set()
-                if upstream.gate is not None:
-                    upstream.gate.wait(timeout=30)
+                if upstream.gate is not None and not self.held_at_gate(upstream.gate):
+                    upstream.hung_up.set()  # as a server stops generating: nothing is sent
+                    return
                 if upstream.fail_next:
                     status, message = upstream.fail_next.pop(0)
                     self.send_json(status, {"error": {"message": message}})
