@@ -207,6 +207,7 @@ SWITCHYARD = {
     "DRAIN_S": env.float("SWITCHYARD_DRAIN_S", default=30.0),
     "KEEP_FINISHED_DAYS": env.float("SWITCHYARD_KEEP_FINISHED_DAYS", default=30.0),
     "WAITING_COMMENT_S": env.float("SWITCHYARD_WAITING_COMMENT_S", default=5.0),
+    "STREAM_PROGRESS": env.str("SWITCHYARD_STREAM_PROGRESS", default="comments"),
     "MAX_QUEUE": env.int("SWITCHYARD_MAX_QUEUE", default=1000),
     "MAX_QUEUE_INTERACTIVE": env.int("SWITCHYARD_MAX_QUEUE_INTERACTIVE", default=0),
     "MAX_QUEUE_HIGH": env.int("SWITCHYARD_MAX_QUEUE_HIGH", default=0),

@@ -98,15 +98,22 @@ class Reply:
 
 
 async def answer(
-    kind: str, raw: bytes, priority: str | None, api_key=None, idempotency_key: str | None = None
+    kind: str,
+    raw: bytes,
+    priority: str | None,
+    api_key=None,
+    idempotency_key: str | None = None,
+    progress: str | None = None,
 ) -> Reply:
     """Store the request, then wait for its end (or relay its events as they come). With
-    an Idempotency-Key that stored a request already: that request (see `replay`)."""
+    an Idempotency-Key that stored a request already: that request (see `replay`).
+    `progress`: the caller's `X-Switchyard-Progress` (see `shows_progress`)."""
     try:
         body = parse_json(raw)
+        in_reasoning = shows_progress(progress, kind)
         claim = idempotency.claim_of(idempotency_key, api_key)
         if claim is not None and (earlier := await in_pool_thread(claim.request)()):
-            return await replay(earlier, kind)
+            return await replay(earlier, kind, in_reasoning)
         sub = await subscribe()
         try:
             request = await in_pool_thread(recovery.accept)(
@@ -122,17 +129,36 @@ async def answer(
             await sub.close()
             if claim is None or (earlier := await in_pool_thread(claim.request)()) is None:
                 raise
-            return await replay(earlier, kind)  # a call with the same key stored first
+            return await replay(earlier, kind, in_reasoning)  # the same key, stored first
         except BaseException:
             await sub.close()
             raise
     except ApiError as error:
         return Reply.error(error)
     # A caller with a key may come back for it: hanging up does not cancel its request.
-    return await respond(request, sub, hang_up_cancels=claim is None)
+    return await respond(request, sub, hang_up_cancels=claim is None, progress=in_reasoning)
 
 
-async def replay(earlier: Request, kind: str) -> Reply:
+def shows_progress(asked: str | None, kind: str) -> bool:
+    """Whether a streamed chat shows its wait as `reasoning_content` chunks (chat apps show
+    them as the model's thinking), as `X-Switchyard-Progress: reasoning` asks, or
+    `SWITCHYARD_STREAM_PROGRESS` when the caller does not say; `comments` (SSE comments
+    only, which apps do not show) otherwise."""
+    choice = asked if asked is not None else settings.SWITCHYARD["STREAM_PROGRESS"]
+    if choice not in PROGRESS_CHOICES:
+        raise ApiError(
+            400,
+            f"X-Switchyard-Progress must be one of {', '.join(PROGRESS_CHOICES)}.",
+            param="X-Switchyard-Progress",
+            code="invalid_value",
+        )
+    return choice == "reasoning" and kind == "chat"
+
+
+PROGRESS_CHOICES = ("comments", "reasoning")
+
+
+async def replay(earlier: Request, kind: str, progress: bool = False) -> Reply:
     """The request an Idempotency-Key stored: its answer, or its end once it comes. A
     stream not yet started is relayed from its start; one under way, as one chunk at its end
     (the chunks already sent are not kept)."""
@@ -146,18 +172,26 @@ async def replay(earlier: Request, kind: str) -> Reply:
     except BaseException:
         await sub.close()
         raise
-    reply = await respond(now, sub, hang_up_cancels=False, live=now.state in WAITING_STATES)
+    live = now.state in WAITING_STATES
+    reply = await respond(now, sub, hang_up_cancels=False, live=live, progress=progress)
     reply.headers["Idempotent-Replayed"] = "true"
     return reply
 
 
 async def respond(
-    request: Request, sub: Subscription, *, hang_up_cancels: bool = True, live: bool = True
+    request: Request,
+    sub: Subscription,
+    *,
+    hang_up_cancels: bool = True,
+    live: bool = True,
+    progress: bool = False,
 ) -> Reply:
     accepted = accepted_headers(request)
     if request.stream:
         headers = {"Cache-Control": "no-cache", **accepted}
-        events = relay_sse(sub, known=request, live=live, hang_up_cancels=hang_up_cancels)
+        events = relay_sse(
+            sub, known=request, live=live, hang_up_cancels=hang_up_cancels, progress=progress
+        )
         return Reply(200, headers, events=events)
     try:
         if request.is_terminal:
@@ -206,15 +240,18 @@ async def relay_sse(
     known: Request | None = None,
     live: bool = True,
     hang_up_cancels: bool = True,
+    progress: bool = False,
 ) -> AsyncIterator[str]:
-    """Chunks as the worker sends them; a comment with the position while waiting.
-    Chunks that never came (Redis was down; or not `live`: a replay that joined late) come
-    with the end, as one chunk."""
+    """Chunks as the worker sends them; a comment with the position while waiting (with
+    `progress`, a `reasoning_content` chunk too, when what it says changed). Chunks that
+    never came (Redis was down; or not `live`: a replay that joined late) come with the end,
+    as one chunk."""
     every_s = settings.SWITCHYARD["WAITING_COMMENT_S"]
     request_id = sub.request_id
     finished = False
     relayed = CatchUp()
     relayed.live = live
+    said = ""  # the last progress shown
     try:
         yield f": queued as {request_id}\n\n"
         try:
@@ -234,7 +271,13 @@ async def relay_sse(
                         yield ": waiting, the database is not answering\n\n"
                         continue
                     if not request.is_terminal:
-                        yield await waiting_comment(request)
+                        where, why = await waiting_state(request)
+                        yield f": waiting, {request.state}, {where}{f': {why}' if why else ''}\n\n"
+                        # Until the model speaks: then the thinking is its own.
+                        line = progress_line(where, why) if progress and not relayed.text else ""
+                        if line and line != said:
+                            said = line
+                            yield f"data: {json.dumps(progress_chunk(request, line))}\n\n"
                         continue
                 else:
                     request = await finished_after(sub, message)
@@ -265,15 +308,36 @@ def ending(request: Request, relayed: "CatchUp") -> list[str]:
     return [*last, "data: [DONE]\n\n"]
 
 
-async def waiting_comment(request: Request) -> str:
+async def waiting_state(request: Request) -> tuple[str, str]:
+    """Where a request not yet ended is (`position 3`, or `processing`) and why it waits
+    (its reason's text, or "")."""
     try:
         position = await in_pool_thread(intake.position_in_line)(request)
     except faults.DATABASE_FAULTS:
         position = None
     where = f"position {position}" if position else "processing"
     why = shown_reason(request.reason, request.state, timezone.now())
-    because = f": {why['text']}" if why else ""
-    return f": waiting, {request.state}, {where}{because}\n\n"
+    return where, why["text"] if why else ""
+
+
+def progress_line(where: str, why: str) -> str:
+    """The wait as a chat app shows it, a line per change; none once at the server."""
+    if where == "processing":
+        return ""
+    return f"Switchyard: waiting, {where} in line{f': {why}' if why else ''}.\n"
+
+
+def progress_chunk(request: Request, line: str) -> dict:
+    """A chat chunk that carries `line` as `reasoning_content`, as reasoning models send
+    their thinking (and llama-swap its loading remarks)."""
+    delta = {"reasoning_content": line}
+    return {
+        "id": f"chatcmpl-{request.pk.hex}",
+        "object": "chat.completion.chunk",
+        "created": int(request.created_at.timestamp()),
+        "model": request.model_name,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+    }
 
 
 class CatchUp:

@@ -60,7 +60,10 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         return
     kind, priority = KINDS[scope["path"]], header(scope, b"x-priority")
     idempotency_key = header(scope, b"idempotency-key")
-    replying = asyncio.create_task(reply(kind, raw, priority, send, api_key, idempotency_key))
+    progress = header(scope, b"x-switchyard-progress")
+    replying = asyncio.create_task(
+        reply(kind, raw, priority, send, api_key, idempotency_key, progress)
+    )
     hang_up = asyncio.create_task(receive())  # all that can come now is http.disconnect
     try:
         await asyncio.wait([replying, hang_up], return_when=asyncio.FIRST_COMPLETED)
@@ -93,10 +96,16 @@ def header(scope: dict[str, Any], name: bytes) -> str | None:
 
 
 async def reply(
-    kind: str, raw: bytes, priority: str | None, send, api_key=None, idempotency_key=None
+    kind: str,
+    raw: bytes,
+    priority: str | None,
+    send,
+    api_key=None,
+    idempotency_key=None,
+    progress: str | None = None,
 ) -> None:
     try:
-        found = await answer(kind, raw, priority, api_key, idempotency_key)
+        found = await answer(kind, raw, priority, api_key, idempotency_key, progress)
     except Exception as exc:
         found = Reply.error(failed(exc, f"answering a {kind} request"))
     try:

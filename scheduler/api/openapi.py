@@ -232,6 +232,15 @@ PRIORITY_HEADER = {
     "description": "The class: interactive, high, normal (the default) or background.",
     "schema": {"type": "string"},
 }
+PROGRESS_HEADER = {
+    "name": "X-Switchyard-Progress",
+    "in": "header",
+    "required": False,
+    "description": "A streamed chat's wait: `reasoning` also shows it as `reasoning_content`"
+    " chunks (chat apps show them as thinking), `comments` as SSE comments only. Unset:"
+    " SWITCHYARD_STREAM_PROGRESS.",
+    "schema": {"type": "string", "enum": ["comments", "reasoning"]},
+}
 REQUEST_ID = {
     "X-Request-Id": {
         "schema": {"type": "string", "format": "uuid"},
@@ -258,7 +267,7 @@ def inference(summary: str, body: str, streams: bool) -> dict[str, Any]:
             "operationId": summary.lower().replace(" ", "_"),
             "summary": summary,
             "tags": ["inference"],
-            "parameters": [PRIORITY_HEADER],
+            "parameters": [PRIORITY_HEADER, *([PROGRESS_HEADER] if streams else [])],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": ref(body)}},

@@ -28,7 +28,7 @@ def answered(monkeypatch):
         await asyncio.sleep(0)  # a round trip of its own: cancellable, were it in the request
         ran.append(list(sent))
 
-    async def answer(kind, raw, priority, api_key=None, idempotency_key=None) -> Reply:
+    async def answer(kind, raw, priority, api_key=None, idempotency_key=None, progress=None):
         return Reply(200, {}, {"ok": True}, then=then)
 
     monkeypatch.setattr(openai_asgi, "answer", answer)
