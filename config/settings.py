@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -188,8 +189,6 @@ SPECTACULAR_SETTINGS = {
 # on a laptop (anyone who reaches the port then sees and does everything).
 SWITCHYARD_AUTH = env.str("SWITCHYARD_AUTH", default="required").strip().lower()
 if SWITCHYARD_AUTH not in ("required", "off"):
-    from django.core.exceptions import ImproperlyConfigured
-
     raise ImproperlyConfigured(f"SWITCHYARD_AUTH must be required or off, not {SWITCHYARD_AUTH!r}")
 # A bearer token that may read /metrics (a Prometheus scraper); staff sessions may too.
 METRICS_TOKEN = env.str("SWITCHYARD_METRICS_TOKEN", default="")
@@ -248,6 +247,12 @@ SWITCHYARD = {
     # for a pass and its end reaches its caller by the channel layer alone.
     "FAST_PATHS": env.bool("SWITCHYARD_FAST_PATHS", default=True),
 }
+# How a streamed chat shows its wait (docs/api.md): checked here, not on every request.
+if SWITCHYARD["STREAM_PROGRESS"] not in ("comments", "reasoning"):
+    raise ImproperlyConfigured(
+        "SWITCHYARD_STREAM_PROGRESS must be comments or reasoning, not "
+        f"{SWITCHYARD['STREAM_PROGRESS']!r}"
+    )
 
 LOGGING = {
     "version": 1,

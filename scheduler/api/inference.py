@@ -139,6 +139,9 @@ async def answer(
     return await respond(request, sub, hang_up_cancels=claim is None, progress=in_reasoning)
 
 
+PROGRESS_CHOICES = ("comments", "reasoning")
+
+
 def shows_progress(asked: str | None, kind: str) -> bool:
     """Whether a streamed chat shows its wait as `reasoning_content` chunks (chat apps show
     them as the model's thinking), as `X-Switchyard-Progress: reasoning` asks, or
@@ -153,9 +156,6 @@ def shows_progress(asked: str | None, kind: str) -> bool:
             code="invalid_value",
         )
     return choice == "reasoning" and kind == "chat"
-
-
-PROGRESS_CHOICES = ("comments", "reasoning")
 
 
 async def replay(earlier: Request, kind: str, progress: bool = False) -> Reply:

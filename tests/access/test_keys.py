@@ -138,13 +138,20 @@ def test_auth_off_is_warned_of_at_start(mode, warned):
     assert ("SWITCHYARD_AUTH=off" in done.stderr) == warned
 
 
-def test_an_unknown_auth_mode_refuses_to_start():
+@pytest.mark.parametrize(
+    "name, value, said",
+    [
+        ("SWITCHYARD_AUTH", "maybe", "SWITCHYARD_AUTH must be required or off"),
+        ("SWITCHYARD_STREAM_PROGRESS", "thinking", "must be comments or reasoning"),
+    ],
+)
+def test_an_unknown_mode_refuses_to_start(name, value, said):
     done = subprocess.run(
         [sys.executable, "manage.py", "check"],
         cwd=ROOT,
-        env={**os.environ, "SWITCHYARD_AUTH": "maybe"},
+        env={**os.environ, name: value},
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode != 0 and "SWITCHYARD_AUTH must be required or off" in done.stderr
+    assert done.returncode != 0 and said in done.stderr
