@@ -34,6 +34,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         (None, {"fields": ["name", "shown_prefix", "created_at", "expires_at", "revoked"]}),
         ("What it may do", {"fields": ["operator", "allowed_models", "max_priority"]}),
         ("Job callbacks", {"fields": ["shown_webhook_secret"]}),
+        ("Streams", {"fields": ["stream_progress"]}),
         (
             "Limits",
             {"fields": ["default_priority", "rpm", "max_waiting", "max_processing", "weight"]},

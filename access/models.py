@@ -80,6 +80,14 @@ class ApiKey(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Its share of the slots against other keys with work waiting in a class.",
     )
+    stream_progress = models.CharField(
+        max_length=10,
+        blank=True,
+        choices=[("comments", "comments"), ("reasoning", "reasoning")],
+        help_text="How its streamed chats show their wait: reasoning (reasoning_content chunks,"
+        " which chat apps show as thinking) or comments (SSE comments only); empty:"
+        " SWITCHYARD_STREAM_PROGRESS. A caller's X-Switchyard-Progress wins.",
+    )
     # Kept as it is (the worker signs with it), shown once, never shown back in full.
     webhook_secret = models.CharField(
         max_length=100,

@@ -110,7 +110,7 @@ async def answer(
     `progress`: the caller's `X-Switchyard-Progress` (see `shows_progress`)."""
     try:
         body = parse_json(raw)
-        in_reasoning = shows_progress(progress, kind)
+        in_reasoning = shows_progress(progress, kind, api_key)
         claim = idempotency.claim_of(idempotency_key, api_key)
         if claim is not None and (earlier := await in_pool_thread(claim.request)()):
             return await replay(earlier, kind, in_reasoning)
@@ -142,12 +142,13 @@ async def answer(
 PROGRESS_CHOICES = ("comments", "reasoning")
 
 
-def shows_progress(asked: str | None, kind: str) -> bool:
+def shows_progress(asked: str | None, kind: str, api_key=None) -> bool:
     """Whether a streamed chat shows its wait as `reasoning_content` chunks (chat apps show
-    them as the model's thinking), as `X-Switchyard-Progress: reasoning` asks, or
-    `SWITCHYARD_STREAM_PROGRESS` when the caller does not say; `comments` (SSE comments
-    only, which apps do not show) otherwise."""
-    choice = asked if asked is not None else settings.SWITCHYARD["STREAM_PROGRESS"]
+    them as the model's thinking): as `X-Switchyard-Progress` asks, else as the caller's
+    key says (`ApiKey.stream_progress`), else `SWITCHYARD_STREAM_PROGRESS`; `comments` (SSE
+    comments only, which apps do not show) or `reasoning`."""
+    choice = asked or (api_key and api_key.stream_progress)
+    choice = choice or settings.SWITCHYARD["STREAM_PROGRESS"]
     if choice not in PROGRESS_CHOICES:
         raise ApiError(
             400,

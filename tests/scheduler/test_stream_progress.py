@@ -5,7 +5,9 @@ show as the model's thinking, through a live Switchyard (`manage.py serve`)."""
 import json
 
 import httpx
+import pytest
 
+from access.models import ApiKey
 from scheduler.models import Request
 from tests import factories
 
@@ -13,9 +15,13 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
 LOAD_S = 1.5  # several waiting ticks (`served` ticks every 0.5 s)
 
 
-def stream(live, path: str, model: str, progress: str | None = None) -> list[dict]:
+def stream(
+    live, path: str, model: str, progress: str | None = None, secret: str | None = None
+) -> list[dict]:
     """The `data:` events of a streamed call, [DONE] excluded."""
     headers = {} if progress is None else {"X-Switchyard-Progress": progress}
+    if secret is not None:
+        headers["Authorization"] = f"Bearer {secret}"
     body = {"model": model, **CHAT}
     if path == "/v1/completions":
         body = {"model": model, "prompt": "hi", "stream": True}
@@ -34,6 +40,13 @@ def thinking(events: list[dict]) -> list[str]:
         for e in events
         if "reasoning_content" in e["choices"][0].get("delta", {})
     ]
+
+
+def key(name: str, **fields) -> str:
+    """A new API key's secret."""
+    api_key, secret = ApiKey.generate(name, **fields)
+    api_key.save()
+    return secret
 
 
 def cold_models(*names: str) -> None:
@@ -71,6 +84,19 @@ def test_the_operator_default_and_what_a_caller_asks(served):
     assert not thinking(stream(live, "/v1/completions", "m3", "reasoning"))
     plain = served()  # the default: SSE comments only, which apps do not show
     assert not thinking(stream(plain, "/v1/chat/completions", "m4"))
+
+
+@pytest.mark.auth
+def test_a_key_can_ask_for_it_for_every_stream_it_sends(served):
+    """For a chat app that sends no headers of its own: the operator sets it on the app's
+    key. A caller's header still wins, and another key gets the server's default."""
+    cold_models("m1", "m2", "m3")
+    app = key("open-webui", stream_progress="reasoning")
+    other = key("script")
+    live = served(SWITCHYARD_AUTH="required")
+    assert thinking(stream(live, "/v1/chat/completions", "m1", secret=app))
+    assert not thinking(stream(live, "/v1/chat/completions", "m2", "comments", secret=app))
+    assert not thinking(stream(live, "/v1/chat/completions", "m3", secret=other))
 
 
 def test_an_unknown_progress_is_400_and_stores_nothing(served):

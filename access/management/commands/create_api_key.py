@@ -31,6 +31,12 @@ class Command(BaseCommand):
         parser.add_argument("--max-processing", type=int, help="most processing at once")
         parser.add_argument("--weight", type=positive, default=1, help="fair-share weight")
         parser.add_argument("--operator", action="store_true", help="may use the operator API")
+        parser.add_argument(
+            "--stream-progress",
+            choices=["comments", "reasoning"],
+            default="",
+            help="how its streamed chats show their wait; default: SWITCHYARD_STREAM_PROGRESS",
+        )
 
     def handle(self, *args, **options) -> None:
         for limit in ("rpm", "max_waiting", "max_processing"):
@@ -47,6 +53,7 @@ class Command(BaseCommand):
             max_processing=options["max_processing"],
             weight=options["weight"],
             operator=options["operator"],
+            stream_progress=options["stream_progress"],
         )
         api_key.save()
         self.stdout.write(
