@@ -95,10 +95,14 @@ class Effects:
             log.error("a write no task waits for failed", exc_info=error)
 
     async def cancel_all(self) -> None:
-        """Cancel the tasks, and wait for them and the chores to end."""
-        for task in self.tasks.values():
-            task.cancel()
-        await asyncio.gather(*self.tasks.values(), *self.chores, return_exceptions=True)
+        """Cancel the tasks, and wait for them and the chores to end; and the tasks that a
+        cancelled one starts as it ends (a failed call's status sync), which would otherwise
+        run on into the adapters closed after this."""
+        while running := [task for task in self.tasks.values() if not task.done()]:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.gather(*self.chores, return_exceptions=True)
 
     # -- adapters ------------------------------------------------------------------------
 

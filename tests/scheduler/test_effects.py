@@ -1,6 +1,7 @@
 """The loop driven through a recording `Effects`: what each pass starts, without a server,
 an adapter or a patch."""
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -9,6 +10,7 @@ from asgiref.sync import sync_to_async
 from backends.models import Deployment, DeploymentState
 from scheduler.models import Request, State
 from scheduler.runtime import Runtime
+from scheduler.runtime.effects import Effects
 from tests import factories
 from tests.support.effects import RecordingEffects
 from tests.support.running import db_thread_closed  # noqa: F401 (fixture)
@@ -67,3 +69,25 @@ async def test_a_request_not_due_yet_sets_the_loops_next_wake_on_the_effects_clo
         assert [name.split()[0] for name in effects.started] == ["serve"]
     finally:
         await rt.stop()
+
+
+async def test_stopping_cancels_the_tasks_a_cancelled_task_starts_as_it_ends():
+    """A request's call that fails as the worker stops starts a status sync; that sync is
+    cancelled too, before the adapters close (it crashed the worker on a closed client)."""
+    effects = Effects()  # tasks that run: the recording one runs none
+    started: list[asyncio.Task] = []
+
+    async def sync() -> None:
+        await asyncio.Event().wait()
+
+    async def serve() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:  # as `serve_failed` asks for a sync
+            started.append(effects.start("sync 1", sync(), lambda *_: None))
+
+    effects.start("serve 1", serve(), lambda *_: None)
+    await asyncio.sleep(0)  # the serve task runs up to its wait
+    await effects.cancel_all()
+    assert len(started) == 1 and started[0].cancelled()
+    assert effects.tasks == {}
