@@ -399,3 +399,15 @@ def child_pids(pid: int) -> list[int]:
     threads."""
     tasks = Path(f"/proc/{pid}/task").glob("*/children")
     return [int(c) for task in tasks for c in task.read_text().split()]
+
+
+def test_a_caller_that_hangs_up_mid_stream_stops_the_routers_child(router, switchyard):
+    """Through the router too: Switchyard closes its call, the router closes its own to the
+    child, and the child cancels the task (left alone: ~500 tokens, several seconds)."""
+    discovered(router)
+    live = switchyard()
+    body = {"model": "large", "prompt": "Once", "max_tokens": 5000, "ignore_eos": True}
+    with live.stream("/v1/completions", body) as response:
+        next(line for line in response.iter_lines() if line.startswith("data: "))
+    eventually(lambda: "cancel task" in router.log(), what="the child cancels the task")
+    eventually(lambda: Request.objects.get().state == State.CANCELLED, what="cancelled")
