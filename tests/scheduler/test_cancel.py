@@ -111,14 +111,22 @@ def test_a_caller_that_hangs_up_while_processing_stops_its_request(gated, stream
 
 
 def test_a_caller_with_an_idempotency_key_that_hangs_up_is_not_cancelled(gated):
-    """Its retry is expected to pick the answer up: it runs to its end."""
+    """Its retry is expected to pick the answer up: it runs to its end. Beside it, a caller
+    without a key hangs up just after it: once that one's call is closed, the first hang-up
+    has been heard too, and changed nothing."""
     live, upstream = gated
-    caller = post_and_keep_open(
+    beside = factories.server("up-2", kind="openai", base_url=upstream.url, slots=1)
+    factories.deployment(beside, "m2", server_model_id="m1", state="loaded")
+    kept_caller = post_and_keep_open(
         live, "/v1/chat/completions", {"model": "m1", **CHAT}, {"Idempotency-Key": "once"}
     )
-    assert upstream.arrived.wait(30)
-    caller.close()
+    plain_caller = post_and_keep_open(live, "/v1/chat/completions", {"model": "m2", **CHAT})
+    eventually(lambda: len(upstream.received) == 2)
+    kept_caller.close()
+    plain_caller.close()
+    assert upstream.hung_up.wait(30)
     upstream.gate.set()
     kept = finished(live, Request.objects.get(model_name="m1"))
     assert kept["state"] == State.COMPLETED
-    assert not upstream.hung_up.is_set()
+    assert finished(live, Request.objects.get(model_name="m2"))["state"] == State.CANCELLED
+    assert len(upstream.dropped) == 1

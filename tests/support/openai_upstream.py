@@ -19,6 +19,7 @@ class Upstream(LocalServer):
         self.gate: threading.Event | None = None  # when set: inference waits for it
         self.arrived = threading.Event()
         self.hung_up = threading.Event()  # a caller held at the gate closed its connection
+        self.dropped: list[dict[str, Any]] = []  # the bodies of those calls
         self.chunked_streams = False  # streams end without closing the connection
         self.reply_headers: dict[str, str] = {}  # sent with every non-streamed answer
         super().__init__()
@@ -55,6 +56,7 @@ class Upstream(LocalServer):
                 )
                 upstream.arrived.set()
                 if upstream.gate is not None and not self.held_at_gate(upstream.gate):
+                    upstream.dropped.append(body)
                     upstream.hung_up.set()  # as a server stops generating: nothing is sent
                     return
                 if upstream.fail_next:
