@@ -179,17 +179,19 @@ def cancel_request(request_id, reason: str) -> bool:
         return True
     at = Request.objects.filter(pk=request_id, state=State.PROCESSING)
     found = at.values_list("deployment_id", "server__name").first()
-    if found is None or found[0] is None:
+    if found is None:
         return False
-    deployment_id, server = found
+    deployment_id, server = found  # no deployment: its model was deleted meanwhile
     with transaction.atomic():
-        sql.fetch(*lock_deployments([deployment_id]))  # before the request: the lock order
+        if deployment_id is not None:  # before the request: the lock order
+            sql.fetch(*lock_deployments([deployment_id]))
         # Still on that deployment (not retried elsewhere meanwhile), under lock.
         if not at.filter(deployment_id=deployment_id).select_for_update().exists():
             return False
         if not move(request_id, [State.PROCESSING], State.CANCELLED, reason, server or ""):
             return False
-        _release(deployment_id)
+        if deployment_id is not None:
+            _release(deployment_id)
         cancelled = wakeup.Cancelled(request_id)
         wakeup.notify_later(wakeup.CHANNEL, cancelled.payload())
         transaction.on_commit(lambda: wakeup.wake_local(cancelled))

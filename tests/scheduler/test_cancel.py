@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 
 from backends.models import Deployment
 from scheduler.models import Request, State
+from scheduler.store import cancel_request
 from tests import factories
 from tests.support.polling import eventually
 from tests.support.switchyard_processes import Switchyard
@@ -130,3 +131,29 @@ def test_a_caller_with_an_idempotency_key_that_hangs_up_is_not_cancelled(gated):
     assert kept["state"] == State.COMPLETED
     assert finished(live, Request.objects.get(model_name="m2"))["state"] == State.CANCELLED
     assert len(upstream.dropped) == 1
+
+
+@pytest.mark.django_db
+def test_cancel_request_frees_one_slot_once_and_leaves_ended_requests_alone():
+    sim = factories.server("s")
+    busy = factories.deployment(sim, "m", state="loaded", in_flight=2)
+    first, second = (
+        factories.request("m", state=State.PROCESSING, server=sim, deployment=busy)
+        for _ in range(2)
+    )
+    orphan = factories.request("m", state=State.PROCESSING, server=sim)  # its model deleted
+    ended = factories.request("m", state=State.COMPLETED)
+
+    assert cancel_request(first.pk, "cancelled through the API")
+    assert Deployment.objects.get(pk=busy.pk).in_flight == 1  # the other still runs
+    assert not cancel_request(first.pk, "again")  # ended: its slot is not freed twice
+    assert Deployment.objects.get(pk=busy.pk).in_flight == 1
+    assert cancel_request(orphan.pk, "cancelled through the API")
+    assert not cancel_request(ended.pk, "too late")
+    states = dict(Request.objects.values_list("pk", "state"))
+    assert [states[r.pk] for r in (first, second, orphan, ended)] == [
+        State.CANCELLED,
+        State.PROCESSING,
+        State.CANCELLED,
+        State.COMPLETED,
+    ]
