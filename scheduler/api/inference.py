@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from access import auth
+from access.limits import check_model
 from access.watch import watch_url
 from backends.models import Model
 
@@ -398,16 +399,38 @@ async def list_models(http: HttpRequest) -> HttpResponse:
     data = []
     async for model in Model.objects.order_by("name"):
         names = [model.name, *(model.aliases or [])]
-        if api_key is not None and not any(api_key.allows_model(n) for n in names):
-            continue
-        for name in names:
-            data.append(
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "switchyard",
-                    "type": model.type,
-                }
-            )
+        if may_use(api_key, names):
+            data += [model_object(name, model) for name in names]
     return JsonResponse({"object": "list", "data": data})
+
+
+@require_GET
+async def retrieve_model(http: HttpRequest, name: str) -> HttpResponse:
+    """One model, by name or alias, as `GET /v1/models` lists it. As for a request: 403
+    `model_not_allowed` for a model the key may not use (whether or not it exists), else
+    404 `model_not_found` for one that does not exist."""
+    try:
+        api_key = await auth.acaller(http.headers.get("Authorization"))
+        await in_pool_thread(check_model)(api_key, name, intake.names_of)
+        model = await in_pool_thread(intake.find_model)(name)
+        if model is None:
+            raise intake.model_not_found(name)
+    except ApiError as error:
+        return error.as_json_response()
+    return JsonResponse(model_object(name, model))
+
+
+def may_use(api_key, names: list[str]) -> bool:
+    """A key may use a model if it may use one of its names (any key, with keys off)."""
+    return api_key is None or any(api_key.allows_model(n) for n in names)
+
+
+def model_object(name: str, model: Model) -> dict:
+    """A model as OpenAI's API shows one, with its type (llm, embedding, reranking)."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "switchyard",
+        "type": model.type,
+    }

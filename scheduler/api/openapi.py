@@ -125,23 +125,21 @@ SCHEMAS: dict[str, Any] = {
         " or list).",
         "additionalProperties": True,
     },
+    "Model": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string"},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+            "type": {"type": "string", "enum": ["llm", "embedding", "reranking"]},
+        },
+    },
     "ModelList": {
         "type": "object",
         "properties": {
             "object": {"type": "string", "enum": ["list"]},
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "string"},
-                        "object": {"type": "string"},
-                        "created": {"type": "integer"},
-                        "owned_by": {"type": "string"},
-                        "type": {"type": "string", "enum": ["llm", "embedding", "reranking"]},
-                    },
-                },
-            },
+            "data": {"type": "array", "items": ref("Model")},
         },
     },
     "RequestDetail": {
@@ -288,6 +286,17 @@ def paths() -> dict[str, Any]:
                 "summary": "Every model by name and alias",
                 "tags": ["inference"],
                 "responses": {"200": json_body(ref("ModelList")), **errors(405)},
+            }
+        },
+        "/v1/models/{name}": {
+            "get": {
+                "operationId": "models_retrieve",
+                "summary": "One model, by name or alias",
+                "tags": ["inference"],
+                "parameters": [
+                    {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {"200": json_body(ref("Model")), **errors(404, 405)},
             }
         },
         "/api/v1/requests/{request_id}": {

@@ -5,6 +5,8 @@ from . import inference, jobs, servers
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
     path("v1/models", inference.list_models, name="models"),
+    # Model names may hold slashes and colons (org/model, qwen3:8b).
+    path("v1/models/<path:name>", inference.retrieve_model, name="model"),
     path("api/v1/requests", jobs.RequestList.as_view(), name="request-list"),
     path("api/v1/requests/<uuid:request_id>", jobs.request_detail, name="request-detail"),
     path("api/v1/servers", servers.ServerList.as_view(), name="server-list"),

@@ -44,6 +44,7 @@ def test_without_a_good_key_nothing_is_served_or_stored(live, make_key):
             ("POST", "/v1/chat/completions", {"model": "qwen", "messages": HI}),
             ("POST", "/v1/embeddings", {"model": "qwen", "input": "x"}),
             ("GET", "/v1/models", None),
+            ("GET", "/v1/models/qwen", None),
             ("POST", "/api/v1/requests", {"body": {"model": "qwen", "messages": HI}}),
             ("GET", "/api/v1/requests/00000000-0000-0000-0000-000000000000", None),
         ]:
@@ -91,6 +92,11 @@ def test_a_key_sees_and_uses_only_its_models(live, make_key):
             c.chat.completions.create(model=name, messages=HI)
         assert err.value.body["code"] == "model_not_allowed"
     assert Request.objects.count() == 1
+    assert c.models.retrieve("q").id == "q"
+    for name in ["other", "no-such-model"]:  # as for a request: one answer for both
+        with pytest.raises(openai.PermissionDeniedError) as err:
+            c.models.retrieve(name)
+        assert err.value.body["code"] == "model_not_allowed"
     _, everything = make_key("bob")
     assert [m.id for m in client(live, everything).models.list()] == ["other", "qwen", "q"]
 

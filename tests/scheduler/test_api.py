@@ -95,6 +95,19 @@ def test_models_lists_names_and_aliases(live):
     assert ids == ["qwen", "q"]
 
 
+def test_one_model_by_name_or_alias_as_the_list_shows_it(live):
+    c = client(live)
+    for name in ["qwen", "q"]:
+        model = c.models.retrieve(name)
+        assert (model.id, model.object, model.owned_by) == (name, "model", "switchyard")
+    with pytest.raises(openai.NotFoundError) as err:
+        c.models.retrieve("nope")
+    assert err.value.body["code"] == "model_not_found"
+    # Names with slashes and colons, as Hugging Face and Ollama write them.
+    factories.model("org/qwen3:8b")
+    assert c.models.retrieve("org/qwen3:8b").id == "org/qwen3:8b"
+
+
 @pytest.mark.parametrize("name", ["nope", "n" * 10_000], ids=["unknown", "too-long"])
 def test_unknown_model_is_404_in_openai_shape_and_stores_nothing(live, name):
     with pytest.raises(openai.NotFoundError) as err:
