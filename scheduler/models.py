@@ -10,6 +10,7 @@ class RequestKind(models.TextChoices):
     CHAT = "chat", "Chat completion"
     COMPLETION = "completion", "Completion"
     EMBEDDING = "embedding", "Embedding"
+    RERANK = "rerank", "Rerank"
 
 
 class Priority(models.IntegerChoices):

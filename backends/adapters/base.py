@@ -65,7 +65,7 @@ class LoadTarget:
 
 @dataclass(frozen=True, slots=True)
 class InferenceCall:
-    kind: str  # chat | completion | embedding
+    kind: str  # chat | completion | embedding | rerank
     server_model_id: str
     payload: dict[str, Any] = field(repr=False)  # the caller's prompt: never in a log line
     stream: bool = False

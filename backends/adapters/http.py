@@ -50,7 +50,9 @@ OPENAI_PATHS = {
     "chat": "/v1/chat/completions",
     "completion": "/v1/completions",
     "embedding": "/v1/embeddings",
+    "rerank": "/v1/rerank",  # llama-server's and vLLM's (Jina's and Cohere's shape)
 }
+NEVER_STREAMED = ("embedding", "rerank")
 
 
 @functools.cache
@@ -358,7 +360,7 @@ class HttpAdapter(Adapter):
 
     def inference_body(self, call: InferenceCall) -> dict[str, Any]:
         body = {**call.payload, "model": call.server_model_id}
-        if call.kind == "embedding":
+        if call.kind in NEVER_STREAMED:
             body.pop("stream", None)
             body.pop("stream_options", None)
         else:
@@ -374,19 +376,17 @@ class HttpAdapter(Adapter):
         return None
 
     async def run(self, call: InferenceCall) -> dict[str, Any]:
+        path = self.path_for(call)  # a kind the server has no route for asks it nothing
         await self.before_inference(call)
         return await self.json(
-            "POST",
-            self.path_for(call),
-            json=self.inference_body(call),
-            params=self.inference_params(),
+            "POST", path, json=self.inference_body(call), params=self.inference_params()
         )
 
     async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
-        if call.kind == "embedding":
-            raise AdapterError(ErrorCode.BAD_REQUEST, "embeddings cannot be streamed")
-        await self.before_inference(call)
+        if call.kind in NEVER_STREAMED:
+            raise AdapterError(ErrorCode.BAD_REQUEST, f"a {call.kind} cannot be streamed")
         path, body = self.path_for(call), self.inference_body(call)
+        await self.before_inference(call)
         async with self.open_stream(
             "POST", path, json=body, params=self.inference_params()
         ) as response:

@@ -33,6 +33,7 @@ class LemonadeAdapter(HttpAdapter):
         "chat": "/api/v1/chat/completions",
         "completion": "/api/v1/completions",
         "embedding": "/api/v1/embeddings",
+        "rerank": "/api/v1/reranking",
     }
 
     async def loaded(self) -> set[str]:

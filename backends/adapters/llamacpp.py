@@ -46,8 +46,10 @@ def load_fraction(progress: dict[str, Any]) -> float | None:
 
 def model_type(entry: dict[str, Any]) -> str:
     """A router model started with `--embeddings` (a preset's `embeddings = true`) serves
-    only embeddings."""
+    only embeddings; one started with `--reranking` (`reranking = true`) only reranks."""
     args = (entry.get("status") or {}).get("args") or []
+    if "--reranking" in args or "--rerank" in args:
+        return "reranking"
     return "embedding" if "--embeddings" in args or "--embedding" in args else "llm"
 
 

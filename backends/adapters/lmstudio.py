@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
-from .http import HttpAdapter, classify
+from .http import OPENAI_PATHS, HttpAdapter, classify
 
 # Load fields of `POST /api/v1/models/load`; the engine-specific ones only apply to LLMs.
 LLM_LOAD_FIELDS = ("eval_batch_size", "flash_attention", "num_experts", "offload_kv_cache_to_gpu")
@@ -31,6 +31,9 @@ CHAT_ERROR_STATUS = {"invalid_request": 400, "model_not_found": 404}
 
 
 class LMStudioAdapter(HttpAdapter):
+    # Its OpenAI routes have no rerank: a rerank is refused here (`bad_request`), not sent.
+    inference_paths = {k: v for k, v in OPENAI_PATHS.items() if k != "rerank"}
+
     def __init__(self, *args: Any, single_llm: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.single_llm = single_llm  # the server holds one LLM: JIT auto-evict costs nothing

@@ -10,6 +10,7 @@ PATHS = {
     "chat": "/v1/chat/completions",
     "completion": "/v1/completions",
     "embedding": "/v1/embeddings",
+    "rerank": "/v1/rerank",
 }
 
 
@@ -37,7 +38,7 @@ class OpenAIAdapter(HttpAdapter):
 
     def body(self, call: InferenceCall) -> dict[str, Any]:
         body = {**call.payload, "model": call.server_model_id}
-        if call.kind != "embedding":
+        if call.kind not in ("embedding", "rerank"):
             body["stream"] = call.stream
         return body
 

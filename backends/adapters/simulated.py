@@ -87,6 +87,8 @@ class SimulatedAdapter(Adapter):
                 "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 0.5, 1.0]}],
                 "usage": {"prompt_tokens": 1, "total_tokens": 1},
             }
+        if call.kind == "rerank":
+            return rerank(call.server_model_id, call.payload)
         words = [w async for w in self._words(call, options)]
         text = "".join(words).rstrip()
         created = int(time.time())
@@ -153,3 +155,20 @@ class SimulatedAdapter(Adapter):
             "model": call.server_model_id,
             "choices": [done],
         }
+
+
+def rerank(model: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Documents scored by the share of the query's words they hold, best first, as
+    llama-server answers `/v1/rerank`."""
+    query = set(str(payload.get("query", "")).lower().split())
+    documents = [str(d) for d in payload.get("documents") or []]
+    scores = [len(query & set(d.lower().split())) / max(len(query), 1) for d in documents]
+    ranked = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
+    top_n = payload.get("top_n") or len(documents)
+    tokens = len(query) + sum(len(d.split()) for d in documents)
+    return {
+        "model": model,
+        "object": "list",
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "results": [{"index": i, "relevance_score": scores[i]} for i in ranked[:top_n]],
+    }

@@ -60,8 +60,10 @@ TYPES: dict[str, tuple[Any, str]] = {
     "logit_bias": (lambda v: v is None or isinstance(v, dict), "an object"),
     "tools": (lambda v: isinstance(v, list), "an array"),
     "tool_choice": (lambda v: isinstance(v, str | dict), "a string or an object"),
+    "top_n": (_integer, "an integer"),
+    "return_documents": (lambda v: isinstance(v, bool), "a boolean"),
 }
-AT_LEAST_ONE = ("max_tokens", "max_completion_tokens", "n", "best_of", "dimensions")
+AT_LEAST_ONE = ("max_tokens", "max_completion_tokens", "n", "best_of", "dimensions", "top_n")
 
 
 def storable(text: str) -> bool:
@@ -114,6 +116,14 @@ def check(kind: str, body: dict[str, Any]) -> None:
         raise invalid_type("prompt", "prompt must be a string, an array of strings or tokens")
     elif kind == RequestKind.EMBEDDING and not _tokens(body["input"]):
         raise invalid_type("input", "input must be a string, an array of strings or tokens")
+    elif kind == RequestKind.RERANK:
+        if not isinstance(body["query"], str):
+            raise invalid_type("query", "query must be a string")
+        documents = body.get("documents")
+        if not isinstance(documents, list) or not documents:
+            raise invalid_type("documents", "documents must be a non-empty array of strings")
+        if not all(isinstance(d, str) for d in documents):
+            raise invalid_type("documents", "documents must be a non-empty array of strings")
 
 
 def check_message(i: int, message: Any) -> None:

@@ -28,12 +28,15 @@ SERVED_BY = {
     RequestKind.CHAT: (ModelType.LLM,),
     RequestKind.COMPLETION: (ModelType.LLM,),
     RequestKind.EMBEDDING: (ModelType.EMBEDDING,),
+    RequestKind.RERANK: (ModelType.RERANKING,),
 }
 REQUIRED_INPUT = {
     RequestKind.CHAT: "messages",
     RequestKind.COMPLETION: "prompt",
     RequestKind.EMBEDDING: "input",
+    RequestKind.RERANK: "query",
 }
+NEVER_STREAMED = (RequestKind.EMBEDDING, RequestKind.RERANK)
 
 
 def find_model(name: str) -> Model | None:
@@ -136,7 +139,7 @@ def accept(
     level, capped = limits.capped_priority(api_key, asked, Priority.NORMAL)
     limits.check_model(api_key, body["model"], names_of)
     check_grace(no_server_grace_s, level)
-    stream = bool(body.get("stream", False)) and kind != RequestKind.EMBEDDING
+    stream = bool(body.get("stream", False)) and kind not in NEVER_STREAMED
     fields = {"id": request_id} if request_id else {}
     request = Request(
         kind=kind,

@@ -119,10 +119,21 @@ SCHEMAS: dict[str, Any] = {
         },
         "additionalProperties": True,
     },
+    "RerankRequest": {
+        "type": "object",
+        "required": ["model", "query", "documents"],
+        "properties": {
+            "model": {"type": "string"},
+            "query": {"type": "string"},
+            "documents": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            "top_n": {"type": "integer", "minimum": 1},
+        },
+        "additionalProperties": True,
+    },
     "OpenAIResponse": {
         "type": "object",
         "description": "The server's answer in OpenAI's shape (chat.completion, text_completion"
-        " or list).",
+        " or list; for a rerank, results of index and relevance_score, best first).",
         "additionalProperties": True,
     },
     "Model": {
@@ -147,7 +158,7 @@ SCHEMAS: dict[str, Any] = {
         "description": "A request as the jobs API shows it (also a callback's body).",
         "properties": {
             "id": {"type": "string", "format": "uuid"},
-            "kind": {"type": "string", "enum": ["chat", "completion", "embedding"]},
+            "kind": {"type": "string", "enum": ["chat", "completion", "embedding", "rerank"]},
             "model": {"type": "string"},
             "priority": {"type": "string", "enum": ["interactive", "high", "normal", "background"]},
             "state": {
@@ -280,6 +291,7 @@ def paths() -> dict[str, Any]:
         "/v1/chat/completions": inference("Chat completion", "ChatCompletionRequest", True),
         "/v1/completions": inference("Completion", "CompletionRequest", True),
         "/v1/embeddings": inference("Embeddings", "EmbeddingRequest", False),
+        "/v1/rerank": inference("Rerank", "RerankRequest", False),
         "/v1/models": {
             "get": {
                 "operationId": "models_list",

@@ -310,17 +310,22 @@ async def test_router_load_started_elsewhere_that_ended_before_the_stream_opened
     assert ("POST", "/models/load") not in server.calls()
 
 
-async def test_router_lists_embedding_presets_and_sizes(server, adapter):
+async def test_router_lists_embedding_and_reranking_presets_and_sizes(server, adapter):
+    """A preset's `embeddings = true` or `reranking = true` reaches its args (as b11434
+    lists them) and makes the model's type."""
     embed_args = ["llama-server", "--embeddings", "--alias", "nomic"]
+    rerank_args = ["llama-server", "--port", "0", "--reranking", "--alias", "bge"]
     data = [
         {"id": GEMMA, "status": {"value": "loaded", "args": ARGS}, "meta": {"size": 96534528}},
         {"id": "nomic", "status": {"value": "unloaded", "args": embed_args}},
+        {"id": "bge", "status": {"value": "unloaded", "args": rerank_args}},
     ]
     server.on("GET", "/v1/models", Reply(200, {"object": "list", "data": data}))
     listed = await adapter.list_models()
     assert [(m.id, m.type, m.size_mb) for m in listed] == [
         (GEMMA, "llm", 92),
         ("nomic", "embedding", None),
+        ("bge", "reranking", None),
     ]
 
 

@@ -362,3 +362,12 @@ async def test_health_of_a_stopped_server_is_a_connection_error(server, adapter)
     with pytest.raises(AdapterError) as raised:
         await adapter.health()
     assert raised.value.code == ErrorCode.CONNECTION
+
+
+async def test_a_rerank_is_refused_without_a_call(server, adapter):
+    """LM Studio's API has no rerank: refused as a bad request, nothing sent."""
+    call = InferenceCall(kind="rerank", server_model_id="m", payload={"query": "q"})
+    with pytest.raises(AdapterError) as err:
+        await adapter.run(call)
+    assert err.value.code == ErrorCode.BAD_REQUEST
+    assert not [c for c in server.calls() if c[1] == "/v1/rerank"]

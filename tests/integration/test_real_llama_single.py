@@ -161,3 +161,19 @@ def test_a_stopped_request_stops_the_generation(single, switchyard, path):
     assert Request.objects.get().state == State.CANCELLED
     slots = llama.api("GET", "/slots").json()
     assert not any(slot["is_processing"] for slot in slots)
+
+
+def test_rerank_through_the_real_server(single, switchyard):
+    """A server started with `--reranking` answers `/v1/rerank`: Switchyard schedules the
+    request as any other and relays the server's ranking as it is."""
+    llama = single(tiny_gguf.SMALL.name, "--reranking")
+    server = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
+    deploy(server, "ranker", tiny_gguf.SMALL.name, ModelType.RERANKING)
+    live = switchyard()
+    body = {"query": "hello", "documents": ["hi there", "bye now", "hello world"], "top_n": 2}
+    answer = live.post("/v1/rerank", {"model": "ranker", **body})
+    assert answer.status_code == 200, answer.text
+    direct = llama.api("POST", "/v1/rerank", json={"model": tiny_gguf.SMALL.name, **body}).json()
+    assert answer.json()["results"] == direct["results"]  # the same ranking, relayed
+    assert len(direct["results"]) == 2
+    assert Request.objects.get().state == State.COMPLETED
