@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
-from .http import HttpAdapter
+from .http import NEVER_STREAMED, HttpAdapter
 
 PATHS = {
     "chat": "/v1/chat/completions",
@@ -38,7 +38,7 @@ class OpenAIAdapter(HttpAdapter):
 
     def body(self, call: InferenceCall) -> dict[str, Any]:
         body = {**call.payload, "model": call.server_model_id}
-        if call.kind not in ("embedding", "rerank"):
+        if call.kind not in NEVER_STREAMED:
             body["stream"] = call.stream
         return body
 
