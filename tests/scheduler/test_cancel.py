@@ -3,6 +3,8 @@ request cancelled while processing (through the API, in the admin, or by its cal
 hanging up) ends `cancelled`, its call to the server is closed (as llama-server, vLLM and
 Ollama take it: they stop generating), and its slot is free for the next request."""
 
+import json
+
 import httpx
 import pytest
 from django.conf import settings
@@ -72,6 +74,23 @@ def test_delete_stops_a_processing_request_at_its_server(gated):
     again = httpx.delete(f"{live.url}/api/v1/requests/{request.pk}", timeout=30)
     assert again.status_code == 409 and again.json()["error"]["code"] == "not_cancellable"
     assert "cancelled" in again.json()["error"]["message"]
+
+
+def test_a_streaming_caller_whose_request_is_cancelled_is_told_so(gated):
+    """DELETE while the caller streams: the stream ends with a `cancelled` error event and
+    [DONE], and the call to the server is closed."""
+    live, upstream = gated
+    body = {"model": "m1", "stream": True, **CHAT}
+    with httpx.stream("POST", f"{live.url}/v1/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        request_id = next(lines).removeprefix(": queued as ")
+        assert upstream.arrived.wait(30)
+        eventually(lambda: Request.objects.get(pk=request_id).state == State.PROCESSING)
+        assert httpx.delete(f"{live.url}/api/v1/requests/{request_id}").status_code == 200
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "cancelled"
+    assert upstream.hung_up.wait(30)
 
 
 def admin_session(live) -> httpx.Client:
