@@ -76,18 +76,20 @@ async def test_stopping_cancels_the_tasks_a_cancelled_task_starts_as_it_ends():
     cancelled too, before the adapters close (it crashed the worker on a closed client)."""
     effects = Effects()  # tasks that run: the recording one runs none
     started: list[asyncio.Task] = []
+    serving = asyncio.Event()
 
     async def sync() -> None:
         await asyncio.Event().wait()
 
     async def serve() -> None:
         try:
+            serving.set()
             await asyncio.Event().wait()
         finally:  # as `serve_failed` asks for a sync
             started.append(effects.start("sync 1", sync(), lambda *_: None))
 
     effects.start("serve 1", serve(), lambda *_: None)
-    await asyncio.sleep(0)  # the serve task runs up to its wait
+    await serving.wait()  # at its server
     await effects.cancel_all()
     assert len(started) == 1 and started[0].cancelled()
     assert effects.tasks == {}
