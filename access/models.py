@@ -37,6 +37,11 @@ def split_key(key: str) -> tuple[str, str] | None:
     return prefix, key
 
 
+# How a streamed chat shows its wait (docs/api.md). config/settings.py checks
+# SWITCHYARD_STREAM_PROGRESS against the same two words (it loads before the apps).
+STREAM_PROGRESS = ("comments", "reasoning")
+
+
 class ApiKey(models.Model):
     name = models.CharField(max_length=100, help_text="Who or what uses it.")
     prefix = models.CharField(
@@ -83,7 +88,7 @@ class ApiKey(models.Model):
     stream_progress = models.CharField(
         max_length=10,
         blank=True,
-        choices=[("comments", "comments"), ("reasoning", "reasoning")],
+        choices=[(word, word) for word in STREAM_PROGRESS],
         help_text="How its streamed chats show their wait: reasoning (reasoning_content chunks,"
         " which chat apps show as thinking) or comments (SSE comments only); empty:"
         " SWITCHYARD_STREAM_PROGRESS. A caller's X-Switchyard-Progress wins.",

@@ -6,13 +6,6 @@ from typing import Any
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
 from .http import NEVER_STREAMED, HttpAdapter
 
-PATHS = {
-    "chat": "/v1/chat/completions",
-    "completion": "/v1/completions",
-    "embedding": "/v1/embeddings",
-    "rerank": "/v1/rerank",
-}
-
 
 class OpenAIAdapter(HttpAdapter):
     controls_loading = False
@@ -43,9 +36,10 @@ class OpenAIAdapter(HttpAdapter):
         return body
 
     async def run(self, call: InferenceCall) -> dict[str, Any]:
-        return await self.json("POST", PATHS[call.kind], json=self.body(call))
+        return await self.json("POST", self.path_for(call), json=self.body(call))
 
     async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
-        async with self.open_stream("POST", PATHS[call.kind], json=self.body(call)) as response:
+        path = self.path_for(call)
+        async with self.open_stream("POST", path, json=self.body(call)) as response:
             async for event in self.sse_events(response):
                 yield event

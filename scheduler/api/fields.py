@@ -18,10 +18,6 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
 def _strings(v: Any) -> bool:
     return isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
 
@@ -124,7 +120,7 @@ def check(kind: str, body: dict[str, Any]) -> None:
         if not isinstance(body["query"], str):
             raise invalid_type("query", "query must be a string")
         documents = body.get("documents")
-        if not (isinstance(documents, list) and documents and all(map(_is_str, documents))):
+        if not (isinstance(documents, list) and documents and _strings(documents)):
             raise invalid_type("documents", "documents must be a non-empty array of strings")
 
 

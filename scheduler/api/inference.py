@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 
 from access import auth
 from access.limits import check_model
+from access.models import STREAM_PROGRESS
 from access.watch import watch_url
 from backends.models import Model
 
@@ -140,9 +141,6 @@ async def answer(
     return await respond(request, sub, hang_up_cancels=claim is None, progress=in_reasoning)
 
 
-PROGRESS_CHOICES = ("comments", "reasoning")
-
-
 def shows_progress(asked: str | None, kind: str, api_key=None) -> bool:
     """Whether a streamed chat shows its wait as `reasoning_content` chunks (chat apps show
     them as the model's thinking): as `X-Switchyard-Progress` asks, else as the caller's
@@ -150,10 +148,10 @@ def shows_progress(asked: str | None, kind: str, api_key=None) -> bool:
     comments only, which apps do not show) or `reasoning`."""
     choice = asked or (api_key and api_key.stream_progress)
     choice = choice or settings.SWITCHYARD["STREAM_PROGRESS"]
-    if choice not in PROGRESS_CHOICES:
+    if choice not in STREAM_PROGRESS:
         raise ApiError(
             400,
-            f"X-Switchyard-Progress must be one of {', '.join(PROGRESS_CHOICES)}.",
+            f"X-Switchyard-Progress must be one of {', '.join(STREAM_PROGRESS)}.",
             param="X-Switchyard-Progress",
             code="invalid_value",
         )

@@ -5,6 +5,8 @@ tests/scheduler/test_openapi.py checks every URL the app routes is in the schema
 
 from typing import Any
 
+from access.models import STREAM_PROGRESS
+
 from .. import reasons
 
 ERROR_CODES = {
@@ -248,7 +250,7 @@ PROGRESS_HEADER = {
     "description": "A streamed chat's wait: `reasoning` also shows it as `reasoning_content`"
     " chunks (chat apps show them as thinking), `comments` as SSE comments only. Unset:"
     " SWITCHYARD_STREAM_PROGRESS.",
-    "schema": {"type": "string", "enum": ["comments", "reasoning"]},
+    "schema": {"type": "string", "enum": list(STREAM_PROGRESS)},
 }
 REQUEST_ID = {
     "X-Request-Id": {

@@ -3,7 +3,7 @@ new key alone on its last line."""
 
 from django.core.management.base import BaseCommand, CommandError
 
-from access.models import ApiKey
+from access.models import STREAM_PROGRESS, ApiKey
 from scheduler.models import Priority
 
 CLASSES = [p.label for p in Priority]
@@ -33,7 +33,7 @@ class Command(BaseCommand):
         parser.add_argument("--operator", action="store_true", help="may use the operator API")
         parser.add_argument(
             "--stream-progress",
-            choices=["comments", "reasoning"],
+            choices=STREAM_PROGRESS,
             default="",
             help="how its streamed chats show their wait; default: SWITCHYARD_STREAM_PROGRESS",
         )
