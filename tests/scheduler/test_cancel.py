@@ -36,12 +36,14 @@ def gated(request, served, gated_upstream):
     return apart, gated_upstream
 
 
-def processing(live, body: dict | None = None, headers: dict | None = None) -> Request:
-    """Submit a job and wait until it is at the upstream's gate."""
-    job = {"kind": "chat", "body": body or {"model": "m1", **CHAT}}
-    answer = httpx.post(f"{live.url}/api/v1/requests", json=job, headers=headers, timeout=30)
+def processing(live, upstream) -> Request:
+    """Submit a job and wait until its call is at the upstream's gate (a request cancelled
+    while processing but before its call is made never reaches the server at all)."""
+    job = {"kind": "chat", "body": {"model": "m1", **CHAT}}
+    answer = httpx.post(f"{live.url}/api/v1/requests", json=job, timeout=30)
     assert answer.status_code == 202
     request = Request.objects.get(pk=answer.json()["id"])
+    assert upstream.arrived.wait(30)
     eventually(lambda: Request.objects.get(pk=request.pk).state == State.PROCESSING)
     return request
 
@@ -66,7 +68,7 @@ def assert_stopped_and_slot_free(live, upstream, request: Request, reason: str) 
 @pytest.mark.parametrize("gated", SHAPES, indirect=True)
 def test_delete_stops_a_processing_request_at_its_server(gated):
     live, upstream = gated
-    request = processing(live)
+    request = processing(live, upstream)
     answer = httpx.delete(f"{live.url}/api/v1/requests/{request.pk}", timeout=30)
     assert answer.status_code == 200 and answer.json()["state"] == State.CANCELLED
     assert_stopped_and_slot_free(live, upstream, request, "cancelled through the API")
@@ -108,7 +110,7 @@ def test_the_admin_action_stops_a_processing_request(gated):
     """The action runs in the web process, which tells the worker (in the same process on
     the embedded default; by NOTIFY on PostgreSQL)."""
     live, upstream = gated
-    request = processing(live)
+    request = processing(live, upstream)
     browser = admin_session(live)
     action = {"action": "cancel", "_selected_action": [str(request.pk)]}
     token = {"csrfmiddlewaretoken": browser.cookies["csrftoken"]}
