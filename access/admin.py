@@ -28,7 +28,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
     ]
     list_filter = ["revoked", "operator", "max_priority"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["shown_prefix", "created_at", "shown_webhook_secret", "usage_by_day"]
+    readonly_fields = [
+        "shown_prefix",
+        "created_at",
+        "shown_webhook_secret",
+        "used_today",
+        "usage_by_day",
+    ]
     actions = ["revoke", "restore", "rotate_webhook_secret"]
     fieldsets = [
         (None, {"fields": ["name", "shown_prefix", "created_at", "expires_at", "revoked"]}),
@@ -39,6 +45,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             "Limits",
             {"fields": ["default_priority", "rpm", "max_waiting", "max_processing", "weight"]},
         ),
+        ("Daily quotas (UTC)", {"fields": ["daily_processing_s", "daily_tokens", "used_today"]}),
         ("Usage (UTC days, the last 30)", {"fields": ["usage_by_day"]}),
     ]
 
@@ -53,6 +60,20 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if not key.webhook_secret:
             return "none: its callbacks are signed with SWITCHYARD_WEBHOOK_SECRET"
         return f"{masked(key.webhook_secret)} (shown once; the action Rotate makes a new one)"
+
+    @admin.display(description="used today")
+    def used_today(self, key: ApiKey) -> str:
+        if key.pk is None:
+            return "—"
+        used = usage.today(key.pk, timezone.now())
+        tokens = int(used["prompt_tokens"] + used["completion_tokens"])
+        seconds = f"{used['processing_s']:.0f} s of processing"
+        if key.daily_processing_s is not None:
+            seconds += f" of {key.daily_processing_s}"
+        words = f"{tokens} tokens" + (
+            f" of {key.daily_tokens}" if key.daily_tokens is not None else ""
+        )
+        return f"{seconds}; {words} (requests that ended; renews at 00:00 UTC)"
 
     @admin.display(description="usage")
     def usage_by_day(self, key: ApiKey) -> str:

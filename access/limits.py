@@ -13,6 +13,7 @@ from django.utils import timezone
 from scheduler.api.errors import ApiError
 from scheduler.models import WAITING_STATES, Priority, Request
 
+from . import usage
 from .models import ApiKey
 
 RATE_WINDOW_S = 60
@@ -50,13 +51,51 @@ def capped_priority(api_key: ApiKey | None, asked: int | None, default: int) -> 
 
 
 def admit(api_key: ApiKey | None) -> None:
-    """429 if the key sent `rpm` requests in the last minute or has `max_waiting` waiting.
-    Call inside the transaction that stores the request."""
-    if api_key is None or (api_key.rpm is None and api_key.max_waiting is None):
+    """429 if the key used its daily quota, sent `rpm` requests in the last minute or has
+    `max_waiting` waiting. Call inside the transaction that stores the request."""
+    paced = api_key is not None and (api_key.rpm is not None or api_key.max_waiting is not None)
+    if api_key is None or not (paced or api_key.has_daily_quota()):
         return
     # Serializes this key's arrivals (on PostgreSQL; SQLite's writers are serial anyway).
     list(ApiKey.objects.select_for_update().filter(pk=api_key.pk).values_list("pk"))
     now = timezone.now()
+    check_daily_quota(api_key, now)
+    if paced:
+        check_pace(api_key, now)
+
+
+def check_daily_quota(api_key: ApiKey, now) -> None:
+    """429 `insufficient_quota` once the requests that ended today (UTC) used the key's
+    daily processing seconds or tokens. It is checked at the door: a request let in is
+    served even if the ones before it use the quota up meanwhile (its use counts when it
+    ends)."""
+    if not api_key.has_daily_quota():
+        return
+    used = usage.today(api_key.pk, now)
+    tokens = int(used["prompt_tokens"] + used["completion_tokens"])
+    most_s, most_tokens = api_key.daily_processing_s, api_key.daily_tokens
+    if most_s is not None and used["processing_s"] >= most_s:
+        spent = f"{used['processing_s']:.0f} s of processing, its quota of {most_s} s a day"
+    elif most_tokens is not None and tokens >= most_tokens:
+        spent = f"{tokens} tokens, its quota of {most_tokens} a day"
+    else:
+        return
+    _, renews = usage.midnights(now)
+    retry = max(1, math.ceil((renews - now).total_seconds()))
+    hours, minutes = divmod(math.ceil(retry / 60), 60)
+    raise ApiError(
+        429,
+        f"This API key has used {spent} (UTC days). It renews at 00:00 UTC, in {hours} h"
+        f" {minutes} min.",
+        type="insufficient_quota",
+        code="insufficient_quota",
+        retry_after_s=retry,
+        should_retry=False,
+    )
+
+
+def check_pace(api_key: ApiKey, now) -> None:
+    """429 if the key sent `rpm` requests in the last minute or has `max_waiting` waiting."""
     window_start = now - timedelta(seconds=RATE_WINDOW_S)
     mine = Request.objects.filter(api_key=api_key.pk)
     counts = mine.filter(Q(created_at__gte=window_start) | Q(state__in=WAITING_STATES)).aggregate(

@@ -80,6 +80,18 @@ class ApiKey(models.Model):
         blank=True,
         help_text="Most requests processing at once; more wait their turn. Empty: no limit.",
     )
+    daily_processing_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Processing seconds (GPU time) its requests may use a day (UTC); beyond,"
+        " new requests are refused until midnight UTC. Empty: no limit.",
+    )
+    daily_tokens = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Prompt and completion tokens its requests may use a day (UTC); beyond, new"
+        " requests are refused until midnight UTC. Empty: no limit.",
+    )
     weight = models.PositiveIntegerField(
         default=1,
         validators=[MinValueValidator(1)],
@@ -129,6 +141,9 @@ class ApiKey(models.Model):
         return not self.revoked and (
             self.expires_at is None or self.expires_at > (now or timezone.now())
         )
+
+    def has_daily_quota(self) -> bool:
+        return self.daily_processing_s is not None or self.daily_tokens is not None
 
     def allows_model(self, name: str) -> bool:
         return not self.allowed_models or name in self.allowed_models

@@ -7,7 +7,7 @@ the transaction that purges it (retention), so a day's figures outlive its reque
 
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 
 from django.db.models import BigIntegerField, Count, DurationField, ExpressionWrapper, F, Sum
 from django.db.models.fields.json import KT
@@ -69,6 +69,19 @@ def usage(api_key_id: int | None = None, since: datetime | None = None) -> Usage
         for name in FIELDS:
             total[at][name] += figures[name]
     return dict(total)
+
+
+def midnights(now: datetime) -> tuple[datetime, datetime]:
+    """The UTC midnights that begin and end `now`'s day (an aware UTC time)."""
+    start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return start, start + timedelta(days=1)
+
+
+def today(api_key_id: int, now: datetime) -> dict[str, float]:
+    """What one key's requests that ended today (UTC) used."""
+    start, _ = midnights(now)
+    found = usage(api_key_id, since=start)
+    return found.get((api_key_id, start.date()), dict.fromkeys(FIELDS, 0))
 
 
 def fold(request_ids: Iterable) -> None:

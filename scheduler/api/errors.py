@@ -30,6 +30,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: int | None = None,
+        should_retry: bool = True,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -38,6 +39,9 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.retry_after_s = retry_after_s
+        # False: the OpenAI clients' `x-should-retry` header tells them not to retry at once
+        # (an answer that holds for hours).
+        self.should_retry = should_retry
 
     def body(self) -> dict:
         return {
@@ -50,7 +54,10 @@ class ApiError(Exception):
         }
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}
+        found = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}
+        if not self.should_retry:
+            found["x-should-retry"] = "false"
+        return found
 
     def as_json_response(self) -> JsonResponse:
         return JsonResponse(self.body(), status=self.status, headers=self.headers())

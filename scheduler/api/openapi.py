@@ -18,7 +18,7 @@ ERROR_CODES = {
     409: "The state forbids it (already loaded, busy, not cancellable...)",
     413: "Body over DATA_UPLOAD_MAX_MEMORY_SIZE",
     415: "Not JSON",
-    429: "Queue full (see `Retry-After`)",
+    429: "Queue full, the key's pace or its daily quota (see `Retry-After`)",
     500: "A fault in Switchyard; its log tells why",
     502: "The inference server failed the request",
     503: "Expired, lost, or no server can serve it now (see `Retry-After`)",

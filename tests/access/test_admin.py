@@ -66,7 +66,7 @@ def test_revoke_and_restore_actions(admin_client, make_key):
 
 
 def test_a_keys_page_shows_its_usage_by_day(admin_client, make_key):
-    api_key, _ = make_key("team-a")
+    api_key, _ = make_key("team-a", daily_tokens=1000)
     now = timezone.now()
     for tokens in (10, 5):
         r = factories.request("m", api_key=api_key)
@@ -79,6 +79,7 @@ def test_a_keys_page_shows_its_usage_by_day(admin_client, make_key):
     page = admin_client.get(reverse("admin:access_apikey_change", args=[api_key.pk]))
     text = page.content.decode()
     assert "<td>2</td><td>15</td><td>6</td><td>4.0</td>" in text
+    assert "4 s of processing; 21 tokens of 1000 (requests that ended" in text
 
 
 def test_a_servers_api_key_is_never_shown_back(admin_client, caplog):

@@ -130,6 +130,22 @@ def test_a_key_over_its_rate_is_429_with_retry_after(live, make_key):
     assert Request.objects.count() == 2
 
 
+def test_a_key_over_its_daily_tokens_is_told_by_the_openai_client(live, make_key):
+    """The upstream's answer uses 4 tokens: the first request is served, the next refused
+    with nothing stored, and the OpenAI client is told not to retry at once."""
+    _, secret = make_key("alice", daily_tokens=4)
+    c = client(live, secret)
+    c.chat.completions.create(model="qwen", messages=HI)
+    with pytest.raises(openai.RateLimitError) as err:
+        c.chat.completions.create(model="qwen", messages=HI)
+    assert err.value.body["code"] == "insufficient_quota"
+    assert "4 tokens, its quota of 4 a day" in err.value.body["message"]
+    headers = err.value.response.headers
+    assert headers["x-should-retry"] == "false"
+    assert 1 <= int(headers["Retry-After"]) <= 86_400
+    assert Request.objects.count() == 1
+
+
 def test_a_key_with_too_many_waiting_is_429(live, make_key, gated_upstream):
     # One slot, held by the gate: the first request processes, the second waits.
     srv = factories.server("gated", kind="openai", base_url=gated_upstream.url, slots=1)

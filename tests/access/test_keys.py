@@ -95,6 +95,8 @@ def test_create_api_key_prints_the_key_alone_on_its_last_line(db, capsys):
         "--max-waiting=10",
         "--max-processing=2",
         "--weight=3",
+        "--daily-seconds=3600",
+        "--daily-tokens=100000",
     )
     *said, secret = capsys.readouterr().out.strip().splitlines()
     api_key = auth.caller(f"Bearer {secret}")
@@ -108,6 +110,7 @@ def test_create_api_key_prints_the_key_alone_on_its_last_line(db, capsys):
         2,
         3,
     )
+    assert (api_key.daily_processing_s, api_key.daily_tokens) == (3600, 100_000)
     assert not api_key.operator
 
 

@@ -29,6 +29,10 @@ class Command(BaseCommand):
         parser.add_argument("--rpm", type=int, help="requests per minute")
         parser.add_argument("--max-waiting", type=int, help="most requests waiting at once")
         parser.add_argument("--max-processing", type=int, help="most processing at once")
+        parser.add_argument(
+            "--daily-seconds", type=positive, help="processing seconds it may use a day (UTC)"
+        )
+        parser.add_argument("--daily-tokens", type=positive, help="tokens it may use a day (UTC)")
         parser.add_argument("--weight", type=positive, default=1, help="fair-share weight")
         parser.add_argument("--operator", action="store_true", help="may use the operator API")
         parser.add_argument(
@@ -52,6 +56,8 @@ class Command(BaseCommand):
             max_waiting=options["max_waiting"],
             max_processing=options["max_processing"],
             weight=options["weight"],
+            daily_processing_s=options["daily_seconds"],
+            daily_tokens=options["daily_tokens"],
             operator=options["operator"],
             stream_progress=options["stream_progress"],
         )

@@ -1,0 +1,59 @@
+"""Daily quotas of an API key, in GPU terms: processing seconds and tokens a UTC day,
+checked at the door from what its ended requests used."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from access import limits
+from scheduler.api.errors import ApiError
+from scheduler.models import Request
+from tests import factories
+
+from .test_usage import finished
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
+
+
+def refusal(api_key, now: datetime | None = None) -> ApiError | None:
+    try:
+        limits.check_daily_quota(api_key, now or timezone.now())
+    except ApiError as error:
+        return error
+    return None
+
+
+def test_a_key_under_its_daily_seconds_is_let_in_and_one_that_used_them_is_not(make_key):
+    api_key, _ = make_key("batch", daily_processing_s=60)
+    finished(api_key, timedelta(0), 10, 2, 59.0)
+    assert refusal(api_key) is None
+    finished(api_key, timedelta(0), 10, 2, 1.5)
+    error = refusal(api_key)
+    assert (error.status, error.code, error.type) == (
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+    )
+    assert "60 s of processing, its quota of 60 s a day" in error.message
+    assert error.headers()["x-should-retry"] == "false"
+
+
+def test_the_quota_renews_at_midnight_utc(make_key):
+    """What ended yesterday does not count today; Retry-After is the time to midnight."""
+    api_key, _ = make_key("batch", daily_tokens=100)
+    now = datetime(2026, 11, 29, 23, 0, tzinfo=UTC)
+    r = finished(api_key, timedelta(0), 90, 20, 1.0)
+    Request.objects.filter(pk=r.pk).update(finished_at=now - timedelta(minutes=5))
+    error = refusal(api_key, now)
+    assert error.retry_after_s == 3600 and "renews at 00:00 UTC, in 1 h 0 min" in error.message
+    assert "110 tokens, its quota of 100 a day" in error.message
+    assert refusal(api_key, now + timedelta(hours=1, seconds=1)) is None
+
+
+def test_other_keys_use_does_not_count(make_key):
+    mine, _ = make_key("mine", daily_tokens=10)
+    other, _ = make_key("other")
+    finished(other, timedelta(0), 500, 500, 100.0)
+    factories.request("m", api_key=mine)  # waiting: counts only once it ends
+    assert refusal(mine) is None
