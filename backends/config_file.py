@@ -37,6 +37,7 @@ DEPLOYMENT_FIELDS = {
     "load_options",
     "pinned",
     "preload",
+    "keep_loaded_hours",
     "idle_ttl_s",
 }
 

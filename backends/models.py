@@ -8,6 +8,15 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from . import keep_loaded
+
+
+def validate_keep_loaded_hours(text: str) -> None:
+    try:
+        keep_loaded.parse(text)
+    except ValueError as error:
+        raise ValidationError(str(error)) from error
+
 
 def validate_base_url(url: str) -> None:
     """http(s), a host and a valid port. Unlike Django's URLValidator this accepts bare host
@@ -162,6 +171,14 @@ class Deployment(models.Model):
     )
     pinned = models.BooleanField(default=False, help_text="Never evicted.")
     preload = models.BooleanField(default=False, help_text="Loaded when the worker starts.")
+    keep_loaded_hours = models.CharField(
+        max_length=200,
+        blank=True,
+        validators=[validate_keep_loaded_hours],
+        help_text="When to keep it loaded, in SWITCHYARD_TIME_ZONE: mon-fri 08:00-18:00,"
+        " sat 10:00-14:00. Then an idle server loads it (evicting idle models nobody waits"
+        " for) and its idle TTL waits. Empty: never.",
+    )
     idle_ttl_s = models.PositiveIntegerField(
         null=True, blank=True, help_text="Unload after this long unused."
     )

@@ -5,6 +5,7 @@ import re
 import secrets
 import tempfile
 import warnings
+import zoneinfo
 from pathlib import Path
 
 import environ
@@ -225,6 +226,8 @@ SWITCHYARD = {
     "NO_SERVER_GRACE_S": env.float("SWITCHYARD_NO_SERVER_GRACE_S", default=15.0),
     "RESCUE_S": env.float("SWITCHYARD_RESCUE_S", default=30.0),
     "RESTORE_WINDOW_S": env.float("SWITCHYARD_RESTORE_WINDOW_S", default=3600.0),
+    # The team's time zone, in which deployments' keep-loaded hours are read.
+    "TIME_ZONE": env.str("SWITCHYARD_TIME_ZONE", default="UTC"),
     "URGENT_LOAD_S": env.float("SWITCHYARD_URGENT_LOAD_S", default=20.0),
     "RETRY_BASE_S": env.float("SWITCHYARD_RETRY_BASE_S", default=2.0),
     "RETRY_MAX_S": env.float("SWITCHYARD_RETRY_MAX_S", default=15.0),
@@ -248,6 +251,13 @@ SWITCHYARD = {
     "FAST_PATHS": env.bool("SWITCHYARD_FAST_PATHS", default=True),
 }
 # How a streamed chat shows its wait (docs/api.md): checked here, not on every request.
+try:
+    zoneinfo.ZoneInfo(SWITCHYARD["TIME_ZONE"])
+except (zoneinfo.ZoneInfoNotFoundError, ValueError) as error:
+    raise ImproperlyConfigured(
+        f"SWITCHYARD_TIME_ZONE must be a time zone such as Europe/Paris, not"
+        f" {SWITCHYARD['TIME_ZONE']!r}"
+    ) from error
 if SWITCHYARD["STREAM_PROGRESS"] not in ("comments", "reasoning"):
     raise ImproperlyConfigured(
         "SWITCHYARD_STREAM_PROGRESS must be comments or reasoning, not "

@@ -1,9 +1,11 @@
 """Step 4 of a pass, housekeeping: unload models idle past their TTL, preload marked
-deployments, and load back on an idle server the model interactive work used lately
-(`policy.py` lists the steps). Pure.
+deployments and those within their keep-loaded hours, and load back on an idle server the
+model interactive work used lately (`policy.py` lists the steps). Pure.
 """
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+
+from backends import keep_loaded
 
 from . import holding
 from .decisions import Unload
@@ -20,9 +22,16 @@ class Housekeeping:
         for d in list(self.deployments.values()):
             if not self.usable(d.server_id):
                 continue
-            if d.state == "loaded" and d.idle_ttl_s is not None and not d.pinned:
+            kept, change = self.keep_loaded_now(d)
+            self.wake_at(change, f"keep-loaded hours of {d.model}")
+            if d.state == "loaded" and d.idle_ttl_s is not None and not d.pinned and not kept:
                 self.unload_if_idle(d, wanted)
-            elif d.preload and d.state == "unloaded" and not self.load_under_way(d.server_id):
+            elif d.state != "unloaded" or self.load_under_way(d.server_id):
+                continue
+            elif kept and not self.routed[d.server_id]:
+                why = f"keep-loaded hours {d.keep_loaded_hours}"
+                self.preload(d, self.may_evict_to_keep_loaded, why)
+            elif d.preload:
                 self.preload(d)
         if self.config.restore_window_s > 0:
             # Only servers holding a model we evicted may restore one: most passes, none.
@@ -30,17 +39,38 @@ class Housekeeping:
             for server_id in sorted(out):
                 self.restore(server_id, wanted)
 
-    def preload(self, d: DeploymentView) -> None:
-        """Load a preload deployment when its server is up and has room without evicting."""
+    def preload(self, d: DeploymentView, may_evict=lambda _: False, why: str = "preload") -> None:
+        """Load a preload deployment when its server is up and has room (without evicting,
+        unless `may_evict` says so)."""
         if self.servers[d.server_id].health != "up":
             return
         if d.next_load_at and d.next_load_at > self.now:
             self.wake_at(d.next_load_at, f"retry preloading {d.model}")
             return
         resident = self.on_server(d.server_id)
-        outcome = evictions_for(d, self.servers[d.server_id], resident, self.now, lambda _: False)
-        if outcome == ():
-            self.start_load(d, (), "preload", cause="preload")
+        server = self.servers[d.server_id]
+        outcome = evictions_for(
+            d, server, resident, self.now, may_evict, self.config.default_load_s
+        )
+        if isinstance(outcome, tuple):
+            self.start_load(d, outcome, why, cause="preload")
+
+    def keep_loaded_now(self, d: DeploymentView) -> tuple[bool, datetime | None]:
+        """Whether `d` is within its keep-loaded hours, and when that changes. Hours that do
+        not parse (the admin and the config file refuse them) keep nothing loaded."""
+        if not d.keep_loaded_hours:
+            return False, None
+        try:
+            return keep_loaded.where(d.keep_loaded_hours, self.now, self.config.time_zone)
+        except ValueError:
+            return False, None
+
+    def may_evict_to_keep_loaded(self, victim: DeploymentView) -> bool:
+        """A load for keep-loaded hours evicts what a restore may (idle, nobody waiting,
+        past its residency), but no model preloaded or within its own hours."""
+        if victim.preload or self.keep_loaded_now(victim)[0]:
+            return False
+        return self.may_evict_to_restore(victim)
 
     def unload_if_idle(self, d: DeploymentView, wanted: set[str]) -> None:
         """Unload `d` once idle past its TTL, unless something waits for it or its model."""

@@ -30,6 +30,8 @@ class PolicyConfig:
     this long (`housekeeping.restore`); 0 turns restores off."""
     rescue_s: float = 30.0
     """A request this close to its expiry goes first (earliest expiry first)."""
+    time_zone: str = "UTC"
+    """The zone deployments' keep-loaded hours are read in."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class DeploymentView:
     device: str = "gpu"
     pinned: bool = False
     preload: bool = False
+    keep_loaded_hours: str = ""
+    """When to keep it loaded (`backends.keep_loaded`), in `PolicyConfig.time_zone`."""
     idle_ttl_s: float | None = None
     loaded_at: datetime | None = None
     last_used_at: datetime | None = None

@@ -40,6 +40,9 @@ class DeploymentOut(serializers.Serializer):
         " load), over the deployment's own load options."
     )
     pinned = serializers.BooleanField()
+    keep_loaded_hours = serializers.CharField(
+        help_text="When it is kept loaded, in SWITCHYARD_TIME_ZONE (empty: never)."
+    )
     last_error = serializers.CharField()
 
 
@@ -148,6 +151,7 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "in_flight": d.in_flight,
                 "load_overrides": d.load_overrides,
                 "pinned": d.pinned,
+                "keep_loaded_hours": d.keep_loaded_hours,
                 "last_error": d.last_error,
             }
         )

@@ -23,4 +23,5 @@ def policy_config() -> PolicyConfig:
         rescue_s=knob("RESCUE_S"),
         restore_window_s=knob("RESTORE_WINDOW_S"),
         urgent_load_s=knob("URGENT_LOAD_S"),
+        time_zone=knob("TIME_ZONE"),
     )

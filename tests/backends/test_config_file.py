@@ -32,6 +32,7 @@ servers:
         server_model_id: qwen/qwen3-8b
         size_mb: 5000
         pinned: true
+        keep_loaded_hours: mon-fri 08:00-18:00
       - model: nomic-embed
         device: cpu
 """
@@ -60,6 +61,7 @@ model = "qwen3-8b"
 server_model_id = "qwen/qwen3-8b"
 size_mb = 5000
 pinned = true
+keep_loaded_hours = "mon-fri 08:00-18:00"
 
 [[servers.deployments]]
 model = "nomic-embed"
@@ -115,6 +117,7 @@ def test_creates_everything_then_changes_nothing(tmp_path, text, suffix):
     assert Model.objects.get(name="nomic-embed").type == "embedding"
     pinned = Deployment.objects.get(model=qwen)
     assert (pinned.server_model_id, pinned.size_mb, pinned.pinned) == ("qwen/qwen3-8b", 5000, True)
+    assert pinned.keep_loaded_hours == "mon-fri 08:00-18:00"
     embed = Deployment.objects.get(model__name="nomic-embed")
     assert (embed.server_model_id, embed.device) == ("nomic-embed", "cpu")
 
@@ -250,6 +253,11 @@ YAML_ERRORS = {
         "models:\n  - name: a\nservers:\n  - name: s\n    deployments:\n"
         "      - model: a\n        device: tpu\n",
         ["servers[0].deployments[0].device (line 7)", "not a valid choice"],
+    ),
+    "bad keep-loaded hours": (
+        "models:\n  - name: a\nservers:\n  - name: s\n    deployments:\n"
+        "      - model: a\n        keep_loaded_hours: weekdays 9-5\n",
+        ["servers[0].deployments[0].keep_loaded_hours (line 7)", "HH:MM-HH:MM"],
     ),
 }
 

@@ -186,7 +186,14 @@ def test_views_hold_what_the_rows_hold_as_the_policy_compares_it() -> None:
     now = timezone.now()
     server = factories.server("s1", slots=3, max_embedding=2, cooldown_until=now)
     deployment = factories.deployment(
-        server, "m1", state="loaded", loaded_at=now, pinned=True, in_flight=1, idle_ttl_s=60
+        server,
+        "m1",
+        state="loaded",
+        loaded_at=now,
+        pinned=True,
+        in_flight=1,
+        idle_ttl_s=60,
+        keep_loaded_hours="mon-fri 08:00-18:00",
     )
     request = factories.request("m1", priority=Priority.INTERACTIVE, deployment=deployment)
 
@@ -211,6 +218,7 @@ def test_views_hold_what_the_rows_hold_as_the_policy_compares_it() -> None:
         60,
         now,
     )
+    assert d.keep_loaded_hours == "mon-fri 08:00-18:00"
     [r] = snapshot.requests
     assert (r.id, r.model, r.priority, r.state, r.deployment_id) == (
         request.pk,
