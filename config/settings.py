@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "scheduler",
     "dashboard",
     "access",
+    "batches",
 ]
 
 MIDDLEWARE = [
@@ -226,6 +227,9 @@ SWITCHYARD = {
     "NO_SERVER_GRACE_S": env.float("SWITCHYARD_NO_SERVER_GRACE_S", default=15.0),
     "RESCUE_S": env.float("SWITCHYARD_RESCUE_S", default=30.0),
     "RESTORE_WINDOW_S": env.float("SWITCHYARD_RESTORE_WINDOW_S", default=3600.0),
+    # Batches (OpenAI's Batch API): requests a batch may hold, and an uploaded file's size.
+    "BATCH_MAX_REQUESTS": env.int("SWITCHYARD_BATCH_MAX_REQUESTS", default=10_000),
+    "MAX_FILE_MB": env.int("SWITCHYARD_MAX_FILE_MB", default=100),
     # The team's time zone, in which deployments' keep-loaded hours are read.
     "TIME_ZONE": env.str("SWITCHYARD_TIME_ZONE", default="UTC"),
     "URGENT_LOAD_S": env.float("SWITCHYARD_URGENT_LOAD_S", default=20.0),

@@ -11,6 +11,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("", include("scheduler.api.urls")),
+    path("", include("batches.urls")),
     path("api/schema/", schema_view(SpectacularAPIView.as_view()), name="schema"),
     path(
         "api/docs/",

@@ -1,0 +1,110 @@
+"""A batch in the database: stored whole with its requests or not at all, and ended into
+an output file and an error file once its last request has ended."""
+
+import json
+
+import pytest
+from django.utils import timezone
+
+from batches import lines, store
+from batches.models import Batch, File
+from scheduler.api.errors import ApiError
+from scheduler.api.queue_bound import QueueBound
+from scheduler.models import Request, State
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def text_of(*custom_ids: str) -> str:
+    return "".join(
+        json.dumps(
+            {
+                "custom_id": cid,
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m1", "messages": [{"role": "user", "content": cid}]},
+            }
+        )
+        + "\n"
+        for cid in custom_ids
+    )
+
+
+def new_batch(*custom_ids: str) -> Batch:
+    factories.model("m1")
+    text = text_of(*custom_ids)
+    source = File.objects.create(purpose="batch", filename="in.jsonl", content=text)
+    found = lines.parse(text, "chat", "/v1/chat/completions", None, most=100)
+    return store.create(None, "chat", "/v1/chat/completions", source, found, None)
+
+
+def end_as(batch: Batch, custom_id: str, state: str, **fields) -> None:
+    Request.objects.filter(batch_item__batch=batch, batch_item__custom_id=custom_id).update(
+        state=state, finished_at=timezone.now(), **fields
+    )
+
+
+def content(file_id: str) -> list[dict]:
+    return [json.loads(line) for line in File.objects.get(pk=file_id).content.splitlines()]
+
+
+def test_its_requests_wait_a_day_even_while_no_server_can_serve_them():
+    new_batch("a", "b")
+    for r in Request.objects.all():
+        assert (r.expires_at - r.created_at).total_seconds() == 86_400
+        assert r.no_server_grace_s == 86_400 and r.priority == 3 and not r.stream
+
+
+def test_it_stays_in_progress_until_its_last_request_ends():
+    batch = new_batch("a", "b")
+    end_as(batch, "a", State.COMPLETED, result={"id": "x"})
+    assert store.refreshed(batch).status == Batch.Status.IN_PROGRESS
+    assert store.counts(batch) == {"total": 2, "completed": 1, "failed": 0}
+
+
+def test_answers_and_errors_go_to_two_files_in_line_order():
+    batch = new_batch("ok", "bad", "late")
+    end_as(batch, "ok", State.COMPLETED, result={"choices": []})
+    end_as(batch, "bad", State.FAILED, error="no such model", error_code="not_found")
+    end_as(batch, "late", State.EXPIRED, error="waited 24 h")
+    ended = store.refreshed(Batch.objects.get(pk=batch.pk))
+    assert ended.status == Batch.Status.EXPIRED  # not every request could run in its day
+    [answer] = content(ended.output_file_id)
+    assert answer["custom_id"] == "ok" and answer["response"]["body"] == {"choices": []}
+    bad, late = content(ended.error_file_id)
+    assert bad["response"]["status_code"] == 404
+    assert bad["response"]["body"]["error"]["code"] == "not_found"
+    assert late["response"] is None and late["error"]["code"] == "batch_expired"
+    assert store.counts(ended) == {"total": 3, "completed": 1, "failed": 2}
+    # Read again: ended once, its files written once.
+    assert store.refreshed(ended).output_file_id == ended.output_file_id
+    assert File.objects.filter(purpose="batch_output").count() == 2
+
+
+def test_a_cancelled_batch_cancels_what_waits_and_keeps_what_was_answered():
+    batch = new_batch("done", "waiting")
+    end_as(batch, "done", State.COMPLETED, result={"choices": []})
+    store.cancel(batch, "cancelled with its batch")
+    ended = store.refreshed(Batch.objects.get(pk=batch.pk))
+    assert ended.status == Batch.Status.CANCELLED and ended.cancelling_at is not None
+    assert [a["custom_id"] for a in content(ended.output_file_id)] == ["done"]
+    [cancelled] = content(ended.error_file_id)
+    assert cancelled["error"]["code"] == "batch_cancelled"
+
+
+def test_a_batch_over_the_queue_bound_stores_nothing(knobs, monkeypatch):
+    knobs(MAX_QUEUE_BACKGROUND=2)
+    monkeypatch.setattr(store, "queue_bound", QueueBound())
+    with pytest.raises(ApiError) as refused:
+        new_batch("a", "b", "c")
+    assert refused.value.code == "queue_full"
+    assert not Batch.objects.exists() and not Request.objects.exists()
+    new_batch("a", "b")
+
+
+def test_a_batch_holds_at_most_its_setting_of_requests():
+    factories.model("m1")
+    with pytest.raises(ApiError) as refused:
+        lines.parse(text_of("a", "b", "c"), "chat", "/v1/chat/completions", None, most=2)
+    assert "at most 2 requests" in refused.value.message
