@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.parsers import MultiPartParser
@@ -19,6 +20,7 @@ from scheduler.api.openai_asgi import KINDS
 
 from . import lines, store
 from .models import Batch, File
+from .schema import LIST_PARAMETERS, BatchListOut, BatchOut, DeletedOut, FileListOut, FileOut
 
 
 def unix(moment) -> int | None:
@@ -111,6 +113,12 @@ class UploadSerializer(serializers.Serializer):
 class FileList(APIView):
     parser_classes = [MultiPartParser]
 
+    @extend_schema(
+        operation_id="files_list",
+        tags=["batches"],
+        parameters=[*LIST_PARAMETERS, OpenApiParameter("purpose", str)],
+        responses={200: FileListOut},
+    )
     def get(self, http):
         api_key = auth.caller(http.headers.get("Authorization"))
         rows = own(File.objects.all(), api_key)
@@ -118,6 +126,12 @@ class FileList(APIView):
             rows = rows.filter(purpose=purpose)
         return Response(page(rows, http.query_params, file_object))
 
+    @extend_schema(
+        operation_id="files_create",
+        tags=["batches"],
+        request={"multipart/form-data": UploadSerializer},
+        responses={200: FileOut},
+    )
     def post(self, http):
         api_key = auth.caller(http.headers.get("Authorization"))
         upload = UploadSerializer(data=http.data)
@@ -147,6 +161,10 @@ class FileList(APIView):
         return Response(file_object(made))
 
 
+@extend_schema(methods=["GET"], operation_id="files_retrieve", tags=["batches"], responses=FileOut)
+@extend_schema(
+    methods=["DELETE"], operation_id="files_delete", tags=["batches"], responses=DeletedOut
+)
 @api_view(["GET", "DELETE"])
 def file_detail(http, file_id: str):
     api_key = auth.caller(http.headers.get("Authorization"))
@@ -174,11 +192,23 @@ class CreateSerializer(serializers.Serializer):
 
 
 class BatchList(APIView):
+    @extend_schema(
+        operation_id="batches_list",
+        tags=["batches"],
+        parameters=LIST_PARAMETERS,
+        responses={200: BatchListOut},
+    )
     def get(self, http):
         api_key = auth.caller(http.headers.get("Authorization"))
         rows = own(Batch.objects.all(), api_key)
         return Response(page(rows, http.query_params, lambda b: batch_object(store.refreshed(b))))
 
+    @extend_schema(
+        operation_id="batches_create",
+        tags=["batches"],
+        request=CreateSerializer,
+        responses={200: BatchOut},
+    )
     def post(self, http):
         api_key = auth.caller(http.headers.get("Authorization"))
         asked = CreateSerializer(data=http.data)
@@ -196,6 +226,7 @@ class BatchList(APIView):
         return Response(batch_object(made))
 
 
+@extend_schema(operation_id="batches_retrieve", tags=["batches"], responses=BatchOut)
 @api_view(["GET"])
 def batch_detail(http, batch_id: str):
     api_key = auth.caller(http.headers.get("Authorization"))
@@ -203,6 +234,7 @@ def batch_detail(http, batch_id: str):
     return Response(batch_object(store.refreshed(found)))
 
 
+@extend_schema(operation_id="batches_cancel", tags=["batches"], request=None, responses=BatchOut)
 @api_view(["POST"])
 def batch_cancel(http, batch_id: str):
     """Cancels what still waits or runs (a request at its server stops there); the batch is

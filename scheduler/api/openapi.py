@@ -313,6 +313,28 @@ def paths() -> dict[str, Any]:
                 "responses": {"200": json_body(ref("Model")), **errors(404, 405)},
             }
         },
+        "/v1/files/{file_id}/content": {
+            "get": {
+                "operationId": "files_content",
+                "summary": "A file's content (a batch's input, answers or errors: JSONL)",
+                "tags": ["batches"],
+                "parameters": [
+                    {
+                        "name": "file_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The file as uploaded or written",
+                        "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+                    },
+                    **errors(404, 405),
+                },
+            }
+        },
         "/api/v1/requests/{request_id}": {
             "get": {
                 "operationId": "request_retrieve",

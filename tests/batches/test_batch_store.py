@@ -4,6 +4,7 @@ an output file and an error file once its last request has ended."""
 import json
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from batches import lines, store
@@ -108,3 +109,16 @@ def test_a_batch_holds_at_most_its_setting_of_requests():
     with pytest.raises(ApiError) as refused:
         lines.parse(text_of("a", "b", "c"), "chat", "/v1/chat/completions", None, most=2)
     assert "at most 2 requests" in refused.value.message
+
+
+def test_the_admin_lists_batches_with_their_progress_and_cancels_them(admin_client):
+    batch = new_batch("a", "b")
+    end_as(batch, "a", State.COMPLETED, result={"choices": []})
+    page = admin_client.get(reverse("admin:batches_batch_changelist")).content.decode()
+    assert batch.id in page and "1 / 0 of 2" in page and "In Progress" in page
+    action = {"action": "cancel", "_selected_action": [batch.id]}
+    answer = admin_client.post(reverse("admin:batches_batch_changelist"), action, follow=True)
+    assert "Cancelled 1 batch(es)." in answer.content.decode()
+    assert store.refreshed(Batch.objects.get(pk=batch.pk)).status == Batch.Status.CANCELLED
+    reasons = Request.objects.get(state=State.CANCELLED).traces.values_list("reason", flat=True)
+    assert any(f"cancelled with its batch {batch.id} in admin by" in r for r in reasons)
