@@ -3,7 +3,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from . import store
-from .models import Batch, BatchItem, File
+from .models import Batch, File
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -16,37 +16,32 @@ class ReadOnly(admin.ModelAdmin):
         return False
 
 
-class BatchItemInline(admin.TabularInline):
-    model = BatchItem
-    fields = ["line", "custom_id", "request", "state"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    @admin.display(description="state")
-    def state(self, item: BatchItem) -> str:
-        return item.request.state if item.request else "purged"
-
-
 @admin.register(Batch)
 class BatchAdmin(ReadOnly):
     list_display = [
         "id",
         "api_key",
         "endpoint",
-        "shown_status",
+        "status",
         "progress",
         "created_at",
         "ended_at",
     ]
     list_filter = ["status", "endpoint", "api_key"]
     search_fields = ["id", "input_file_id", "output_file_id"]
-    inlines = [BatchItemInline]
+    readonly_fields = ["progress"]
     actions = ["cancel"]
 
-    @admin.display(description="status", ordering="status")
-    def shown_status(self, batch: Batch) -> str:
-        return store.refreshed(batch).get_status_display()
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Batch]:
+        return store.with_counts(super().get_queryset(request))
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        store.end_finished(Batch.objects.all())  # as the API would on reading them
+        return super().changelist_view(request, extra_context)
+
+    def change_view(self, request: HttpRequest, object_id, form_url="", extra_context=None):
+        store.end_finished(Batch.objects.filter(pk=object_id))
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="completed / failed of total")
     def progress(self, batch: Batch) -> str:

@@ -201,7 +201,8 @@ class BatchList(APIView):
     def get(self, http):
         api_key = auth.caller(http.headers.get("Authorization"))
         rows = own(Batch.objects.all(), api_key)
-        return Response(page(rows, http.query_params, lambda b: batch_object(store.refreshed(b))))
+        store.end_finished(rows)
+        return Response(page(store.with_counts(rows), http.query_params, batch_object))
 
     @extend_schema(
         operation_id="batches_create",
@@ -223,15 +224,21 @@ class BatchList(APIView):
         most = settings.SWITCHYARD["BATCH_MAX_REQUESTS"]
         found = lines.parse(source.content, kind, endpoint, api_key, most)
         made = store.create(api_key, kind, endpoint, source, found, data.get("metadata"))
-        return Response(batch_object(made))
+        return Response(batch_object(read(made.pk, api_key)))
 
 
 @extend_schema(operation_id="batches_retrieve", tags=["batches"], responses=BatchOut)
 @api_view(["GET"])
 def batch_detail(http, batch_id: str):
     api_key = auth.caller(http.headers.get("Authorization"))
-    found = one(Batch.objects.all(), batch_id, api_key, "batch")
-    return Response(batch_object(store.refreshed(found)))
+    return Response(batch_object(read(batch_id, api_key)))
+
+
+def read(batch_id: str, api_key: ApiKey | None) -> Batch:
+    """The caller's batch, ended first if its last request has, with its counts."""
+    rows = own(Batch.objects.filter(pk=batch_id), api_key)
+    store.end_finished(rows)
+    return one(store.with_counts(rows), batch_id, api_key, "batch")
 
 
 @extend_schema(operation_id="batches_cancel", tags=["batches"], request=None, responses=BatchOut)
@@ -241,7 +248,7 @@ def batch_cancel(http, batch_id: str):
     `cancelling` until its last request has ended, then `cancelled`, with the answers it
     had."""
     api_key = auth.caller(http.headers.get("Authorization"))
-    found = store.refreshed(one(Batch.objects.all(), batch_id, api_key, "batch"))
+    found = read(batch_id, api_key)
     if found.status == Batch.Status.IN_PROGRESS:
         store.cancel(found, f"cancelled with its batch {found.id}")
-    return Response(batch_object(store.refreshed(Batch.objects.get(pk=found.pk))))
+    return Response(batch_object(read(batch_id, api_key)))

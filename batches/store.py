@@ -5,7 +5,7 @@ import json
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from access import limits
@@ -83,32 +83,38 @@ def cancel(batch: Batch, reason: str) -> None:
         cancel_request(request_id, reason)
 
 
-def counts(batch: Batch) -> dict[str, int]:
-    """OpenAI's `request_counts`: total, completed, failed (failed, expired or cancelled)."""
-    states = dict(
-        Request.objects.filter(batch_item__batch=batch)
-        .values_list("state")
-        .annotate(n=Count("pk"))
-        .order_by()
+OPEN = (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING)
+# A request purged by retention (its item's request gone) has ended too.
+ENDED = Q(items__request__state__in=TERMINAL_STATES) | Q(items__request__isnull=True)
+
+
+def with_counts(rows: QuerySet[Batch]) -> QuerySet[Batch]:
+    """The batches with their requests counted in the same query: `completed`, `ended`."""
+    return rows.annotate(
+        completed=Count("items", filter=Q(items__request__state=State.COMPLETED)),
+        ended=Count("items", filter=ENDED),
     )
-    ended = sum(n for state, n in states.items() if state in TERMINAL_STATES)
-    completed = states.get(State.COMPLETED, 0)
-    return {"total": batch.total, "completed": completed, "failed": ended - completed}
 
 
-def refreshed(batch: Batch) -> Batch:
-    """The batch, ended if its last request has: its files written, its status final."""
-    if batch.status not in (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING):
-        return batch
-    items = Request.objects.filter(batch_item__batch=batch)
-    if items.exclude(state__in=TERMINAL_STATES).exists():
-        return batch
-    with transaction.atomic():
-        batch = Batch.objects.select_for_update().get(pk=batch.pk)
-        if batch.status not in (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING):
-            return batch  # another call ended it meanwhile
-        end(batch)
-    return batch
+def counts(batch: Batch) -> dict[str, int]:
+    """OpenAI's `request_counts` of a batch read `with_counts`: total, completed, failed
+    (failed, expired or cancelled)."""
+    return {
+        "total": batch.total,
+        "completed": batch.completed,
+        "failed": batch.ended - batch.completed,
+    }
+
+
+def end_finished(rows: QuerySet[Batch]) -> None:
+    """End the open batches among `rows` whose last request has ended: a batch ends when
+    it is next read (the API, the admin), so the worker needs to know nothing of them."""
+    for batch in with_counts(rows.filter(status__in=OPEN)):
+        if batch.ended == batch.total:
+            with transaction.atomic():
+                locked = Batch.objects.select_for_update().filter(pk=batch.pk, status__in=OPEN)
+                if (found := locked.first()) is not None:  # else another call ended it
+                    end(found)
 
 
 def end(batch: Batch) -> None:

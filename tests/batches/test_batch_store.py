@@ -4,6 +4,8 @@ an output file and an error file once its last request has ended."""
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -46,6 +48,12 @@ def end_as(batch: Batch, custom_id: str, state: str, **fields) -> None:
     )
 
 
+def read(batch: Batch) -> Batch:
+    """As the API reads it: ended first if its last request has, with its counts."""
+    store.end_finished(Batch.objects.filter(pk=batch.pk))
+    return store.with_counts(Batch.objects.filter(pk=batch.pk)).get()
+
+
 def content(file_id: str) -> list[dict]:
     return [json.loads(line) for line in File.objects.get(pk=file_id).content.splitlines()]
 
@@ -60,8 +68,8 @@ def test_its_requests_wait_a_day_even_while_no_server_can_serve_them():
 def test_it_stays_in_progress_until_its_last_request_ends():
     batch = new_batch("a", "b")
     end_as(batch, "a", State.COMPLETED, result={"id": "x"})
-    assert store.refreshed(batch).status == Batch.Status.IN_PROGRESS
-    assert store.counts(batch) == {"total": 2, "completed": 1, "failed": 0}
+    assert read(batch).status == Batch.Status.IN_PROGRESS
+    assert store.counts(read(batch)) == {"total": 2, "completed": 1, "failed": 0}
 
 
 def test_answers_and_errors_go_to_two_files_in_line_order():
@@ -69,7 +77,7 @@ def test_answers_and_errors_go_to_two_files_in_line_order():
     end_as(batch, "ok", State.COMPLETED, result={"choices": []})
     end_as(batch, "bad", State.FAILED, error="no such model", error_code="not_found")
     end_as(batch, "late", State.EXPIRED, error="waited 24 h")
-    ended = store.refreshed(Batch.objects.get(pk=batch.pk))
+    ended = read(batch)
     assert ended.status == Batch.Status.EXPIRED  # not every request could run in its day
     [answer] = content(ended.output_file_id)
     assert answer["custom_id"] == "ok" and answer["response"]["body"] == {"choices": []}
@@ -79,7 +87,7 @@ def test_answers_and_errors_go_to_two_files_in_line_order():
     assert late["response"] is None and late["error"]["code"] == "batch_expired"
     assert store.counts(ended) == {"total": 3, "completed": 1, "failed": 2}
     # Read again: ended once, its files written once.
-    assert store.refreshed(ended).output_file_id == ended.output_file_id
+    assert read(ended).output_file_id == ended.output_file_id
     assert File.objects.filter(purpose="batch_output").count() == 2
 
 
@@ -87,7 +95,7 @@ def test_a_cancelled_batch_cancels_what_waits_and_keeps_what_was_answered():
     batch = new_batch("done", "waiting")
     end_as(batch, "done", State.COMPLETED, result={"choices": []})
     store.cancel(batch, "cancelled with its batch")
-    ended = store.refreshed(Batch.objects.get(pk=batch.pk))
+    ended = read(batch)
     assert ended.status == Batch.Status.CANCELLED and ended.cancelling_at is not None
     assert [a["custom_id"] for a in content(ended.output_file_id)] == ["done"]
     [cancelled] = content(ended.error_file_id)
@@ -119,6 +127,18 @@ def test_the_admin_lists_batches_with_their_progress_and_cancels_them(admin_clie
     action = {"action": "cancel", "_selected_action": [batch.id]}
     answer = admin_client.post(reverse("admin:batches_batch_changelist"), action, follow=True)
     assert "Cancelled 1 batch(es)." in answer.content.decode()
-    assert store.refreshed(Batch.objects.get(pk=batch.pk)).status == Batch.Status.CANCELLED
+    assert read(batch).status == Batch.Status.CANCELLED
     reasons = Request.objects.get(state=State.CANCELLED).traces.values_list("reason", flat=True)
     assert any(f"cancelled with its batch {batch.id} in admin by" in r for r in reasons)
+
+
+@pytest.mark.parametrize("name", ["batch", "file"])
+def test_list_pages_do_not_query_per_row(admin_client, django_assert_max_num_queries, name):
+    url = reverse(f"admin:batches_{name}_changelist")
+    new_batch("a", "b")
+    with CaptureQueriesContext(connection) as one_row:
+        assert admin_client.get(url).status_code == 200
+    for i in range(10):
+        new_batch(f"x{i}", f"y{i}")
+    with django_assert_max_num_queries(len(one_row)):
+        assert admin_client.get(url).status_code == 200
