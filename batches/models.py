@@ -85,8 +85,14 @@ class BatchItem(models.Model):
     batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="items")
     line = models.PositiveIntegerField()
     custom_id = models.CharField(max_length=512)
+    # No constraint in the database: retention deletes finished requests with plain SQL,
+    # and knows nothing of batches. A purged request reads as none (`end` says so).
     request = models.OneToOneField(
-        "scheduler.Request", null=True, on_delete=models.SET_NULL, related_name="batch_item"
+        "scheduler.Request",
+        null=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="batch_item",
     )
 
     class Meta:

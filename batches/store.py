@@ -13,7 +13,7 @@ from access.models import ApiKey
 from scheduler import wakeup
 from scheduler.api.inference import error_of
 from scheduler.api.queue_bound import queue_bound
-from scheduler.models import TERMINAL_STATES, Priority, Request, State
+from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State
 from scheduler.store.completion import cancel_request
 
 from .lines import Line
@@ -84,33 +84,30 @@ def cancel(batch: Batch, reason: str) -> None:
 
 
 OPEN = (Batch.Status.IN_PROGRESS, Batch.Status.CANCELLING)
-# A request purged by retention (its item's request gone) has ended too.
-ENDED = Q(items__request__state__in=TERMINAL_STATES) | Q(items__request__isnull=True)
+NOT_ENDED = [*WAITING_STATES, State.PROCESSING]
 
 
 def with_counts(rows: QuerySet[Batch]) -> QuerySet[Batch]:
-    """The batches with their requests counted in the same query: `completed`, `ended`."""
+    """The batches with their requests counted in the same query: `completed`, and `left`
+    (not ended yet; a request purged by retention has ended)."""
     return rows.annotate(
         completed=Count("items", filter=Q(items__request__state=State.COMPLETED)),
-        ended=Count("items", filter=ENDED),
+        left=Count("items", filter=Q(items__request__state__in=NOT_ENDED)),
     )
 
 
 def counts(batch: Batch) -> dict[str, int]:
     """OpenAI's `request_counts` of a batch read `with_counts`: total, completed, failed
-    (failed, expired or cancelled)."""
-    return {
-        "total": batch.total,
-        "completed": batch.completed,
-        "failed": batch.ended - batch.completed,
-    }
+    (failed, expired, cancelled or purged)."""
+    failed = batch.total - batch.left - batch.completed
+    return {"total": batch.total, "completed": batch.completed, "failed": failed}
 
 
 def end_finished(rows: QuerySet[Batch]) -> None:
     """End the open batches among `rows` whose last request has ended: a batch ends when
     it is next read (the API, the admin), so the worker needs to know nothing of them."""
     for batch in with_counts(rows.filter(status__in=OPEN)):
-        if batch.ended == batch.total:
+        if batch.left == 0:
             with transaction.atomic():
                 locked = Batch.objects.select_for_update().filter(pk=batch.pk, status__in=OPEN)
                 if (found := locked.first()) is not None:  # else another call ended it

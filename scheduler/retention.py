@@ -17,12 +17,13 @@ from django.utils import timezone
 from access import usage
 
 from . import metric_totals, sql
-from .models import TERMINAL_STATES, MetricEvent, Request, Trace
+from .models import TERMINAL_STATES, Callback, MetricEvent, Request, Trace
 
 log = logging.getLogger(__name__)
 PURGE_CHUNK = 500  # ids in one IN list, within SQLite's limit on parameters
 REQUESTS = Request._meta.db_table
 TRACES = Trace._meta.db_table
+CALLBACKS = Callback._meta.db_table
 
 
 def keep_days() -> float:
@@ -43,8 +44,8 @@ def finished_before(before: datetime) -> int:
 
 
 def purge_finished(before: datetime, chunk: int = PURGE_CHUNK, chunks: int | None = None) -> int:
-    """Delete the requests that finished before `before`, with their traces, `chunk` at a
-    time (at most `chunks` of them). A waiting or running request is never touched,
+    """Delete the requests that finished before `before`, with their traces and callbacks,
+    `chunk` at a time (at most `chunks` of them). A waiting or running request is never touched,
     however old. Returns how many went."""
     purged = 0
     for _ in itertools.repeat(None) if chunks is None else range(chunks):
@@ -60,6 +61,7 @@ def purge_finished(before: datetime, chunk: int = PURGE_CHUNK, chunks: int | Non
                 keys = sql.keys(Request, ids)
                 where = f"IN ({sql.marks(len(keys))})"
                 sql.execute(f"DELETE FROM {TRACES} WHERE request_id {where}", keys)
+                sql.execute(f"DELETE FROM {CALLBACKS} WHERE request_id {where}", keys)
                 purged += sql.execute(f"DELETE FROM {REQUESTS} WHERE id {where}", keys)
         if len(ids) < chunk:
             break

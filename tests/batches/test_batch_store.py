@@ -2,6 +2,7 @@
 an output file and an error file once its last request has ended."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -11,6 +12,7 @@ from django.utils import timezone
 
 from batches import lines, store
 from batches.models import Batch, File
+from scheduler import retention
 from scheduler.api.errors import ApiError
 from scheduler.api.queue_bound import QueueBound
 from scheduler.models import Request, State
@@ -142,3 +144,21 @@ def test_list_pages_do_not_query_per_row(admin_client, django_assert_max_num_que
         new_batch(f"x{i}", f"y{i}")
     with django_assert_max_num_queries(len(one_row)):
         assert admin_client.get(url).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retention_purges_a_batch_request_and_the_batch_still_ends():
+    """Committed, as the worker's purge is (a key left naming the request would refuse it
+    on PostgreSQL). The purged line is an error of its own."""
+    batch = new_batch("old", "new")
+    long_ago = timezone.now() - timedelta(days=40)
+    end_as(batch, "old", State.COMPLETED, result={"choices": []})
+    Request.objects.filter(batch_item__custom_id="old").update(finished_at=long_ago)
+    end_as(batch, "new", State.COMPLETED, result={"choices": []})
+    assert retention.purge_finished(timezone.now() - timedelta(days=30)) == 1
+    ended = read(batch)
+    assert ended.status == Batch.Status.COMPLETED
+    assert store.counts(ended) == {"total": 2, "completed": 1, "failed": 1}
+    assert [a["custom_id"] for a in content(ended.output_file_id)] == ["new"]
+    [purged] = content(ended.error_file_id)
+    assert (purged["custom_id"], purged["error"]["code"]) == ("old", "request_purged")

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from scheduler import retention, runtime
-from scheduler.models import Request, State, Trace
+from scheduler.models import Callback, Request, State, Trace
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -48,6 +48,16 @@ def test_requests_finished_before_the_cutoff_go_with_their_traces_and_nothing_el
     assert left() == {recent.pk, *(r.pk for r in unfinished)}
     assert not Trace.objects.filter(request_id__in=[r.pk for r in old]).exists()
     assert Trace.objects.count() == 1 + len(unfinished)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_with_a_callback_goes_with_it():
+    """Committed, as the worker's purge is: a callback row left behind would refuse the
+    commit on PostgreSQL (its key names the request), and hold retention back for good."""
+    old = finished(40)
+    Callback.objects.create(request=old, status=Callback.Status.DELIVERED)
+    assert retention.purge_finished(timezone.now() - timedelta(days=30)) == 1
+    assert left() == set() and not Callback.objects.exists()
 
 
 def test_a_bounded_purge_stops_after_its_chunks_oldest_first():
