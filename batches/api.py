@@ -181,7 +181,11 @@ def file_content(http, file_id: str):
     content negotiation would refuse."""
     api_key = auth.caller(http.headers.get("Authorization"))
     found = one(File.objects.all(), file_id, api_key, "file")
-    return HttpResponse(found.content.encode(), content_type="application/octet-stream")
+    answer = HttpResponse(found.content.encode(), content_type="application/octet-stream")
+    # A download, never a page of this origin: whoever uploaded it chose its bytes.
+    answer["Content-Disposition"] = f'attachment; filename="{found.id}.jsonl"'
+    answer["X-Content-Type-Options"] = "nosniff"
+    return answer
 
 
 class CreateSerializer(serializers.Serializer):

@@ -96,7 +96,11 @@ def test_files_are_listed_read_and_deleted(live):
     c = client(live)
     uploaded = c.files.create(file=("in.jsonl", jsonl(chat_line("a"))), purpose="batch")
     assert [f.id for f in c.files.list()] == [uploaded.id]
-    assert json.loads(c.files.content(uploaded.id).text)["custom_id"] == "a"
+    content = c.files.content(uploaded.id)
+    assert json.loads(content.text)["custom_id"] == "a"
+    # A download: a browser neither renders nor sniffs what a caller uploaded.
+    assert content.response.headers["X-Content-Type-Options"] == "nosniff"
+    assert content.response.headers["Content-Disposition"].startswith("attachment")
     assert c.files.delete(uploaded.id).deleted
     with pytest.raises(openai.NotFoundError) as gone:
         c.files.retrieve(uploaded.id)
