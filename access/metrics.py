@@ -1,7 +1,5 @@
 """Each API key's usage of today (UTC) in /metrics, read at scrape time."""
 
-from datetime import UTC, datetime, time
-
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
@@ -24,8 +22,8 @@ FAMILIES = {
 
 class KeyUsageCollector:
     def collect(self):
-        today = timezone.now().date()
-        since = datetime.combine(today, time.min, tzinfo=UTC)
+        since, _ = usage.midnights(timezone.now())
+        today = since.date()
         names = dict(ApiKey.objects.values_list("id", "name"))
         families = {
             field: GaugeMetricFamily(name, text, labels=["key", "key_id"])
