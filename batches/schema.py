@@ -20,12 +20,17 @@ class FileOut(serializers.Serializer):
     expires_at = serializers.IntegerField(allow_null=True)
 
 
-class FileListOut(serializers.Serializer):
+class ListOut(serializers.Serializer):
+    """OpenAI's list shape; each list adds its `data`."""
+
     object = serializers.CharField(default="list")
-    data = FileOut(many=True)
     first_id = serializers.CharField(allow_null=True)
     last_id = serializers.CharField(allow_null=True)
     has_more = serializers.BooleanField()
+
+
+class FileListOut(ListOut):
+    data = FileOut(many=True)
 
 
 class DeletedOut(serializers.Serializer):
@@ -65,9 +70,5 @@ class BatchOut(serializers.Serializer):
     metadata = serializers.DictField(allow_null=True)
 
 
-class BatchListOut(serializers.Serializer):
-    object = serializers.CharField(default="list")
+class BatchListOut(ListOut):
     data = BatchOut(many=True)
-    first_id = serializers.CharField(allow_null=True)
-    last_id = serializers.CharField(allow_null=True)
-    has_more = serializers.BooleanField()
