@@ -97,6 +97,7 @@ def deployment_row(d: Deployment, now: datetime) -> dict:
         "state": d.state,
         "in_flight": d.in_flight,
         "pinned": d.pinned,
+        "keep_loaded_hours": d.keep_loaded_hours,
         "restore": is_restore(d),
         "progress": load_progress(d, now),
         "error": d.last_error if d.state == DeploymentState.FAILED else "",

@@ -96,6 +96,15 @@ def test_a_restore_is_marked_until_a_request_uses_it():
     assert {m["model"]: m["restore"] for m in view["models"]} == {"a": False, "b": True}
 
 
+def test_a_model_with_keep_loaded_hours_says_them():
+    srv = factories.server("sim", slots=4)
+    factories.deployment(
+        srv, "chat", state=DeploymentState.LOADED, keep_loaded_hours="mon-fri 08:00-18:00"
+    )
+    [shown] = server_named(state.overview(NOW), "sim")["models"]
+    assert shown["keep_loaded_hours"] == "mon-fri 08:00-18:00"
+
+
 def test_load_progress_is_the_adapters_own_figure_when_it_reports_one():
     srv = factories.server()
     d = started_loading(srv, "m", 3, load_progress=0.25, avg_load_s=10)

@@ -96,6 +96,8 @@ const Switchyard = (() => {
       ? el("ul", {class: "models"}, ...s.models.map((m) => el("li", {"data-model": m.model},
         el("span", {class: "model-name"}, m.model), " ", pill(m.state),
         m.pinned ? el("span", {class: "tag"}, "pinned") : null,
+        m.keep_loaded_hours ? el("span", {class: "tag", title: "kept loaded " +
+          m.keep_loaded_hours + " (SWITCHYARD_TIME_ZONE)"}, "kept loaded") : null,
         m.restore ? el("span", {class: "tag", title: "loaded back on an idle server for the " +
           "interactive work that used it; gives way to any request"}, "restore") : null,
         m.in_flight ? el("span", {class: "muted"}, ` ${m.in_flight} in flight`) : null,
