@@ -22,6 +22,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "rpm",
         "max_waiting",
         "max_processing",
+        "daily_processing_s",
+        "daily_tokens",
         "weight",
         "created_at",
         "expires_at",

@@ -122,6 +122,7 @@ def accept(
     callback_url: str = "",
     idempotency: Claim | None = None,
     no_server_grace_s: float | None = None,
+    max_wait: float | None = None,
 ) -> Request:
     """Validate and store a new request (under the caller's `idempotency` key, if any).
     Raises ApiError (and stores nothing) on bad input.
@@ -138,7 +139,8 @@ def accept(
     asked = parse_priority(priority if priority not in (None, "") else body_priority)
     level, capped = limits.capped_priority(api_key, asked, Priority.NORMAL)
     limits.check_model(api_key, body["model"], names_of)
-    check_grace(no_server_grace_s, level)
+    longest = check_max_wait(max_wait) if max_wait is not None else max_wait_s(level)
+    check_grace(no_server_grace_s, level, longest)
     stream = bool(body.get("stream", False)) and kind not in NEVER_STREAMED
     fields = {"id": request_id} if request_id else {}
     request = Request(
@@ -153,6 +155,7 @@ def accept(
         **fields,
     )
     request.idempotency = idempotency
+    request.longest_wait_s = longest  # not a column: its expiry is written from it
     # The model's id is looked up by the insert itself: a round trip less. A name that no
     # model has stores nothing, and is then looked up among the aliases.
     if not store(request, caller_waits, body["model"], by_name=True, note=capped):
@@ -163,15 +166,27 @@ def accept(
     return request
 
 
-def check_grace(grace_s: float | None, priority: int) -> None:
-    """A job's own no-server grace: at most its class's longest wait (it expires then)."""
+def check_max_wait(wait_s: float) -> float:
+    """A job's own longest wait: more than 0, at most SWITCHYARD_MAX_JOB_WAIT_S."""
+    most = settings.SWITCHYARD["MAX_JOB_WAIT_S"]
+    if not math.isfinite(wait_s) or not 0 < wait_s <= most:
+        raise ApiError(
+            400,
+            f"max_wait_s must be more than 0 and at most {most:g} s (SWITCHYARD_MAX_JOB_WAIT_S)",
+            param="max_wait_s",
+            code="invalid_value",
+        )
+    return wait_s
+
+
+def check_grace(grace_s: float | None, priority: int, longest: float) -> None:
+    """A job's own no-server grace: at most its longest wait (it expires then)."""
     if grace_s is None:
         return
-    longest = max_wait_s(priority)
     if not math.isfinite(grace_s) or not 0 <= grace_s <= longest:
         raise ApiError(
             400,
-            f"no_server_grace_s must be from 0 to {longest:g} s (the longest a"
+            f"no_server_grace_s must be from 0 to {longest:g} s (the longest this"
             f" {Priority(priority).label} request waits)",
             param="no_server_grace_s",
             code="invalid_value",
@@ -190,7 +205,7 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool, note:
         queue_bound.admit(request.priority)
         # Stamped with the connection in hand, as near the commit as the row can tell.
         request.created_at = timezone.now()
-        request.expires_at = request.created_at + timedelta(seconds=max_wait_s(request.priority))
+        request.expires_at = request.created_at + timedelta(seconds=request.longest_wait_s)
         inserted = sql.insert(request, found_by)
         if note:  # the key's cap changed its class: its trace says so
             note_in_trace(request, note)

@@ -43,6 +43,13 @@ class SubmitSerializer(serializers.Serializer):
         " SWITCHYARD_NO_SERVER_GRACE_S.",
     )
 
+    max_wait_s = serializers.FloatField(  # its range: intake.check_max_wait, one code
+        required=False,
+        help_text="How long it may wait before it expires: more than 0 and at most"
+        " SWITCHYARD_MAX_JOB_WAIT_S (a day); the default its class's longest wait"
+        " (SWITCHYARD_MAX_WAIT_<CLASS>_S).",
+    )
+
 
 class SubmittedSerializer(serializers.Serializer):
     id = serializers.UUIDField()
@@ -174,6 +181,7 @@ class RequestList(APIView):
                     idempotency=claim,
                     callback_url=callback,
                     no_server_grace_s=data.get("no_server_grace_s"),
+                    max_wait=data.get("max_wait_s"),
                 )
             except IntegrityError:  # a call with the same key stored first
                 if claim is None or (earlier := claim.request()) is None:

@@ -58,6 +58,7 @@ def accept(
     idempotency: Claim | None = None,
     callback_url: str = "",
     no_server_grace_s: float | None = None,
+    max_wait: float | None = None,
 ) -> Request:
     """`intake.accept`, across one database fault (see the module's docstring)."""
     request_id = request_id or uuid.uuid4()
@@ -67,6 +68,7 @@ def accept(
         "idempotency": idempotency,
         "callback_url": callback_url,
         "no_server_grace_s": no_server_grace_s,
+        "max_wait": max_wait,
     }
     store = functools.partial(intake.accept, kind, body, priority, request_id, **options)
     connect()

@@ -81,3 +81,28 @@ def test_the_log_names_the_server_as_the_operator_named_it(caplog):
     with caplog.at_level("INFO", logger="scheduler.store.health"):
         mark_down(s1.pk, "refused")
     assert "server gpu-a is down: refused" in caplog.text
+
+
+def test_a_job_asks_for_its_own_longest_wait(client):
+    """Longer than its class's (an overnight job) or shorter (a job that is useless late);
+    its no-server grace may then be as long; nothing is stored for a bad one."""
+    factories.deployment(factories.server("s1"), "m")
+
+    def submit(**fields):
+        job = {"body": HI, "priority": "background", **fields}
+        return client.post("/api/v1/requests", job, content_type="application/json")
+
+    long = submit(max_wait_s=6 * 3600, no_server_grace_s=5 * 3600)
+    assert long.status_code == 202, long.content
+    stored = Request.objects.get(pk=long.json()["id"])
+    assert (stored.expires_at - stored.created_at).total_seconds() == 6 * 3600
+    short = Request.objects.get(pk=submit(max_wait_s=5).json()["id"])
+    assert (short.expires_at - short.created_at).total_seconds() == 5
+    for bad in (0, -1, 86_401):
+        refused = submit(max_wait_s=bad)
+        assert refused.status_code == 400, refused.content
+        error = refused.json()["error"]
+        assert (error["param"], error["code"]) == ("max_wait_s", "invalid_value")
+    refused = submit(max_wait_s=60, no_server_grace_s=61)
+    assert refused.json()["error"]["param"] == "no_server_grace_s"
+    assert Request.objects.count() == 2
