@@ -64,3 +64,18 @@ def test_todays_usage_is_in_metrics(make_key, admin_client):
     text = admin_client.get("/metrics").content.decode()
     assert f'switchyard_key_prompt_tokens_today{{key="alice",key_id="{alice.pk}"}} 11.0' in text
     assert f'switchyard_key_requests_today{{key="alice",key_id="{alice.pk}"}} 1.0' in text
+
+
+def test_the_share_of_each_daily_quota_used_is_in_metrics(make_key, admin_client):
+    """For alerts before a key runs out; a key without a quota has none, one that has
+    not sent anything today shows 0."""
+    alice, _ = make_key("alice", daily_processing_s=10, daily_tokens=100)
+    idle, _ = make_key("idle", daily_tokens=100)
+    make_key("free")
+    finished(alice, timedelta(0), 20, 5, 4.0)
+    text = admin_client.get("/metrics").content.decode()
+    ratio = "switchyard_key_quota_used_ratio"
+    assert f'{ratio}{{key="alice",key_id="{alice.pk}",quota="processing_seconds"}} 0.4' in text
+    assert f'{ratio}{{key="alice",key_id="{alice.pk}",quota="tokens"}} 0.25' in text
+    assert f'{ratio}{{key="idle",key_id="{idle.pk}",quota="tokens"}} 0.0' in text
+    assert 'key="free"' not in text.split(ratio, 1)[1]
