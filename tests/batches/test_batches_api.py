@@ -155,3 +155,18 @@ def test_cancelling_a_batch_stops_its_request_at_the_server(served, gated_upstre
     errors = [json.loads(x) for x in c.files.content(ended.error_file_id).text.splitlines()]
     assert [e["error"]["code"] for e in errors] == ["batch_cancelled"] * 3
     assert set(Request.objects.values_list("state", flat=True)) == {State.CANCELLED}
+
+
+def test_lists_are_paged_newest_first_after_an_id(live):
+    c = client(live)
+    made = [
+        c.files.create(file=(f"{i}.jsonl", jsonl(chat_line("a"))), purpose="batch").id
+        for i in range(3)
+    ]
+    first = c.files.list(limit=2)
+    assert [f.id for f in first.data] == made[:0:-1] and first.has_more
+    rest = c.files.list(limit=2, after=first.data[-1].id)
+    assert [f.id for f in rest.data] == made[:1] and not rest.has_more
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.files.list(limit=0)
+    assert refused.value.body["param"] == "limit"
