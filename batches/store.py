@@ -72,10 +72,9 @@ def create(
 def cancel(batch: Batch, reason: str) -> None:
     """Mark the batch cancelling, then cancel each of its requests not yet ended (one at
     its server stops there)."""
-    with transaction.atomic():
-        marked = Batch.objects.filter(pk=batch.pk, status=Batch.Status.IN_PROGRESS).update(
-            status=Batch.Status.CANCELLING, cancelling_at=timezone.now()
-        )
+    marked = Batch.objects.filter(pk=batch.pk, status=Batch.Status.IN_PROGRESS).update(
+        status=Batch.Status.CANCELLING, cancelling_at=timezone.now()
+    )
     if not marked:
         return
     open_ids = Request.objects.filter(batch_item__batch=batch).exclude(state__in=TERMINAL_STATES)
