@@ -35,6 +35,13 @@ def live(served):
             avg_load_s=load_s,
             load_options={"tokens_per_second": 50},
         )
+    # Kept loaded all day: the worker loads it by itself.
+    factories.deployment(
+        factories.server("sim-3", kind="simulated", slots=1),
+        "kept",
+        load_s=0.1,
+        keep_loaded_hours="00:00-00:00",
+    )
     # A real server's breaker is open: no probe before its cooldown ends, so it stays so.
     Server.objects.filter(pk=factories.server("gpu-box", kind="openai").pk).update(
         health="cooldown",
@@ -71,6 +78,11 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(broken.locator(".badge")).to_have_text("OpenAI-compatible (no load control)")
     expect(broken.locator(".status")).to_contain_text(re.compile(r"cooldown until .+ min .+ left"))
     expect(broken.locator(".error")).to_have_text("3 failures in a row: connection refused")
+
+    kept = page.locator('[data-server="sim-3"] [data-model="kept"]')
+    expect(kept.locator(".pill")).to_have_text("loaded")
+    expect(kept.locator(".tag")).to_have_text("kept loaded")
+    expect(kept.locator(".tag")).to_have_attribute("title", re.compile("00:00-00:00"))
 
     # The dashboard: a load under way, then its request done.
     request_id = submit(live.url, "slow")
