@@ -97,7 +97,7 @@ def check_daily_quota(api_key: ApiKey, now) -> None:
 def check_pace(api_key: ApiKey, now) -> None:
     """429 if the key sent `rpm` requests in the last minute or has `max_waiting` waiting."""
     window_start = now - timedelta(seconds=RATE_WINDOW_S)
-    mine = Request.objects.filter(api_key=api_key.pk)
+    mine = Request.objects.filter(api_key=api_key.pk, in_batch=False)  # a batch is one call
     counts = mine.filter(Q(created_at__gte=window_start) | Q(state__in=WAITING_STATES)).aggregate(
         recent=Count("pk", filter=Q(created_at__gte=window_start)),
         waiting=Count("pk", filter=Q(state__in=WAITING_STATES)),

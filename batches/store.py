@@ -12,7 +12,6 @@ from access import limits
 from access.models import ApiKey
 from scheduler import wakeup
 from scheduler.api.inference import error_of
-from scheduler.api.queue_bound import queue_bound
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State
 from scheduler.store.completion import cancel_request
 
@@ -35,7 +34,6 @@ def create(
     with transaction.atomic():
         if api_key is not None and api_key.has_daily_quota():
             limits.check_daily_quota(api_key, timezone.now())
-        queue_bound.admit(Priority.BACKGROUND, len(lines))
         now = timezone.now()
         batch = Batch.objects.create(
             api_key=api_key,
@@ -57,6 +55,7 @@ def create(
                 created_at=now,
                 expires_at=now + WINDOW,
                 no_server_grace_s=WINDOW.total_seconds(),
+                in_batch=True,
             )
             for line in lines
         )

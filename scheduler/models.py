@@ -106,6 +106,9 @@ class Request(models.Model):
         help_text="How long it waits while no server can serve its model (empty: the"
         " setting SWITCHYARD_NO_SERVER_GRACE_S); a job may ask for longer.",
     )
+    # A line of a batch (the batches app): one call made it, so it counts against no queue
+    # bound and no key's pace (docs/api.md, "Batches").
+    in_batch = models.BooleanField(default=False, help_text="Stored as a line of a batch.")
     # Why it waits, as the last pass that changed it said: {"kind", "text", "details"}
     # (scheduler/reasons.py). Written only when it changes (scheduler/store/reasons.py).
     reason = models.JSONField(null=True, blank=True, help_text="Why it waits (the policy's).")

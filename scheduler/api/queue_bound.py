@@ -31,9 +31,11 @@ class QueueBound:
         self.waiting: Counter[int] = Counter()  # by priority, as last counted plus since
         self.counted_at = -float("inf")
 
-    def admit(self, priority: int, n: int = 1) -> None:
-        """Raise `queue_full` if `n` requests of `priority` (one, or a batch's) must wait no
-        more, else count them as waiting. Call inside the transaction that stores them."""
+    def admit(self, priority: int) -> None:
+        """Raise `queue_full` if a request of `priority` must wait no more, else count it
+        as waiting. Call inside the transaction that stores it. A batch's lines count
+        against no bound: one call made them, and they must not lock interactive callers
+        out."""
         knobs = settings.SWITCHYARD
         label = Priority(priority).label
         every: list[Limit] = [
@@ -45,12 +47,12 @@ class QueueBound:
             return
         with self.lock:
             stale = self.clock() - self.counted_at >= FRESH_S
-            if stale or any(self.held(classes) + n > bound * NEAR for bound, _, classes in limits):
+            if stale or any(self.held(classes) >= bound * NEAR for bound, _, classes in limits):
                 self.count()
             for bound, which, classes in limits:
-                if self.held(classes) + n > bound:
+                if self.held(classes) >= bound:
                     raise queue_full(bound, which)
-            self.waiting[priority] += n
+            self.waiting[priority] += 1
 
     def withdraw(self, priority: int) -> None:
         """Count one admitted request of `priority` as not waiting after all."""
@@ -62,7 +64,7 @@ class QueueBound:
 
     def count(self) -> None:
         rows = (
-            Request.objects.filter(state__in=WAITING_STATES)
+            Request.objects.filter(state__in=WAITING_STATES, in_batch=False)
             .values_list("priority")
             .annotate(n=Count("pk"))
             .order_by()

@@ -10,12 +10,13 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from access import limits
 from batches import lines, store
 from batches.models import Batch, File
 from scheduler import retention
 from scheduler.api.errors import ApiError
 from scheduler.api.queue_bound import QueueBound
-from scheduler.models import Request, State
+from scheduler.models import Priority, Request, State
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -36,12 +37,12 @@ def text_of(*custom_ids: str) -> str:
     )
 
 
-def new_batch(*custom_ids: str) -> Batch:
+def new_batch(*custom_ids: str, api_key=None) -> Batch:
     factories.model("m1")
     text = text_of(*custom_ids)
     source = File.objects.create(purpose="batch", filename="in.jsonl", content=text)
-    found = lines.parse(text, "chat", "/v1/chat/completions", None, most=100)
-    return store.create(None, "chat", "/v1/chat/completions", source, found, None)
+    found = lines.parse(text, "chat", "/v1/chat/completions", api_key, most=100)
+    return store.create(api_key, "chat", "/v1/chat/completions", source, found, None)
 
 
 def end_as(batch: Batch, custom_id: str, state: str, **fields) -> None:
@@ -104,14 +105,24 @@ def test_a_cancelled_batch_cancels_what_waits_and_keeps_what_was_answered():
     assert cancelled["error"]["code"] == "batch_cancelled"
 
 
-def test_a_batch_over_the_queue_bound_stores_nothing(knobs, monkeypatch):
-    knobs(MAX_QUEUE_BACKGROUND=2)
-    monkeypatch.setattr(store, "queue_bound", QueueBound())
+def test_a_batch_counts_against_no_queue_bound_and_no_keys_pace(knobs, make_key):
+    """One call made it: its lines must not lock interactive callers out of a bounded
+    queue, nor its key out of its own requests per minute and requests waiting."""
+    knobs(MAX_QUEUE=1)
+    api_key, _ = make_key("batch-jobs", rpm=1, max_waiting=1)
+    new_batch("a", "b", "c", api_key=api_key)
+    assert Request.objects.filter(in_batch=True).count() == 3
+    bound = QueueBound()
+    bound.admit(Priority.INTERACTIVE)  # nothing else waits
+    limits.check_pace(api_key, timezone.now())
+    factories.request("m1", api_key=api_key)  # one of its own, sent one at a time
     with pytest.raises(ApiError) as refused:
-        new_batch("a", "b", "c")
-    assert refused.value.code == "queue_full"
-    assert not Batch.objects.exists() and not Request.objects.exists()
-    new_batch("a", "b")
+        limits.check_pace(api_key, timezone.now())
+    assert refused.value.code == "rate_limited"
+    bound.count()
+    with pytest.raises(ApiError) as full:
+        bound.admit(Priority.INTERACTIVE)
+    assert full.value.code == "queue_full"
 
 
 def test_a_batch_holds_at_most_its_setting_of_requests():
