@@ -61,7 +61,7 @@ class RequestAdmin(ReadOnlyAdmin):
         "attempts",
     ]
     readonly_fields = ["why"]
-    list_filter = ["state", "priority", "kind", "server", "api_key", "stream"]
+    list_filter = ["state", "priority", "kind", "server", "api_key", "stream", "in_batch"]
     search_fields = ["id", "model_name", "error"]
     date_hierarchy = "created_at"
     # Newest first, by the index of arrival: the model's own order (class, then arrival)
