@@ -72,8 +72,8 @@ def _line(
     try:
         body = dict(intake.validate_body(kind, item.get("body")))
         name = body["model"]
-        limits.check_model(api_key, name, intake.names_of)
-        if name not in models:
+        if name not in models:  # each name checked once, however many lines use it
+            limits.check_model(api_key, name, intake.names_of)
             models[name] = intake.resolve(name, kind)
     except ApiError as error:
         raise ApiError(

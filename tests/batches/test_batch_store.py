@@ -173,3 +173,12 @@ def test_retention_purges_a_batch_request_and_the_batch_still_ends():
     assert [a["custom_id"] for a in content(ended.output_file_id)] == ["new"]
     [purged] = content(ended.error_file_id)
     assert (purged["custom_id"], purged["error"]["code"]) == ("old", "request_purged")
+
+
+def test_a_line_for_a_model_the_key_may_not_use_refuses_the_batch(make_key):
+    factories.model("m1")
+    api_key, _ = make_key("narrow", allowed_models=["other"])
+    with pytest.raises(ApiError) as refused:
+        lines.parse(text_of("a", "b"), "chat", "/v1/chat/completions", api_key, most=10)
+    assert (refused.value.status, refused.value.code) == (403, "model_not_allowed")
+    assert refused.value.message.startswith("Line 1: ")
