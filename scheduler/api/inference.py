@@ -117,8 +117,8 @@ async def answer(
         if claim is not None and (earlier := await in_pool_thread(claim.request)()):
             return await replay(earlier, kind, in_reasoning)
         sub = await subscribe()
-        try:
-            request = await in_pool_thread(recovery.accept)(
+        storing = asyncio.ensure_future(
+            in_pool_thread(recovery.accept)(
                 kind,
                 body,
                 priority,
@@ -127,6 +127,14 @@ async def answer(
                 api_key=api_key,
                 idempotency=claim,
             )
+        )
+        try:
+            request = await asyncio.shield(storing)
+        except asyncio.CancelledError:
+            if claim is None:  # with a key, its caller may come back for it
+                cancel_once_stored(storing)
+            await sub.close()
+            raise
         except IntegrityError:
             await sub.close()
             if claim is None or (earlier := await in_pool_thread(claim.request)()) is None:
@@ -139,6 +147,25 @@ async def answer(
         return Reply.error(error)
     # A caller with a key may come back for it: hanging up does not cancel its request.
     return await respond(request, sub, hang_up_cancels=claim is None, progress=in_reasoning)
+
+
+_cancelling: set[asyncio.Task] = set()  # held here until done: the loop holds tasks weakly
+
+
+def cancel_once_stored(storing: asyncio.Future) -> None:
+    """The caller hung up while its request was being stored, and the store runs on in its
+    thread: once it is stored, cancel it (nobody is left to read its answer)."""
+
+    async def cancel() -> None:
+        try:
+            request = await storing
+        except Exception:  # refused, or the database failed: nothing waits
+            return
+        await cancel_abandoned(request.pk)
+
+    task = asyncio.create_task(cancel())
+    _cancelling.add(task)
+    task.add_done_callback(_cancelling.discard)
 
 
 def shows_progress(asked: str | None, kind: str, api_key=None) -> bool:

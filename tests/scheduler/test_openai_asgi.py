@@ -3,13 +3,15 @@ answer is sent runs even though daphne reports the caller gone the moment it is.
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
 
-from scheduler.api import openai_asgi
+from scheduler.api import inference, openai_asgi, recovery
 from scheduler.api.inbox import inbox
 from scheduler.api.inference import Reply
+from scheduler.models import Request, State
 from tests import factories
 from tests.support import asgi
 from tests.support.openai_upstream import Upstream
@@ -77,3 +79,36 @@ async def test_a_callers_subscription_ends_once_it_is_answered():
 def deployed(url: str) -> None:
     server = factories.server("up", kind="openai", base_url=url)
     factories.deployment(server, "m1", server_model_id="m1-upstream", state="loaded")
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_caller_that_hangs_up_while_its_request_is_stored_cancels_it(monkeypatch):
+    """The store runs on in its thread after the caller is gone: the request it stores is
+    then cancelled, not left waiting with nobody to read its answer. Breaks if the hang-up
+    only cancels requests already stored when it came."""
+    await sync_to_async(factories.deployment)(await sync_to_async(factories.server)("s1"), "m1")
+    entered, release = threading.Event(), threading.Event()
+    store = recovery.accept
+
+    def held(*args, **kwargs):
+        entered.set()
+        release.wait(30)
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(recovery, "accept", held)
+    incoming = [{"type": "http.request", "body": BODY, "more_body": False}]
+
+    async def receive() -> dict:
+        if incoming:
+            return incoming.pop()
+        await asyncio.to_thread(entered.wait, 30)  # the store has begun: the caller goes
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        raise AssertionError(f"nobody is left to answer: {message}")
+
+    await openai_asgi.app(asgi.scope("POST", "/v1/chat/completions"), receive, send)
+    release.set()  # the caller is gone; now the store ends
+    await asyncio.gather(*inference._cancelling)
+    [request] = await sync_to_async(list)(Request.objects.all())
+    assert request.state == State.CANCELLED
