@@ -1,13 +1,73 @@
 from datetime import timedelta
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from . import usage
-from .models import KEY_MARK, ApiKey, masked
+from .models import KEY_MARK, ApiKey, Team, masked
+
+
+def used_against(used: dict[str, float], most_s: int | None, most_tokens: int | None) -> str:
+    """Today's use beside the daily quotas, as the admin shows it."""
+    tokens = int(used["prompt_tokens"] + used["completion_tokens"])
+    seconds = f"{used['processing_s']:.0f} s of processing"
+    if most_s is not None:
+        seconds += f" of {most_s}"
+    words = f"{tokens} tokens" + (f" of {most_tokens}" if most_tokens is not None else "")
+    return f"{seconds}; {words} (requests that ended; renews at 00:00 UTC)"
+
+
+class KeyInline(admin.TabularInline):
+    model = ApiKey
+    fields = ["name", "shown_prefix", "weight", "max_processing", "revoked"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False  # a key is made on its own page, where its secret is shown once
+
+    @admin.display(description="key starts")
+    def shown_prefix(self, key: ApiKey) -> str:
+        return f"{KEY_MARK}{key.prefix}…"
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "key_count",
+        "weight",
+        "max_processing",
+        "daily_processing_s",
+        "daily_tokens",
+    ]
+    search_fields = ["name"]
+    readonly_fields = ["used_today"]
+    fieldsets = [
+        (None, {"fields": ["name"]}),
+        ("Share of the slots", {"fields": ["weight", "max_processing"]}),
+        ("Daily quotas (UTC)", {"fields": ["daily_processing_s", "daily_tokens", "used_today"]}),
+    ]
+    inlines = [KeyInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Team]:
+        return super().get_queryset(request).annotate(keys_in=Count("keys"))
+
+    @admin.display(description="keys", ordering="keys_in")
+    def key_count(self, team: Team) -> int:
+        return getattr(team, "keys_in", 0)
+
+    @admin.display(description="used today, all its keys")
+    def used_today(self, team: Team) -> str:
+        if team.pk is None:
+            return "—"
+        used = usage.team_today(team.pk, timezone.now())
+        return used_against(used, team.daily_processing_s, team.daily_tokens)
 
 
 @admin.register(ApiKey)
@@ -15,6 +75,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_display = [
         "name",
         "shown_prefix",
+        "team",
         "usable",
         "operator",
         "max_priority",
@@ -28,7 +89,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "created_at",
         "expires_at",
     ]
-    list_filter = ["revoked", "operator", "max_priority"]
+    list_filter = ["revoked", "operator", "max_priority", "team"]
+    list_select_related = ["team"]
     search_fields = ["name", "prefix"]
     readonly_fields = [
         "shown_prefix",
@@ -39,7 +101,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
     ]
     actions = ["revoke", "restore", "rotate_webhook_secret"]
     fieldsets = [
-        (None, {"fields": ["name", "shown_prefix", "created_at", "expires_at", "revoked"]}),
+        (
+            None,
+            {"fields": ["name", "team", "shown_prefix", "created_at", "expires_at", "revoked"]},
+        ),
         ("What it may do", {"fields": ["operator", "allowed_models", "max_priority"]}),
         ("Job callbacks", {"fields": ["shown_webhook_secret"]}),
         ("Streams", {"fields": ["stream_progress"]}),
@@ -68,14 +133,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if key.pk is None:
             return "—"
         used = usage.today(key.pk, timezone.now())
-        tokens = int(used["prompt_tokens"] + used["completion_tokens"])
-        seconds = f"{used['processing_s']:.0f} s of processing"
-        if key.daily_processing_s is not None:
-            seconds += f" of {key.daily_processing_s}"
-        words = f"{tokens} tokens" + (
-            f" of {key.daily_tokens}" if key.daily_tokens is not None else ""
-        )
-        return f"{seconds}; {words} (requests that ended; renews at 00:00 UTC)"
+        return used_against(used, key.daily_processing_s, key.daily_tokens)
 
     @admin.display(description="usage")
     def usage_by_day(self, key: ApiKey) -> str:

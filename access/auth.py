@@ -59,7 +59,8 @@ def _fresh(prefix: str) -> Cached | None:
 
 
 def _read(prefix: str) -> Cached:
-    found = Cached(ApiKey.objects.filter(prefix=prefix).first(), time.monotonic())
+    key = ApiKey.objects.select_related("team").filter(prefix=prefix).first()
+    found = Cached(key, time.monotonic())
     with _lock:
         if len(_cache) >= MAX_CACHED:
             _cache.clear()

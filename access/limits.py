@@ -14,7 +14,7 @@ from scheduler.api.errors import ApiError
 from scheduler.models import WAITING_STATES, Priority, Request
 
 from . import usage
-from .models import ApiKey
+from .models import ApiKey, Team
 
 RATE_WINDOW_S = 60
 WAITING_RETRY_S = 5  # a guess: a line moves by then, and the caller can ask again
@@ -51,29 +51,40 @@ def capped_priority(api_key: ApiKey | None, asked: int | None, default: int) -> 
 
 
 def admit(api_key: ApiKey | None) -> None:
-    """429 if the key used its daily quota, sent `rpm` requests in the last minute or has
-    `max_waiting` waiting. Call inside the transaction that stores the request."""
-    paced = api_key is not None and (api_key.rpm is not None or api_key.max_waiting is not None)
-    if api_key is None or not (paced or api_key.has_daily_quota()):
+    """429 if the key or its team used a daily quota, or the key sent `rpm` requests in the
+    last minute or has `max_waiting` waiting. Call inside the transaction that stores the
+    request."""
+    if api_key is None:
         return
-    # Serializes this key's arrivals (on PostgreSQL; SQLite's writers are serial anyway).
-    list(ApiKey.objects.select_for_update().filter(pk=api_key.pk).values_list("pk"))
+    paced = api_key.rpm is not None or api_key.max_waiting is not None
+    if paced:  # serializes this key's arrivals (on PostgreSQL; SQLite's writers are serial)
+        list(ApiKey.objects.select_for_update().filter(pk=api_key.pk).values_list("pk"))
     now = timezone.now()
-    check_daily_quota(api_key, now)
+    check_daily_quotas(api_key, now)
     if paced:
         check_pace(api_key, now)
 
 
-def check_daily_quota(api_key: ApiKey, now) -> None:
-    """429 `insufficient_quota` once the requests that ended today (UTC) used the key's
-    daily processing seconds or tokens. It is checked at the door: a request let in is
-    served even if the ones before it use the quota up meanwhile (its use counts when it
-    ends)."""
-    if not api_key.has_daily_quota():
+def check_daily_quotas(api_key: ApiKey, now) -> None:
+    """The key's daily quotas, then its team's."""
+    check_daily_quota(api_key, now)
+    if api_key.team_id is not None:
+        check_daily_quota(api_key.team, now)
+
+
+def check_daily_quota(holder: ApiKey | Team, now) -> None:
+    """429 `insufficient_quota` once the requests that ended today (UTC) used the daily
+    processing seconds or tokens of the key (or of all its team's keys). It is checked at
+    the door: a request let in is served even if the ones before it use the quota up
+    meanwhile (its use counts when it ends)."""
+    if not holder.has_daily_quota():
         return
-    used = usage.today(api_key.pk, now)
+    if isinstance(holder, Team):
+        used, who = usage.team_today(holder.pk, now), f"The team {holder.name}"
+    else:
+        used, who = usage.today(holder.pk, now), "This API key"
     tokens = int(used["prompt_tokens"] + used["completion_tokens"])
-    most_s, most_tokens = api_key.daily_processing_s, api_key.daily_tokens
+    most_s, most_tokens = holder.daily_processing_s, holder.daily_tokens
     if most_s is not None and used["processing_s"] >= most_s:
         spent = f"{used['processing_s']:.0f} s of processing, its quota of {most_s} s a day"
     elif most_tokens is not None and tokens >= most_tokens:
@@ -85,8 +96,7 @@ def check_daily_quota(api_key: ApiKey, now) -> None:
     hours, minutes = divmod(math.ceil(retry / 60), 60)
     raise ApiError(
         429,
-        f"This API key has used {spent} (UTC days). It renews at 00:00 UTC, in {hours} h"
-        f" {minutes} min.",
+        f"{who} has used {spent} (UTC days). It renews at 00:00 UTC, in {hours} h {minutes} min.",
         type="insufficient_quota",
         code="insufficient_quota",
         retry_after_s=retry,

@@ -1,10 +1,11 @@
-"""Each API key's usage of today (UTC) in /metrics, read at scrape time."""
+"""Each API key's usage of today (UTC) in /metrics, and the share of its daily quotas (and
+its team's) used, read at scrape time."""
 
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
 from . import usage
-from .models import ApiKey
+from .models import ApiKey, Team
 
 FAMILIES = {
     "requests": ("switchyard_key_requests_today", "Requests ended today (UTC), by API key"),
@@ -34,20 +35,45 @@ class KeyUsageCollector:
             "Share of its daily quota each API key used today (UTC): 1 and above, refused",
             labels=["key", "key_id", "quota"],
         )
+        team_quota = GaugeMetricFamily(
+            "switchyard_team_quota_used_ratio",
+            "Share of its daily quota all the API keys of each team used today (UTC): 1 and"
+            " above, refused",
+            labels=["team", "team_id", "quota"],
+        )
         used = {k: f for (k, day), f in usage.usage(since=since).items() if day == today}
+        by_team: dict[int, dict[str, float]] = {}
         for key_id, figures in sorted(used.items()):
             labels = [keys[key_id].name if key_id in keys else "?", str(key_id)]
             for field, family in families.items():
                 family.add_metric(labels, figures[field])
+            team_id = keys[key_id].team_id if key_id in keys else None
+            if team_id is not None:
+                total = by_team.setdefault(team_id, dict.fromkeys(usage.FIELDS, 0.0))
+                for field in usage.FIELDS:
+                    total[field] += figures[field]
         for key in keys.values():
-            figures = used.get(key.pk, dict.fromkeys(usage.FIELDS, 0))
-            tokens = figures["prompt_tokens"] + figures["completion_tokens"]
-            for name, most, spent in (
-                ("processing_seconds", key.daily_processing_s, figures["processing_s"]),
-                ("tokens", key.daily_tokens, tokens),
-            ):
-                if most is not None:
-                    share = spent / most if most else 1.0  # a quota of 0 refuses all
-                    quota.add_metric([key.name, str(key.pk), name], share)
+            add_shares(quota, [key.name, str(key.pk)], key, used.get(key.pk))
+        for team in Team.objects.all():
+            add_shares(team_quota, [team.name, str(team.pk)], team, by_team.get(team.pk))
         yield from families.values()
         yield quota
+        yield team_quota
+
+
+def add_shares(
+    family: GaugeMetricFamily,
+    labels: list[str],
+    holder: ApiKey | Team,
+    figures: dict[str, float] | None,
+) -> None:
+    """The share of each daily quota `holder` has that its `figures` of today used."""
+    figures = figures or dict.fromkeys(usage.FIELDS, 0)
+    tokens = figures["prompt_tokens"] + figures["completion_tokens"]
+    for name, most, spent in (
+        ("processing_seconds", holder.daily_processing_s, figures["processing_s"]),
+        ("tokens", holder.daily_tokens, tokens),
+    ):
+        if most is not None:
+            share = spent / most if most else 1.0  # a quota of 0 refuses all
+            family.add_metric([*labels, name], share)

@@ -42,8 +42,56 @@ def split_key(key: str) -> tuple[str, str] | None:
 STREAM_PROGRESS = ("comments", "reasoning")
 
 
+class Team(models.Model):
+    """Keys that share one allotment of the GPUs: a weight against other teams, slots at
+    once and daily quotas, all counted over every key of the team."""
+
+    name = models.CharField(max_length=100, unique=True)
+    weight = models.PositiveIntegerField(
+        default=1,
+        validators=[MinValueValidator(1)],
+        help_text="Its share of the slots against other teams (and keys in no team) with work"
+        " waiting in a class; its keys share it by their own weights.",
+    )
+    max_processing = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Most requests of all its keys processing at once; more wait their turn."
+        " Empty: no limit.",
+    )
+    daily_processing_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Processing seconds (GPU time) all its keys may use a day (UTC); beyond, new"
+        " requests are refused until midnight UTC. Empty: no limit.",
+    )
+    daily_tokens = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Prompt and completion tokens all its keys may use a day (UTC); beyond, new"
+        " requests are refused until midnight UTC. Empty: no limit.",
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def has_daily_quota(self) -> bool:
+        return self.daily_processing_s is not None or self.daily_tokens is not None
+
+
 class ApiKey(models.Model):
     name = models.CharField(max_length=100, help_text="Who or what uses it.")
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,  # deleting a team must not quietly lift its keys' limits
+        related_name="keys",
+        help_text="The team whose share and quotas it uses as well as its own; empty: none.",
+    )
     prefix = models.CharField(
         max_length=16, unique=True, editable=False, help_text="The key's public part."
     )
@@ -144,6 +192,12 @@ class ApiKey(models.Model):
 
     def has_daily_quota(self) -> bool:
         return self.daily_processing_s is not None or self.daily_tokens is not None
+
+    def has_processing_quota(self) -> bool:
+        """Its requests may have to wait for one of its own (or its team's) to end."""
+        return self.max_processing is not None or (
+            self.team is not None and self.team.max_processing is not None
+        )
 
     def allows_model(self, name: str) -> bool:
         return not self.allowed_models or name in self.allowed_models

@@ -53,11 +53,17 @@ def _sums(requests) -> Usage:
     return found
 
 
-def usage(api_key_id: int | None = None, since: datetime | None = None) -> Usage:
-    """(key id, day) -> figures, of one key or all, of the days from `since`'s on."""
+def usage(
+    api_key_id: int | None = None, since: datetime | None = None, team_id: int | None = None
+) -> Usage:
+    """(key id, day) -> figures, of one key, the keys of one team or all, of the days from
+    `since`'s on."""
     requests, stored = Request.objects.all(), KeyUsage.objects.all()
     if api_key_id is not None:
         requests, stored = requests.filter(api_key=api_key_id), stored.filter(api_key=api_key_id)
+    if team_id is not None:
+        requests = requests.filter(api_key__team=team_id)
+        stored = stored.filter(api_key__team=team_id)
     if since is not None:
         requests = requests.filter(finished_at__gte=since)
         stored = stored.filter(day__gte=since.date())
@@ -82,6 +88,17 @@ def today(api_key_id: int, now: datetime) -> dict[str, float]:
     start, _ = midnights(now)
     found = usage(api_key_id, since=start)
     return found.get((api_key_id, start.date()), dict.fromkeys(FIELDS, 0))
+
+
+def team_today(team_id: int, now: datetime) -> dict[str, float]:
+    """What the requests of all one team's keys that ended today (UTC) used."""
+    start, _ = midnights(now)
+    total = dict.fromkeys(FIELDS, 0.0)
+    for (_, day), figures in usage(since=start, team_id=team_id).items():
+        if day == start.date():
+            for name in FIELDS:
+                total[name] += figures[name]
+    return total
 
 
 def fold(request_ids: Iterable) -> None:

@@ -32,9 +32,9 @@ def create(
     """The batch and one background request a line, waiting until its window ends (also
     while no server can serve its model: a batch has the day)."""
     with transaction.atomic():
-        if api_key is not None and api_key.has_daily_quota():
-            limits.check_daily_quota(api_key, timezone.now())
         now = timezone.now()
+        if api_key is not None:
+            limits.check_daily_quotas(api_key, now)
         batch = Batch.objects.create(
             api_key=api_key,
             endpoint=endpoint,

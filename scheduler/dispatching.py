@@ -13,8 +13,8 @@ class Dispatching:
     it works on the pass's state."""
 
     def fairly(self, ranked: list[RequestView]) -> list[RequestView]:
-        """Within each class, API keys share the slots by weight (see fair_share)."""
-        return fair_share.fair_order(ranked, self.level, self.keys)
+        """Within each class, teams and API keys share the slots by weight (see fair_share)."""
+        return fair_share.fair_order(ranked, self.level, self.shares)
 
     def dispatch(self) -> None:
         for r in self.fairly(self.ranked("ready")):
@@ -24,8 +24,8 @@ class Dispatching:
             if self.backing_off(r):
                 self.wake_at(r.not_before, "retry a request")
                 continue
-            if not self.quota.allows(r):  # its key's quota is full: one of its own ends first
-                continue
+            if not self.quota.allows(r):  # its key's or team's quota is full: one of its own
+                continue  # ends first
             d = self.free_slot_for(r)
             if d is None:
                 continue
@@ -71,7 +71,7 @@ class Dispatching:
         ready = [r for r in self.fairly(self.ranked("ready")) if not self.backing_off(r)]
         if not ready:
             return
-        quota = self.quota.copy()  # a request sent next takes a slot of its key's quota
+        quota = self.quota.copy()  # a request sent next takes a slot of its quotas
         for s in full:
             here = sorted(self.on_server(s.id), key=lambda d: d.id)
             if any(d.model in unplaced for d in here):

@@ -118,8 +118,8 @@ class _Pass(Routing, Switching, Dispatching, Housekeeping):
         # (request, `soon_rank`) by `soon_rank`, made when first needed (`line_ahead`)
         self.soon_order: list[tuple[UUID, tuple]] | None = None
         self.no_leave: dict[str, int] = {}  # models that found no load to leave a line for
-        self.keys = {k.id: k for k in snapshot.keys}
-        self.quota = fair_share.Quota(self.keys)
+        self.shares = fair_share.Shares(snapshot.keys, snapshot.teams)
+        self.quota = fair_share.Quota(self.shares)
         self.unseen = snapshot.unseen
         self.decisions: list[Decision] = []
         self.wake_times: Wakes = []

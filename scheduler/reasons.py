@@ -28,7 +28,7 @@ HELD = "held"  # a switch that would serve it is held back (a priced rule, a gua
 BEHIND = "behind"  # routed; other requests go first into the slots
 NO_SERVER = "no_server"  # no server can serve its model now (fails after a grace)
 NO_ROOM = "no_room"  # no load of its model can start now (rooms busy, a load, a backoff)
-QUOTA = "quota"  # its API key's max_processing is reached
+QUOTA = "quota"  # its API key's or team's max_processing is reached
 RETRY = "retry"  # a retry, not sent before its backoff ends
 EVICTED = "evicted"  # sent back by our own eviction of its model
 REQUEUED = "requeued"  # sent back for another cause (its server went away, a load failed)
@@ -198,19 +198,21 @@ def ready_line(p: "_Pass") -> dict[UUID, Reason]:
     level = {r.id: p.effective(r) for r in ready}
     ahead: dict[int, Counter[str]] = {}
     by_step: dict[tuple[str, int], Reason] = {}
-    for r in fair_share.fair_order(ready, lambda r: level[r.id], p.keys):
+    for r in fair_share.fair_order(ready, lambda r: level[r.id], p.shares):
         if p.backing_off(r):
             found[r.id] = make(
                 RETRY, f"a retry, sent after {clock(r.not_before)}", until=r.not_before
             )
             continue
-        if not p.quota.allows(r):
-            key = p.keys.get(r.api_key)
-            most = key.max_processing if key is not None else None
+        full = p.quota.full(r)
+        if full is not None:
+            whose, most = full
             found[r.id] = make(
                 QUOTA,
-                f"its API key's quota is full ({most} processing at once)",
+                f"its {'API key' if whose == 'key' else 'team'}'s quota is full ({most}"
+                " processing at once)",
                 max_processing=most,
+                whose=whose,
             )
             continue
         server = p.servers[p.deployments[r.deployment_id].server_id]

@@ -132,6 +132,19 @@ class KeyView:
     max_processing: int | None = None
     processing: int = 0
     """Its requests processing now."""
+    team: int | None = None
+    """The id of its team (`TeamView`), if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class TeamView:
+    """A team of API keys, as fair share and its processing quota see it."""
+
+    id: int
+    weight: int = 1
+    max_processing: int | None = None
+    processing: int = 0
+    """The requests of all its keys processing now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +156,8 @@ class Snapshot:
     config: PolicyConfig = PolicyConfig()
     keys: tuple[KeyView, ...] = ()
     """The API keys with requests waiting or processing (any others: weight 1, no quota)."""
+    teams: tuple[TeamView, ...] = ()
+    """The teams of those keys."""
     unseen: frozenset[str] = frozenset()
     """Models that more requests may wait for than `requests` holds. Of a deep line it holds
     the heads: its best, its oldest, and the best of each deployed model's own line, so a

@@ -213,9 +213,9 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool, note:
             webhooks.add_callback(request.id)
         if request.idempotency is not None:
             claim_in_transaction(request, request.idempotency)
-        # A request under its key's processing quota is not sent on arrival (that skips the
-        # pass): the pass, which counts what its key has processing, sends it.
-        quota = request.api_key is not None and request.api_key.max_processing is not None
+        # A request under a processing quota is not sent on arrival (that skips the pass):
+        # the pass, which counts what its key and team have processing, sends it.
+        quota = request.api_key is not None and request.api_key.has_processing_quota()
         arrival = wakeup.Arrival(
             request.priority, request.id, "" if quota else model, request.api_key_id or 0
         )

@@ -3,7 +3,7 @@ what every dispatch locks. Everything else in the store uses the ORM."""
 
 import dataclasses
 
-from access.models import ApiKey
+from access.models import ApiKey, Team
 from backends.models import Deployment, Health, Model, Server
 
 from .. import sql
@@ -15,6 +15,7 @@ DEPLOYMENTS = Deployment._meta.db_table
 MODELS = Model._meta.db_table
 REQUESTS = Request._meta.db_table
 KEYS = ApiKey._meta.db_table
+TEAMS = Team._meta.db_table
 
 
 SERVER_VIEW_SQL = sql.prepared(
@@ -44,10 +45,14 @@ REQUEST_VIEW_SQL = (
     " r.no_server_grace_s"
     f" FROM {REQUESTS} r"
 )
-# The API keys, for fair share and quotas (a small table), and how many requests each has
-# processing (by the index `processing_by_key`: no more entries than busy slots; the state
-# written out, so that PostgreSQL can prove the partial index's condition).
-KEY_VIEW_SQL = sql.prepared(f"SELECT id, weight, max_processing FROM {KEYS} ORDER BY id")
+# The API keys and their teams, for fair share and quotas (small tables), and how many
+# requests each key has processing (by the index `processing_by_key`: no more entries than
+# busy slots; the state written out, so that PostgreSQL can prove the partial index's
+# condition).
+KEY_VIEW_SQL = sql.prepared(
+    "SELECT k.id, k.weight, k.max_processing, k.team_id, t.weight, t.max_processing"
+    f" FROM {KEYS} k LEFT JOIN {TEAMS} t ON t.id = k.team_id ORDER BY k.id"
+)
 PROCESSING_BY_KEY_SQL = (
     f"SELECT r.api_key_id, COUNT(*) FROM {REQUESTS} r"
     f" WHERE r.state = '{State.PROCESSING.value}' GROUP BY r.api_key_id ORDER BY r.api_key_id"

@@ -11,7 +11,15 @@ from backends.models import ModelType
 
 from .. import sql
 from ..models import WAITING_STATES, Request, State
-from ..snapshot import DeploymentView, KeyView, PolicyConfig, RequestView, ServerView, Snapshot
+from ..snapshot import (
+    DeploymentView,
+    KeyView,
+    PolicyConfig,
+    RequestView,
+    ServerView,
+    Snapshot,
+    TeamView,
+)
 from .queries import (
     AGE_SQL,
     DEPLOYMENT_VIEW_SQL,
@@ -59,17 +67,20 @@ class SnapshotReader:
             self.deep_models = None
         else:
             models = tuple(sorted({row[0] for row in deployment_rows}))
-            keys = tuple(row[0] for row in key_rows)
-            if (models, keys) != (self.deep_models, self.deep_keys):  # just grown deep, or
-                other_heads = _read_heads([_other_heads(models, keys)])  # a model or key added
-            self.deep_models, self.deep_keys = models, keys
+            key_ids = tuple(row[0] for row in key_rows)
+            if (models, key_ids) != (self.deep_models, self.deep_keys):  # just grown deep, or
+                other_heads = _read_heads([_other_heads(models, key_ids)])  # a model or key added
+            self.deep_models, self.deep_keys = models, key_ids
             # The other views of the line come as ids, and only the rows not read yet are
             # read in full: most are the same rows.
             ids = list({sql.uuid_of(key) for (key,) in other_heads[0]} - requests.keys())
             for chunk in sql.chunks(ids, ROWS_PER_READ):
-                keys = sql.keys(Request, chunk)
-                rows = sql.fetch(f"{REQUEST_VIEW_SQL} WHERE r.id IN ({sql.marks(len(keys))})", keys)
+                values = sql.keys(Request, chunk)
+                rows = sql.fetch(
+                    f"{REQUEST_VIEW_SQL} WHERE r.id IN ({sql.marks(len(values))})", values
+                )
                 requests.update((view.id, view) for view in _request_views(rows, names))
+        keys = _key_views(key_rows, processing_rows)
         return Snapshot(
             servers=_server_views(server_rows),
             deployments=tuple(
@@ -77,7 +88,8 @@ class SnapshotReader:
             ),
             requests=tuple(requests.values()),
             config=config,
-            keys=_key_views(key_rows, processing_rows),
+            keys=keys,
+            teams=_team_views(key_rows, keys),
             unseen=frozenset() if self.deep_models is None else _unseen(requests.values()),
         )
 
@@ -146,8 +158,27 @@ def _server_views(rows: list[tuple]) -> tuple[ServerView, ...]:
 def _key_views(key_rows: list[tuple], processing_rows: list[tuple]) -> tuple[KeyView, ...]:
     processing = dict(processing_rows)
     return tuple(
-        KeyView(id=kid, weight=weight, max_processing=most, processing=processing.get(kid, 0))
-        for kid, weight, most in key_rows
+        KeyView(
+            id=kid,
+            weight=weight,
+            max_processing=most,
+            processing=processing.get(kid, 0),
+            team=team,
+        )
+        for kid, weight, most, team, *_ in key_rows
+    )
+
+
+def _team_views(key_rows: list[tuple], keys: tuple[KeyView, ...]) -> tuple[TeamView, ...]:
+    """The teams that have keys, each with what all its keys have processing."""
+    teams = {team: (weight, most) for _, _, _, team, weight, most in key_rows if team}
+    processing: Counter[int] = Counter()
+    for k in keys:
+        if k.team is not None:
+            processing[k.team] += k.processing
+    return tuple(
+        TeamView(id=team, weight=weight, max_processing=most, processing=processing[team])
+        for team, (weight, most) in teams.items()
     )
 
 

@@ -3,11 +3,12 @@
 import logging
 
 import pytest
+from django.db.models import ProtectedError
 from django.forms.models import model_to_dict
 from django.urls import reverse
 from django.utils import timezone
 
-from access.models import ApiKey
+from access.models import ApiKey, Team
 from backends.models import Server
 from backends.secret_field import ServerForm
 from scheduler.models import Request
@@ -80,6 +81,41 @@ def test_a_keys_page_shows_its_usage_by_day(admin_client, make_key):
     text = page.content.decode()
     assert "<td>2</td><td>15</td><td>6</td><td>4.0</td>" in text
     assert "4 s of processing; 21 tokens of 1000 (requests that ended" in text
+
+
+def test_a_teams_page_lists_its_keys_and_what_they_all_used_today(
+    admin_client, make_key, django_assert_max_num_queries
+):
+    team = Team.objects.create(name="research", weight=3, daily_processing_s=600)
+    alice, _ = make_key("alice", team=team)
+    make_key("bob", team=team)
+    make_key("carol")
+    r = factories.request("m", api_key=alice)
+    now = timezone.now()
+    Request.objects.filter(pk=r.pk).update(
+        state="completed", started_at=now - timezone.timedelta(seconds=7), finished_at=now
+    )
+    page = admin_client.get(reverse("admin:access_team_change", args=[team.pk])).content.decode()
+    assert "alice" in page and "bob" in page and "carol" not in page
+    assert "7 s of processing of 600; 0 tokens (requests that ended" in page
+    assert "sy-" in page and alice.hashed_key not in page  # prefixes, never secrets
+    with django_assert_max_num_queries(8):  # one count of keys a team, not one query each
+        listing = admin_client.get(reverse("admin:access_team_changelist"))
+    assert listing.status_code == 200
+    assert '<td class="field-key_count">2</td>' in listing.content.decode()
+    keys = admin_client.get(
+        reverse("admin:access_apikey_changelist") + f"?team__id__exact={team.pk}"
+    )
+    shown = keys.content.decode()
+    assert "alice" in shown and "bob" in shown and "carol" not in shown
+
+
+def test_a_team_with_keys_cannot_be_deleted_from_under_them(make_key):
+    """Deleting it would quietly lift its keys' quotas: they are moved out first."""
+    team = Team.objects.create(name="research", max_processing=2)
+    make_key("alice", team=team)
+    with pytest.raises(ProtectedError):
+        team.delete()
 
 
 def test_a_servers_api_key_is_never_shown_back(admin_client, caplog):

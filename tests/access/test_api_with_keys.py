@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 
+from access.models import Team
 from scheduler.models import Request
 from tests import factories
 from tests.access.conftest import bearer
@@ -144,6 +145,25 @@ def test_a_key_over_its_daily_tokens_is_told_by_the_openai_client(live, make_key
     assert headers["x-should-retry"] == "false"
     assert 1 <= int(headers["Retry-After"]) <= 86_400
     assert Request.objects.count() == 1
+
+
+def test_a_teams_daily_tokens_count_every_key_of_the_team(live, make_key):
+    """Two keys of one team with 6 tokens a day between them (each answer uses 4): the
+    first key's request is served, the second key's too (4 < 6), then neither key gets in,
+    while a key in no team still does."""
+    team = Team.objects.create(name="research", daily_tokens=6)
+    _, first = make_key("alice", team=team)
+    _, second = make_key("bob", team=team)
+    _, outsider = make_key("carol")
+    client(live, first).chat.completions.create(model="qwen", messages=HI)
+    client(live, second).chat.completions.create(model="qwen", messages=HI)
+    for secret in (first, second):
+        with pytest.raises(openai.RateLimitError) as err:
+            client(live, secret).chat.completions.create(model="qwen", messages=HI)
+        assert err.value.body["code"] == "insufficient_quota"
+        assert "The team research has used 8 tokens, its quota of 6" in err.value.body["message"]
+    client(live, outsider).chat.completions.create(model="qwen", messages=HI)
+    assert Request.objects.count() == 3
 
 
 def test_a_key_with_too_many_waiting_is_429(live, make_key, gated_upstream):

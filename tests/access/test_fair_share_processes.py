@@ -3,7 +3,7 @@ with Redis: separate processes; on the embedded default: one `serve`)."""
 
 import pytest
 
-from access.models import ApiKey
+from access.models import ApiKey, Team
 from scheduler.models import Request, State
 from tests import factories
 from tests.access.conftest import bearer
@@ -72,5 +72,34 @@ def test_a_key_at_its_quota_waits_while_another_uses_the_free_slot(switchyard, g
     # Sent after the capped key's second: a pass saw that one, and left it waiting.
     eventually(lambda: Request.objects.filter(pk=third, state=State.PROCESSING).exists())
     assert Request.objects.get(pk=second).state in (State.PENDING, State.READY)
+    gated_upstream.gate.set()
+    eventually(lambda: Request.objects.get(pk=second).state == State.COMPLETED, timeout=60)
+
+
+def test_a_team_at_its_quota_waits_while_a_key_in_no_team_uses_the_free_slot(
+    switchyard, gated_upstream
+):
+    """The team may have one request processing: its second key's request waits, with the
+    team's quota as its reason, while a key in no team takes the other slot."""
+    server = factories.server("gpu", kind="openai", base_url=gated_upstream.url, slots=2)
+    factories.deployment(server, "m1", state="loaded")
+    team = Team.objects.create(name="research", max_processing=1)
+    _, first_secret = key("alice", team=team)
+    _, second_secret = key("bob", team=team)
+    _, other_secret = key("carol")
+    sy = switchyard()
+    first = submit(sy, first_secret)
+    eventually(lambda: Request.objects.filter(pk=first, state=State.PROCESSING).exists())
+    second = submit(sy, second_secret)
+    third = submit(sy, other_secret)
+    eventually(lambda: Request.objects.filter(pk=third, state=State.PROCESSING).exists())
+
+    def told() -> dict | None:
+        found = sy.http.get(f"/api/v1/requests/{second}", headers=bearer(second_secret)).json()
+        return found if (found.get("reason") or {}).get("kind") == "quota" else None
+
+    shown = eventually(told)
+    assert shown["state"] in ("pending", "ready")
+    assert shown["reason"]["text"] == "its team's quota is full (1 processing at once)"
     gated_upstream.gate.set()
     eventually(lambda: Request.objects.get(pk=second).state == State.COMPLETED, timeout=60)

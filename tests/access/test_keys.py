@@ -6,11 +6,11 @@ import sys
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from access import auth
-from access.models import ApiKey, hash_key
+from access.models import ApiKey, Team, hash_key
 from scheduler.api.errors import ApiError
 from tests.support.manage_process import ROOT
 
@@ -111,7 +111,18 @@ def test_create_api_key_prints_the_key_alone_on_its_last_line(db, capsys):
         3,
     )
     assert (api_key.daily_processing_s, api_key.daily_tokens) == (3600, 100_000)
-    assert not api_key.operator
+    assert not api_key.operator and api_key.team is None
+
+
+def test_create_api_key_joins_a_team_making_it_if_needed(db, capsys):
+    call_command("create_api_key", "alice", "--team", "research")
+    assert "Created team research" in capsys.readouterr().out
+    call_command("create_api_key", "bob", "--team", "research")
+    assert "Created team" not in capsys.readouterr().out
+    team = Team.objects.get()
+    assert sorted(team.keys.values_list("name", flat=True)) == ["alice", "bob"]
+    with pytest.raises(CommandError, match="--team needs a name"):
+        call_command("create_api_key", "carol", "--team", " ")
 
 
 def test_bootstrap_prints_a_demo_key_beside_the_admin_password(

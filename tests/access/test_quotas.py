@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 
 from access import limits
+from access.models import ApiKey, Team
 from scheduler.api.errors import ApiError
 from scheduler.models import Request
 from tests import factories
@@ -57,3 +58,39 @@ def test_other_keys_use_does_not_count(make_key):
     finished(other, timedelta(0), 500, 500, 100.0)
     factories.request("m", api_key=mine)  # waiting: counts only once it ends
     assert refusal(mine) is None
+
+
+def test_a_team_quota_counts_all_its_keys_and_refuses_each(make_key):
+    """A team of two keys with 60 s a day: 40 s by one and 25 s by the other refuse both at
+    the door, naming the team; a key in no team, and a key of another team, are let in."""
+    research = Team.objects.create(name="research", daily_processing_s=60)
+    other_team = Team.objects.create(name="ops", daily_processing_s=60)
+    alice, _ = make_key("alice", team=research)
+    bob, _ = make_key("bob", team=research)
+    carol, _ = make_key("carol")
+    dave, _ = make_key("dave", team=other_team)
+    finished(alice, timedelta(0), 1, 1, 40.0)
+    assert admitted(bob) is None
+    finished(bob, timedelta(0), 1, 1, 25.0)
+    for key in (alice, bob):
+        error = admitted(key)
+        assert (error.status, error.code) == (429, "insufficient_quota")
+        assert error.message.startswith("The team research has used 65 s of processing, its")
+    assert admitted(carol) is None and admitted(dave) is None
+
+
+def test_a_key_quota_and_its_teams_both_hold(make_key):
+    """The key's own quota refuses it though its team has room."""
+    team = Team.objects.create(name="research", daily_tokens=1000)
+    alice, _ = make_key("alice", team=team, daily_tokens=10)
+    finished(alice, timedelta(0), 8, 4, 1.0)
+    assert admitted(alice).message.startswith("This API key has used 12 tokens")
+
+
+def admitted(api_key) -> ApiError | None:
+    """What the door says to the key's next request (its row read again, as auth does)."""
+    try:
+        limits.admit(ApiKey.objects.select_related("team").get(pk=api_key.pk))
+    except ApiError as error:
+        return error
+    return None

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from access import usage
-from access.models import KeyUsage
+from access.models import KeyUsage, Team
 from scheduler import retention
 from scheduler.models import Request
 from tests import factories
@@ -79,3 +79,18 @@ def test_the_share_of_each_daily_quota_used_is_in_metrics(make_key, admin_client
     assert f'{ratio}{{key="alice",key_id="{alice.pk}",quota="tokens"}} 0.25' in text
     assert f'{ratio}{{key="idle",key_id="{idle.pk}",quota="tokens"}} 0.0' in text
     assert 'key="free"' not in text.split(ratio, 1)[1]
+
+
+def test_the_share_of_a_teams_daily_quota_its_keys_used_is_in_metrics(make_key, admin_client):
+    team = Team.objects.create(name="research", daily_tokens=100)
+    Team.objects.create(name="unused")
+    alice, _ = make_key("alice", team=team)
+    bob, _ = make_key("bob", team=team)
+    carol, _ = make_key("carol")
+    finished(alice, timedelta(0), 20, 5, 1.0)
+    finished(bob, timedelta(0), 10, 5, 1.0)
+    finished(carol, timedelta(0), 500, 500, 1.0)  # in no team: not counted
+    text = admin_client.get("/metrics").content.decode()
+    ratio = "switchyard_team_quota_used_ratio"
+    assert f'{ratio}{{quota="tokens",team="research",team_id="{team.pk}"}} 0.4' in text
+    assert 'team="unused"' not in text  # no quota, no share

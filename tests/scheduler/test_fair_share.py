@@ -1,4 +1,5 @@
-"""Fair share between API keys and their processing quota (scheduler/fair_share.py).
+"""Fair share between teams and API keys, and their processing quotas
+(scheduler/fair_share.py).
 
 Pure: no database, no clock. Each test says what would break if it failed."""
 
@@ -8,20 +9,20 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from scheduler import wakeup
+from scheduler import reasons, wakeup
 from scheduler.decisions import Dispatch, SendNext
-from scheduler.fair_share import fair_order
-from scheduler.policy import effective_priority, plan
+from scheduler.fair_share import Shares, fair_order
+from scheduler.policy import effective_priority, plan, plan_explained
 from scheduler.runtime import Runtime
-from scheduler.snapshot import KeyView
+from scheduler.snapshot import KeyView, TeamView
 
 from .builders import HIGH, NORMAL, at, dep, of, req, server, snap
 
 FLOODER, TRICKLER = 1, 2
 
 
-def with_keys(snapshot, *keys: KeyView):
-    return replace(snapshot, keys=tuple(keys))
+def with_keys(snapshot, *keys: KeyView, teams: tuple[TeamView, ...] = ()):
+    return replace(snapshot, keys=tuple(keys), teams=teams)
 
 
 def ready(n: int, key: int | None, first_age_s: float, priority: int = NORMAL) -> list:
@@ -73,8 +74,8 @@ def test_one_caller_keeps_the_lines_own_order():
     for key in (None, FLOODER):
         line = ready(5, key, first_age_s=10)
         effective = lambda r: effective_priority(r, at(0), 150.0)  # noqa: E731
-        keys = {FLOODER: KeyView(FLOODER, processing=7)}
-        assert fair_order(line, effective, keys) == line
+        shares = Shares([KeyView(FLOODER, processing=7)])
+        assert fair_order(line, effective, shares) == line
 
 
 def test_a_key_at_its_quota_waits_while_others_use_the_free_slots():
@@ -137,3 +138,60 @@ def test_a_tie_goes_to_the_key_with_less_waiting():
     s = with_keys(s, KeyView(FLOODER, processing=1), KeyView(TRICKLER, processing=1))
     nexts = [d.request_id for d in of(plan(s, at(0)), SendNext)]
     assert nexts == [flood[0].id, two[0].id]
+
+
+# -- teams ---------------------------------------------------------------------------------
+
+TEAM = 10
+A, B, C, SOLO = 11, 12, 13, 20
+
+
+def test_a_team_shares_as_one_caller_however_many_keys_it_makes():
+    """Three keys of one team flood the line; a key in no team has as much waiting. Four
+    slots: two each. Breaks if each key of the team counted as a caller of its own (the
+    team would take three of four)."""
+    team = [r for key in (A, B, C) for r in ready(4, key, first_age_s=60 - key)]
+    solo = ready(4, SOLO, first_age_s=30)
+    s = snap([server(1, slots=4)], [dep(1, 1, "m", "loaded")], team + solo)
+    keys = [KeyView(k, team=TEAM) for k in (A, B, C)] + [KeyView(SOLO)]
+    s = with_keys(s, *keys, teams=(TeamView(TEAM),))
+    sent = set(dispatched(plan(s, at(0))))
+    assert len(sent & {r.id for r in solo}) == 2
+    assert len(sent & {r.id for r in team}) == 2
+
+
+def test_teams_share_by_weight_and_their_keys_by_theirs():
+    """A team of weight 3 against a key of weight 1: three slots of four. Within the team,
+    key A (weight 2) takes two of those for B's one (weight 1)."""
+    a, b = ready(6, A, first_age_s=60), ready(6, B, first_age_s=50)
+    solo = ready(6, SOLO, first_age_s=55)
+    s = snap([server(1, slots=4)], [dep(1, 1, "m", "loaded")], a + b + solo)
+    keys = (KeyView(A, weight=2, team=TEAM), KeyView(B, team=TEAM), KeyView(SOLO))
+    s = with_keys(s, *keys, teams=(TeamView(TEAM, weight=3),))
+    sent = set(dispatched(plan(s, at(0))))
+    assert [len(sent & {r.id for r in line}) for line in (a, b, solo)] == [2, 1, 1]
+
+
+def test_a_team_counts_the_slots_all_its_keys_hold():
+    """Key A holds two slots, so its team does: B's request (the team's) waits behind the
+    solo key's, though B holds none itself."""
+    b = ready(1, B, first_age_s=60)
+    solo = ready(1, SOLO, first_age_s=1)
+    s = snap([server(1, slots=3)], [dep(1, 1, "m", "loaded", in_flight=2)], b + solo)
+    keys = (KeyView(A, processing=2, team=TEAM), KeyView(B, team=TEAM), KeyView(SOLO))
+    s = with_keys(s, *keys, teams=(TeamView(TEAM, processing=2),))
+    assert dispatched(plan(s, at(0))) == [solo[0].id]
+
+
+def test_a_team_at_its_quota_waits_while_others_use_the_free_slots():
+    """The team may hold 3 slots and holds 2 (by key A): one request of key B goes, the
+    rest wait with the team's quota as their reason, and the solo key takes the others."""
+    b = ready(3, B, first_age_s=60)
+    solo = ready(2, SOLO, first_age_s=1)
+    s = snap([server(1, slots=6)], [dep(1, 1, "m", "loaded", in_flight=2)], b + solo)
+    keys = (KeyView(A, processing=2, team=TEAM), KeyView(B, team=TEAM), KeyView(SOLO))
+    s = with_keys(s, *keys, teams=(TeamView(TEAM, max_processing=3, processing=2),))
+    decided = plan_explained(s, at(0))
+    assert set(dispatched(decided.decisions)) == {b[0].id, solo[0].id, solo[1].id}
+    assert decided.reasons[b[1].id].kind == reasons.QUOTA
+    assert decided.reasons[b[1].id].text == "its team's quota is full (3 processing at once)"

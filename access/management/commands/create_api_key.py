@@ -3,7 +3,7 @@ new key alone on its last line."""
 
 from django.core.management.base import BaseCommand, CommandError
 
-from access.models import STREAM_PROGRESS, ApiKey
+from access.models import STREAM_PROGRESS, ApiKey, Team
 from scheduler.models import Priority
 
 CLASSES = [p.label for p in Priority]
@@ -34,6 +34,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--daily-tokens", type=positive, help="tokens it may use a day (UTC)")
         parser.add_argument("--weight", type=positive, default=1, help="fair-share weight")
+        parser.add_argument(
+            "--team",
+            help="the team it belongs to, made if there is none of that name (its share and"
+            " quotas are set in the admin)",
+        )
         parser.add_argument("--operator", action="store_true", help="may use the operator API")
         parser.add_argument(
             "--stream-progress",
@@ -47,6 +52,13 @@ class Command(BaseCommand):
             if options[limit] is not None and options[limit] < 0:
                 raise CommandError(f"--{limit.replace('_', '-')} must be 0 or more")
         models = [m.strip() for m in options["models"].split(",") if m.strip()]
+        team = None
+        if options["team"] is not None:
+            if not options["team"].strip():
+                raise CommandError("--team needs a name")
+            team, made = Team.objects.get_or_create(name=options["team"].strip())
+            if made:
+                self.stdout.write(f"Created team {team} (weight 1, no quotas: see the admin)")
         api_key, secret = ApiKey.generate(
             options["name"],
             max_priority=CLASSES.index(options["max_priority"]),
@@ -60,6 +72,7 @@ class Command(BaseCommand):
             daily_tokens=options["daily_tokens"],
             operator=options["operator"],
             stream_progress=options["stream_progress"],
+            team=team,
         )
         api_key.save()
         self.stdout.write(
