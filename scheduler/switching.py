@@ -269,7 +269,10 @@ class Switching:
             users = [self.effective(w) for w in theirs] or (
                 [victim.last_priority] if victim.last_priority is not None else []
             )
-            if resident_until > self.now and users and mine >= min(users):
+            # Only against a lower class: at equal classes a request that waits now is not
+            # held for the next user the model may or may not have (collation and no wasted
+            # load already keep it for requests that do wait for it).
+            if resident_until > self.now and users and mine > min(users):
                 self.wake_at(resident_until, f"{victim.model} minimum residency ends", wakes)
                 self.note(r, waits.held("residency", server.name, victim.model, resident_until))
                 return False

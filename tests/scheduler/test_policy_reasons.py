@@ -120,7 +120,7 @@ def test_reason_held_by_minimum_residency():
         last_priority=NORMAL,
         avg_load_s=60.0,
     )
-    r = req("b", NORMAL)
+    r = req("b", BACKGROUND)
     found = why(snap([server(1)], [a, dep(2, 1, "b")], [r]))
     assert found[r.id].text == "held: a on s1 keeps its minimum residency until 12:00:20"
 
