@@ -35,6 +35,7 @@ DEPLOYMENT_FIELDS = {
     "size_mb",
     "device",
     "load_options",
+    "slots",
     "pinned",
     "preload",
     "keep_loaded_hours",

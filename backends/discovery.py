@@ -1,10 +1,11 @@
 """Create deployments for the models a server says it has.
 
 Discovery only adds: an operator's models and deployments are never deleted or overwritten.
-The one thing it writes on an existing deployment is a fact the operator left empty (its size).
+What it writes on an existing deployment are facts the operator left empty: its size, and
+how many requests of it the server serves at once (its `slots`).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from asgiref.sync import async_to_sync
 from django.db import transaction
@@ -14,6 +15,7 @@ from .adapters.registry import adapter_for
 from .models import Deployment, Model, ModelType, Server
 
 NAME_MAX = Model._meta.get_field("name").max_length
+FACTS = {"size_mb": "size", "slots": "slots"}  # what a listing may fill, as the report says
 
 
 @dataclass
@@ -33,7 +35,7 @@ class SyncReport:
         for label, names in (
             ("new deployments", self.created_deployments),
             ("new models", self.created_models),
-            ("sizes filled", self.filled),
+            ("filled", self.filled),
             ("skipped", self.skipped),
         ):
             if names:
@@ -46,9 +48,11 @@ class SyncReport:
 async def _list(server: Server) -> list[ServerModel]:
     adapter = adapter_for(server)
     try:
-        return await adapter.list_models()
+        listed = await adapter.list_models()
+        slots = await adapter.model_slots(listed)
     finally:
         await adapter.close()
+    return [replace(m, slots=slots[m.id]) if m.id in slots else m for m in listed]
 
 
 def listed_models(server: Server) -> list[ServerModel]:
@@ -79,10 +83,13 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
     for item in listed:
         existing = known.get(item.id)
         if existing is not None:
-            if existing.size_mb is None and item.size_mb:
-                existing.size_mb = item.size_mb
-                existing.save(update_fields=["size_mb"])
-                report.filled.append(str(existing))
+            facts = {"size_mb": item.size_mb, "slots": item.slots}
+            empty = [n for n, value in facts.items() if value and getattr(existing, n) is None]
+            if empty:
+                for name in empty:
+                    setattr(existing, name, facts[name])
+                existing.save(update_fields=empty)
+                report.filled.append(f"{existing} ({', '.join(FACTS[name] for name in empty)})")
             continue
         if len(item.id) > NAME_MAX:
             report.skipped.append(f"{item.id[:40]}… (name longer than {NAME_MAX} characters)")
@@ -97,7 +104,11 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
             report.skipped.append(f"{item.id} ({model.name} is already deployed here)")
             continue
         deployment = Deployment.objects.create(
-            server=server, model=model, server_model_id=item.id, size_mb=item.size_mb
+            server=server,
+            model=model,
+            server_model_id=item.id,
+            size_mb=item.size_mb,
+            slots=item.slots,
         )
         known[item.id] = deployment
         deployed.add(model.pk)

@@ -3,6 +3,7 @@
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce
@@ -168,6 +169,14 @@ class Deployment(models.Model):
         editable=False,
         help_text="The options an operator's load intent asked for, over the load options,"
         " for the load under way or in place only; the next load replaces them.",
+    )
+    slots = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests of this model it serves at once (the server's own setting for the"
+        " model, such as llama-server's --parallel or Ollama's OLLAMA_NUM_PARALLEL); empty: as"
+        " many as the server's slots.",
     )
     pinned = models.BooleanField(default=False, help_text="Never evicted.")
     preload = models.BooleanField(default=False, help_text="Loaded when the worker starts.")

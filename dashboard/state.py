@@ -96,6 +96,7 @@ def deployment_row(d: Deployment, now: datetime) -> dict:
         "server_model_id": d.server_model_id,
         "state": d.state,
         "in_flight": d.in_flight,
+        "slots": d.slots,
         "pinned": d.pinned,
         "keep_loaded_hours": d.keep_loaded_hours,
         "restore": is_restore(d),

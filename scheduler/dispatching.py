@@ -3,6 +3,8 @@ server's slots take next and where a request that arrives next is sent (`policy.
 the steps). Pure.
 """
 
+from collections import Counter
+
 from . import fair_share
 from .decisions import Dispatch, SendNext, SendOnArrival
 from .snapshot import DeploymentView, RequestView
@@ -42,16 +44,19 @@ class Dispatching:
     def any_free_slot(self) -> bool:
         return any(self.in_flight[s.id] < s.slots for s in self.servers.values())
 
+    def room(self, d: DeploymentView) -> int:
+        """Requests `d` may take now: its server's free slots, and no more than its own
+        (`slots`, the server's setting for that model) leave."""
+        free = self.servers[d.server_id].slots - self.in_flight[d.server_id]
+        return free if d.slots is None else min(free, d.slots - d.in_flight)
+
     def free_slot_for(self, r: RequestView) -> DeploymentView | None:
         """Its own deployment if it has a free slot, else another server with its model
         loaded and a free slot: a queue on a busy server drains onto an idle one."""
         own = self.deployments[r.deployment_id]
         others = sorted(self.candidates(r.model, "loaded"), key=lambda d: d.id)
         for d in [own, *others]:
-            if (
-                d.state == "loaded"
-                and self.in_flight[d.server_id] < self.servers[d.server_id].slots
-            ):
+            if d.state == "loaded" and self.room(d) > 0:
                 return d
         return None
 
@@ -81,11 +86,15 @@ class Dispatching:
                 if d.state == "loaded":
                     loaded.setdefault(d.model, d)
             nexts = 0
+            per_model: Counter[int] = Counter()  # no more for a model than its own slots
             for r in ready:
                 own = self.deployments.get(r.deployment_id) if r.deployment_id else None
                 d = own if own is not None and own.server_id == s.id else loaded.get(r.model)
                 if d is None or d.state != "loaded" or not quota.allows(r):
                     continue
+                if d.slots is not None and per_model[d.id] >= d.slots:
+                    continue
+                per_model[d.id] += 1
                 quota.take(r)
                 self.decisions.append(
                     SendNext(s.id, r.id, d.id, r.expires_at, self.effective(r), r.api_key)
@@ -105,6 +114,6 @@ class Dispatching:
             d = self.least_busy(self.candidates(model, "loaded"))
             if d is None or d.server_id in claimed:
                 continue
-            room = self.servers[d.server_id].slots - self.in_flight[d.server_id]
+            room = self.room(d)
             if room > 0:
                 self.decisions.append(SendOnArrival(model, d.id, d.server_id, room))

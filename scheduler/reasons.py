@@ -196,7 +196,7 @@ def ready_line(p: "_Pass") -> dict[UUID, Reason]:
     if not ready:
         return found
     level = {r.id: p.effective(r) for r in ready}
-    ahead: dict[int, Counter[str]] = {}
+    ahead: dict[str, Counter[str]] = {}
     by_step: dict[tuple[str, int], Reason] = {}
     for r in fair_share.fair_order(ready, lambda r: level[r.id], p.shares):
         if p.backing_off(r):
@@ -215,21 +215,23 @@ def ready_line(p: "_Pass") -> dict[UUID, Reason]:
                 whose=whose,
             )
             continue
-        server = p.servers[p.deployments[r.deployment_id].server_id]
-        line = ahead.setdefault(server.id, Counter())
+        d = p.deployments[r.deployment_id]
+        server = p.servers[d.server_id].name
+        # A model at its own slots waits for one of them, not for the server's.
+        where = f"on {server}"
+        if d.slots is not None and d.in_flight >= d.slots:
+            where = f"for {d.model} on {server} ({d.slots} at once)"
+        line = ahead.setdefault(where, Counter())
         n = line.total()
         if n > EXACT_UP_TO:
             step = max(s for s in STEPS if s <= n)
-            if (server.name, step) not in by_step:
-                by_step[server.name, step] = make(
-                    BEHIND,
-                    f"behind {step}+ requests on {server.name}",
-                    server=server.name,
-                    ahead=step,
+            if (where, step) not in by_step:
+                by_step[where, step] = make(
+                    BEHIND, f"behind {step}+ requests {where}", server=server, ahead=step
                 )
-            found[r.id] = by_step[server.name, step]
+            found[r.id] = by_step[where, step]
         else:
-            found[r.id] = behind(line, server.name)
+            found[r.id] = behind(line, server, where)
         line[class_name(level[r.id])] += 1
     return found
 
@@ -238,17 +240,20 @@ def class_name(effective: int) -> str:
     return CLASS_NAMES[min(max(effective, 0), len(CLASS_NAMES) - 1)]
 
 
-def behind(line: Counter[str], server: str) -> Reason:
-    """Behind the requests of `line` (counts by class), at most `EXACT_UP_TO` of them."""
+def behind(line: Counter[str], server: str, where: str = "") -> Reason:
+    """Behind the requests of `line` (counts by class), at most `EXACT_UP_TO` of them, for
+    the slots `where` says (`on <server>`, or `for <model> on <server> (N at once)` for a
+    model at its own slots)."""
+    where = where or f"on {server}"
     n = line.total()
     if n == 0:
-        return make(BEHIND, f"next for a slot on {server}", server=server, ahead=0)
+        return make(BEHIND, f"next for a slot {where}", server=server, ahead=0)
     classes = [(c, line[c]) for c in CLASS_NAMES if line[c]]
     if len(classes) == 1:
         cls, _ = classes[0]
         noun = "request" if n == 1 else "requests"
-        text = f"behind {n} {cls} {noun} on {server}"
+        text = f"behind {n} {cls} {noun} {where}"
     else:
         parts = ", ".join(f"{k} {c}" for c, k in classes)
-        text = f"behind {n} requests on {server} ({parts})"
+        text = f"behind {n} requests {where} ({parts})"
     return make(BEHIND, text, server=server, ahead=n)

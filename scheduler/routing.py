@@ -128,10 +128,13 @@ class Routing:
             self.held_heads[r.model] = r.id
 
     def crowded(self, d: DeploymentView) -> bool:
-        """No free slot, and enough requests queue for this model there to load it twice."""
-        if self.busyness(d.server_id) < 1:
+        """No free slot (its server's, or its model's own), and enough requests queue for
+        this model there to load it twice."""
+        queued = self.ready_on_deployment[d.id]
+        own_full = d.slots is not None and d.in_flight + queued >= d.slots
+        if self.busyness(d.server_id) < 1 and not own_full:
             return False
-        return self.ready_on_deployment[d.id] >= self.config.parallel_load_queue
+        return queued >= self.config.parallel_load_queue
 
     def soon_rank(self, r: RequestView) -> tuple:
         """Where `r` will rank within one aging step at most: one class better (a rescued
@@ -206,6 +209,8 @@ class Routing:
         """Enough requests wait for this load that, once it is done, `parallel_load_queue`
         of them still queue behind its server's slots."""
         slots = self.servers[d.server_id].slots
+        if d.slots is not None:
+            slots = min(slots, d.slots)
         return len(self.waiters[d.id]) >= slots + self.config.parallel_load_queue
 
     def route_to(self, r: RequestView, d: DeploymentView, ready: bool, reason: str) -> None:

@@ -42,6 +42,8 @@ class DeploymentView:
     model_type: str = "llm"
     state: str = "unloaded"
     in_flight: int = 0
+    slots: int | None = None
+    """Requests of this model its server serves at once; None: as many as the server's."""
     size_mb: int | None = None
     device: str = "gpu"
     pinned: bool = False

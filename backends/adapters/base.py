@@ -53,6 +53,8 @@ class ServerModel:
     state: str = "unloaded"  # unloaded | loading | loaded | sleeping
     type: str = "llm"
     size_mb: int | None = None
+    slots: int | None = None
+    """Requests of it the server serves at once, where the server says (llama-server)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,11 @@ class Adapter:
 
     async def health(self) -> None:
         await self.list_models()
+
+    async def model_slots(self, listed: list[ServerModel]) -> dict[str, int]:
+        """Slots of listed models that `list_models` could not say without a call per model
+        (for discovery only, which fills a deployment's empty `slots` with them)."""
+        return {}
 
     async def close(self) -> None:
         """Release connections."""

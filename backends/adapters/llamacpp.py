@@ -58,6 +58,12 @@ def size_mb(entry: dict[str, Any]) -> int | None:
     return round(size / 2**20) if isinstance(size, int) and size > 0 else None
 
 
+def total_slots(props: dict[str, Any]) -> int | None:
+    """The slots (`--parallel`) a model's `/props` says it has."""
+    slots = props.get("total_slots")
+    return slots if isinstance(slots, int) and slots > 0 else None
+
+
 class LlamaCppAdapter(HttpAdapter):
     # Router mode: `POST /models/unload` of a model still `loading` stops its load (it is
     # listed `unloaded`, `failed: true`, as a failed load is). A single-model server never
@@ -93,18 +99,36 @@ class LlamaCppAdapter(HttpAdapter):
         data = await self.entries()
         if self.router:
             return [ServerModel(e["id"], router_state(e), model_type(e), size_mb(e)) for e in data]
-        state = await self.single_state()
-        return [ServerModel(e["id"], state, size_mb=size_mb(e)) for e in data]
+        state, slots = await self.single_state()
+        return [ServerModel(e["id"], state, size_mb=size_mb(e), slots=slots) for e in data]
 
-    async def single_state(self) -> str:
+    async def single_state(self) -> tuple[str, int | None]:
+        """Its model's state, and the slots `/props` says it has (None while loading)."""
         try:
             await self.request("GET", "/health")
         except AdapterError as error:
             if error.code == ErrorCode.BUSY:  # 503 "Loading model"
-                return "loading"
+                return "loading", None
             raise
         props = await self.json("GET", "/props")
-        return "sleeping" if props.get("is_sleeping") else "loaded"
+        return ("sleeping" if props.get("is_sleeping") else "loaded"), total_slots(props)
+
+    async def model_slots(self, listed: list[ServerModel]) -> dict[str, int]:
+        """In router mode, each running model's slots, from its own `/props` (a model not
+        running has no instance to say them); a single-model server's come with its list."""
+        if not self.router:
+            return {}
+        found = {}
+        for m in listed:
+            if m.state != "loaded":
+                continue
+            try:
+                props = await self.json("GET", "/props", params={"model": m.id})
+            except AdapterError:
+                continue
+            if (slots := total_slots(props)) is not None:
+                found[m.id] = slots
+        return found
 
     async def find(self, server_model_id: str) -> dict[str, Any]:
         for entry in await self.entries():
@@ -141,7 +165,8 @@ class LlamaCppAdapter(HttpAdapter):
             await self.follow_load(events, entry["id"], progress)
 
     async def single_ready(self) -> bool:
-        return await self.single_state() != "loading"
+        state, _ = await self.single_state()
+        return state != "loading"
 
     async def start_router_load(self, server_model_id: str) -> None:
         try:

@@ -35,6 +35,10 @@ class DeploymentOut(serializers.Serializer):
     loaded_at = serializers.DateTimeField(allow_null=True)
     last_used_at = serializers.DateTimeField(allow_null=True)
     in_flight = serializers.IntegerField()
+    slots = serializers.IntegerField(
+        allow_null=True,
+        help_text="Requests of this model the server serves at once (null: the server's slots).",
+    )
     load_overrides = serializers.DictField(
         help_text="The options the load in place or under way was asked with (an operator's"
         " load), over the deployment's own load options."
@@ -149,6 +153,7 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "loaded_at": d.loaded_at,
                 "last_used_at": d.last_used_at,
                 "in_flight": d.in_flight,
+                "slots": d.slots,
                 "load_overrides": d.load_overrides,
                 "pinned": d.pinned,
                 "keep_loaded_hours": d.keep_loaded_hours,

@@ -44,16 +44,20 @@ class LoadedDeployment(NamedTuple):
 
 def _loaded(
     slots: dict[int, int], rows: list[tuple]
-) -> tuple[dict[int, int], dict[int, LoadedDeployment]]:
-    """Each server's requests in flight, and its loaded deployments."""
+) -> tuple[dict[int, int], dict[int, LoadedDeployment], dict[int, int]]:
+    """Each server's requests in flight, its loaded deployments, and what is left of the
+    slots of those that have their own."""
     busy = dict.fromkeys(slots, 0)
-    loaded = {}
-    for did, model_id, server_id, name, server_model_id, *options, state, in_flight in rows:
+    loaded, own_room = {}, {}
+    for row in rows:
+        did, model_id, server_id, name, server_model_id, *options, state, in_flight, own = row
         busy[server_id] += in_flight
+        if own is not None:
+            own_room[did] = own - in_flight
         if state == DS.LOADED:
             options = merged_load_options(*map(json.loads, options))
             loaded[did] = LoadedDeployment(did, model_id, server_id, name, server_model_id, options)
-    return busy, loaded
+    return busy, loaded, own_room
 
 
 class SentRequest(NamedTuple):
@@ -102,7 +106,7 @@ def dispatch_all(
             ]
         )
         slots = dict(server_rows)
-        busy, deployments = _loaded(slots, deployment_rows)
+        busy, deployments, own_room = _loaded(slots, deployment_rows)
         requests: dict[Any, SentRequest] = {}
         locked: Locked = {}
         for key, model_id, priority, payload, kind, stream, state, worker in request_rows:
@@ -113,10 +117,14 @@ def dispatch_all(
             d = deployments.get(deployment_id)
             if d is None or busy[d.server_id] >= slots[d.server_id]:
                 continue
+            if own_room.get(d.id, 1) <= 0:  # the model's own slots are full
+                continue
             found = requests.get(request_id)
             if found is None or found.model_id != d.model_id or request_id in accepted:
                 continue  # gone, of another model, or named twice: sent once
             busy[d.server_id] += 1
+            if d.id in own_room:
+                own_room[d.id] -= 1
             accepted[request_id] = d
         now = timezone.now()  # once the slots are ours: as near the send as the row can tell
         fields = {"started_at": now, "worker_id": worker_id, "attempts": sql.Increment()}

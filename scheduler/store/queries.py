@@ -99,7 +99,7 @@ def servers_deployments(deployment_ids: list[int]) -> sql.Statement:
     return (
         sql.prepared(
             f"SELECT d.id, d.model_id, d.server_id, s.name, d.server_model_id, m.load_options,"
-            f" d.load_options, d.load_overrides, d.state, d.in_flight"
+            f" d.load_options, d.load_overrides, d.state, d.in_flight, d.slots"
             f" FROM {DEPLOYMENTS} d JOIN {SERVERS} s ON s.id = d.server_id"
             f" JOIN {MODELS} m ON m.id = d.model_id WHERE d.server_id IN"
             f" ({servers_of(deployment_ids)}) ORDER BY d.id{sql.for_update('d')}"

@@ -31,6 +31,7 @@ servers:
       - model: qwen3-8b
         server_model_id: qwen/qwen3-8b
         size_mb: 5000
+        slots: 2
         pinned: true
         keep_loaded_hours: mon-fri 08:00-18:00
       - model: nomic-embed
@@ -60,6 +61,7 @@ memory_mb = 24000
 model = "qwen3-8b"
 server_model_id = "qwen/qwen3-8b"
 size_mb = 5000
+slots = 2
 pinned = true
 keep_loaded_hours = "mon-fri 08:00-18:00"
 
@@ -118,8 +120,9 @@ def test_creates_everything_then_changes_nothing(tmp_path, text, suffix):
     pinned = Deployment.objects.get(model=qwen)
     assert (pinned.server_model_id, pinned.size_mb, pinned.pinned) == ("qwen/qwen3-8b", 5000, True)
     assert pinned.keep_loaded_hours == "mon-fri 08:00-18:00"
+    assert pinned.slots == 2
     embed = Deployment.objects.get(model__name="nomic-embed")
-    assert (embed.server_model_id, embed.device) == ("nomic-embed", "cpu")
+    assert (embed.server_model_id, embed.device, embed.slots) == ("nomic-embed", "cpu", None)
 
     before = snapshot()
     assert "nothing changed" in apply(path)
@@ -253,6 +256,11 @@ YAML_ERRORS = {
         "models:\n  - name: a\nservers:\n  - name: s\n    deployments:\n"
         "      - model: a\n        device: tpu\n",
         ["servers[0].deployments[0].device (line 7)", "not a valid choice"],
+    ),
+    "no slots": (
+        "models:\n  - name: a\nservers:\n  - name: s\n    deployments:\n"
+        "      - model: a\n        slots: 0\n",
+        ["servers[0].deployments[0].slots (line 7)", "greater than or equal to 1"],
     ),
     "bad keep-loaded hours": (
         "models:\n  - name: a\nservers:\n  - name: s\n    deployments:\n"

@@ -152,11 +152,11 @@ def test_sizes_fill_only_empty_facts_and_unknown_types_are_llms(server):
     """Fills empty facts on existing deployments, never replaces ones the operator set.
 
     No server kind reports a type outside the three, so this feeds `record` directly."""
-    sized = factories.deployment(server, "a", size_mb=111)
+    sized = factories.deployment(server, "a", size_mb=111, slots=1)
     unsized = factories.deployment(server, "b")
     listed = [
-        ServerModel("a", type="llm", size_mb=999),
-        ServerModel("b", type="llm", size_mb=2048),
+        ServerModel("a", type="llm", size_mb=999, slots=8),
+        ServerModel("b", type="llm", size_mb=2048, slots=4),
         ServerModel("embed", type="embedding", size_mb=300),
         ServerModel("odd", type="vision"),
     ]
@@ -167,7 +167,8 @@ def test_sizes_fill_only_empty_facts_and_unknown_types_are_llms(server):
     sized.refresh_from_db()
     unsized.refresh_from_db()
     assert (sized.size_mb, unsized.size_mb) == (111, 2048)
-    assert report.filled == ["b@up"]
+    assert (sized.slots, unsized.slots) == (1, 4)
+    assert report.filled == ["b@up (size, slots)"]
     assert Model.objects.get(name="embed").type == "embedding"
     assert Deployment.objects.get(model__name="embed").size_mb == 300
     assert Model.objects.get(name="odd").type == "llm"

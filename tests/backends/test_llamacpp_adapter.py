@@ -63,6 +63,15 @@ async def test_single_mode_states(server, adapter):
     assert [m.state for m in await adapter.list_models()] == ["sleeping"]
 
 
+async def test_single_mode_lists_the_slots_its_props_say(server, adapter):
+    """`--parallel 4` shows as `total_slots` in `/props`: discovery fills the deployment's
+    slots with it."""
+    server.on("GET", "/v1/models", Reply(200, SINGLE))
+    server.on("GET", "/health", Reply(200, {"status": "ok"}))
+    server.on("GET", "/props", Reply(200, {"is_sleeping": False, "total_slots": 4}))
+    assert [m.slots for m in await adapter.list_models()] == [4]
+
+
 async def test_single_mode_load_waits_for_health(server, adapter):
     server.on("GET", "/v1/models", Reply(200, SINGLE))
     server.on("GET", "/health", LOADING, LOADING, Reply(200, {"status": "ok"}))
@@ -105,6 +114,17 @@ async def test_router_lists_every_state(server, adapter):
         ("nomic", "loading"),
     ]
     assert [m.state for m in await adapter.list_models()] == ["unloaded", "unloaded"]
+
+
+async def test_router_lists_the_slots_of_a_loaded_model_from_its_own_props(server, adapter):
+    """Only a running model's instance knows its slots (`/props?model=…`); one not running
+    has none listed."""
+    server.on("GET", "/v1/models", router({"value": "loaded", "args": ARGS}, {"value": "unloaded"}))
+    server.on("GET", "/props", Reply(200, {"total_slots": 2}))
+    listed = await adapter.list_models()
+    assert server.requests_to("GET", "/props") == []  # a listing (health, status sync) asks none
+    assert await adapter.model_slots(listed) == {GEMMA: 2}
+    assert [r.query for r in server.requests_to("GET", "/props")] == [{"model": [GEMMA]}]
 
 
 async def test_router_load_follows_progress_on_the_event_stream(server, adapter):

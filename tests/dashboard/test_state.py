@@ -105,6 +105,14 @@ def test_a_model_with_keep_loaded_hours_says_them():
     assert shown["keep_loaded_hours"] == "mon-fri 08:00-18:00"
 
 
+def test_a_model_with_slots_of_its_own_says_how_many_it_uses():
+    """The page shows `1/2 in flight` for it."""
+    srv = factories.server("sim", slots=4)
+    factories.deployment(srv, "big", state=DeploymentState.LOADED, slots=2, in_flight=1)
+    [shown] = server_named(state.overview(NOW), "sim")["models"]
+    assert (shown["in_flight"], shown["slots"]) == (1, 2)
+
+
 def test_load_progress_is_the_adapters_own_figure_when_it_reports_one():
     srv = factories.server()
     d = started_loading(srv, "m", 3, load_progress=0.25, avg_load_s=10)

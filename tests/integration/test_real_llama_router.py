@@ -137,6 +137,11 @@ def test_alternating_models_swap_through_the_scheduler(router, switchyard):
     assert_words(answer.json()["choices"][0]["text"])
 
     eventually(lambda: matches_router(server, router), what="deployments match the router")
+    # Discovery again: the running model's own /props gives the preset's `np` (2) as its
+    # slots; a model not running has none to give.
+    call_command("sync_models", "router")
+    slots = dict(server.deployments.values_list("model__name", "slots"))
+    assert (slots["large"], slots["tiny"]) == (2, None)
     requests = list(Request.objects.order_by("created_at"))
     assert [r.state for r in requests] == [State.COMPLETED] * 4
     assert [r.attempts for r in requests] == [1] * 4  # none sent on a connection gone dead

@@ -116,8 +116,8 @@ def test_llamacpp_single_mode_while_loading_then_serving(single, switchyard):
     live = switchyard()
     assert_words(chat(live, "big")["choices"][0]["message"]["content"])
     call_command("sync_models", "one")
-    assert list(server.deployments.values_list("server_model_id", "size_mb")) == [
-        (tiny_gguf.LARGE.name, 92)
+    assert list(server.deployments.values_list("server_model_id", "size_mb", "slots")) == [
+        (tiny_gguf.LARGE.name, 92, 2)  # its slots: `-np 2`, as its /props says
     ]
 
 

@@ -37,6 +37,21 @@ def test_two_workers_never_start_two_loads_on_one_server():
     assert states == {"m1": DS.LOADING, "m2": DS.UNLOADED}
 
 
+def test_two_workers_never_overfill_a_models_own_slots():
+    """The server has room for 4, the model for 1 (its `slots`): the second send is refused
+    by the database, whatever the worker's plan said, and another model's is not."""
+    a, b = (Worker.objects.create(host=h, pid=1) for h in "ab")
+    srv = factories.server("s1", slots=4, max_llm=2)
+    d = factories.deployment(srv, "m1", state=DS.LOADED, slots=1)
+    other = factories.deployment(srv, "m2", state=DS.LOADED)
+    first, second = (factories.request("m1", state=State.READY, deployment=d) for _ in "12")
+    third = factories.request("m2", state=State.READY, deployment=other)
+    assert store.dispatch_all([(first.pk, d.pk)], a.pk) != [None]
+    assert store.dispatch_all([(second.pk, d.pk), (third.pk, other.pk)], b.pk)[0] is None
+    assert Request.objects.get(pk=second.pk).state == State.READY
+    assert Request.objects.get(pk=third.pk).state == State.PROCESSING
+
+
 def test_two_workers_never_overfill_a_servers_slots():
     a, b = (Worker.objects.create(host=h, pid=1) for h in "ab")
     d = factories.deployment(factories.server("s1", slots=1), "m1", state=DS.LOADED)

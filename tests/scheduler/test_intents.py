@@ -100,7 +100,7 @@ def test_a_load_intents_options_go_to_that_load_only():
     assert d.load_options["num_ctx"] == 4096  # its own, untouched
     assert d.load_overrides == {"num_ctx": 8192, "keep_alive": "5m"}
     # Sent while that load is in place: the server is asked with the same options.
-    busy, loaded = _loaded({srv.pk: 0}, [row(d, "loaded")])
+    _, loaded, _ = _loaded({srv.pk: 0}, [row(d, "loaded")])
     assert loaded[d.pk].load_options["num_ctx"] == 8192
     # The intent ends; the next load (the policy's) has only the deployment's own.
     Intent.objects.update(status="done")
@@ -116,4 +116,4 @@ def row(d: Deployment, state: str) -> tuple:
     """A deployment as the dispatch's query reads it."""
     own = (d.model.load_options, d.load_options, d.load_overrides)
     names = (d.pk, d.model_id, d.server_id, d.server.name, d.server_model_id)
-    return (*names, *map(json.dumps, own), state, 0)
+    return (*names, *map(json.dumps, own), state, 0, d.slots)

@@ -42,7 +42,7 @@ def login(staff: bool = True) -> dict[str, str]:
 @pytest.mark.django_db
 def test_refusals(client):
     srv = factories.server("gpu-1")
-    factories.deployment(srv, "a", state="loaded", in_flight=1)
+    factories.deployment(srv, "a", state="loaded", in_flight=1, slots=2)
     factories.deployment(srv, "b")
     assert client.get("/api/v1/servers").status_code == 401
     users = get_user_model()
@@ -72,10 +72,9 @@ def test_refusals(client):
     assert r.json()["trace"][0]["reason"] == "asked by user ops through the API"
     listed = client.get("/api/v1/servers").json()["data"][0]
     assert listed["intents"][0]["id"] == r.json()["id"]
-    assert [(d["model"], d["state"], d["in_flight"]) for d in listed["deployments"]] == [
-        ("a", "loaded", 1),
-        ("b", "unloaded", 0),
-    ]
+    assert [
+        (d["model"], d["state"], d["in_flight"], d["slots"]) for d in listed["deployments"]
+    ] == [("a", "loaded", 1, 2), ("b", "unloaded", 0, None)]
 
 
 def until_done(live, headers, intent_id: int) -> dict:

@@ -100,7 +100,8 @@ const Switchyard = (() => {
           m.keep_loaded_hours + " (SWITCHYARD_TIME_ZONE)"}, "kept loaded") : null,
         m.restore ? el("span", {class: "tag", title: "loaded back on an idle server for the " +
           "interactive work that used it; gives way to any request"}, "restore") : null,
-        m.in_flight ? el("span", {class: "muted"}, ` ${m.in_flight} in flight`) : null,
+        m.in_flight || m.slots ? el("span", {class: "muted"}, ` ${m.in_flight}` +
+          (m.slots ? `/${m.slots}` : "") + " in flight") : null,
         m.progress ? el("div", {}, progress(m.progress)) : null,
         m.error ? el("div", {class: "error"}, m.error) : null)))
       : el("p", {class: "muted"}, "no model loaded");
