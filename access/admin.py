@@ -20,6 +20,35 @@ def used_against(used: dict[str, float], most_s: int | None, most_tokens: int | 
     return f"{seconds}; {words} (requests that ended; renews at 00:00 UTC)"
 
 
+def usage_table(found: usage.Usage) -> str:
+    """Usage by day, newest first, summed over the keys in `found`."""
+    days: dict = {}
+    for (_, day), figures in found.items():
+        total = days.setdefault(day, dict.fromkeys(usage.FIELDS, 0))
+        for name in usage.FIELDS:
+            total[name] += figures[name]
+    if not days:
+        return "No request has ended yet."
+    return format_html(
+        "<table><tr><th>Day</th><th>Requests</th><th>Prompt tokens</th>"
+        "<th>Completion tokens</th><th>Processing s</th></tr>{}</table>",
+        format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    day,
+                    f["requests"],
+                    f["prompt_tokens"],
+                    f["completion_tokens"],
+                    round(f["processing_s"], 1),
+                )
+                for day, f in sorted(days.items(), reverse=True)
+            ),
+        ),
+    )
+
+
 class KeyInline(admin.TabularInline):
     model = ApiKey
     fields = ["name", "shown_prefix", "weight", "max_processing", "revoked"]
@@ -47,11 +76,12 @@ class TeamAdmin(admin.ModelAdmin):
         "daily_tokens",
     ]
     search_fields = ["name"]
-    readonly_fields = ["used_today"]
+    readonly_fields = ["used_today", "usage_by_day"]
     fieldsets = [
         (None, {"fields": ["name"]}),
         ("Share of the slots", {"fields": ["weight", "max_processing"]}),
         ("Daily quotas (UTC)", {"fields": ["daily_processing_s", "daily_tokens", "used_today"]}),
+        ("Usage of all its keys (UTC days, the last 30)", {"fields": ["usage_by_day"]}),
     ]
     inlines = [KeyInline]
 
@@ -68,6 +98,13 @@ class TeamAdmin(admin.ModelAdmin):
             return "—"
         used = usage.team_today(team.pk, timezone.now())
         return used_against(used, team.daily_processing_s, team.daily_tokens)
+
+    @admin.display(description="usage")
+    def usage_by_day(self, team: Team) -> str:
+        if team.pk is None:
+            return "—"
+        since = timezone.now() - timedelta(days=30)
+        return usage_table(usage.usage(since=since, team_id=team.pk))
 
 
 @admin.register(ApiKey)
@@ -139,28 +176,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def usage_by_day(self, key: ApiKey) -> str:
         if key.pk is None:
             return "—"
-        since = timezone.now() - timedelta(days=30)
-        rows = sorted(usage.usage(key.pk, since).items(), reverse=True)
-        if not rows:
-            return "No request has ended yet."
-        return format_html(
-            "<table><tr><th>Day</th><th>Requests</th><th>Prompt tokens</th>"
-            "<th>Completion tokens</th><th>Processing s</th></tr>{}</table>",
-            format_html_join(
-                "",
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                (
-                    (
-                        day,
-                        f["requests"],
-                        f["prompt_tokens"],
-                        f["completion_tokens"],
-                        round(f["processing_s"], 1),
-                    )
-                    for (_, day), f in rows
-                ),
-            ),
-        )
+        return usage_table(usage.usage(key.pk, timezone.now() - timedelta(days=30)))
 
     @admin.display(boolean=True, description="usable")
     def usable(self, key: ApiKey) -> bool:

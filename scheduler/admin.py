@@ -61,7 +61,16 @@ class RequestAdmin(ReadOnlyAdmin):
         "attempts",
     ]
     readonly_fields = ["why"]
-    list_filter = ["state", "priority", "kind", "server", "api_key", "stream", "in_batch"]
+    list_filter = [
+        "state",
+        "priority",
+        "kind",
+        "server",
+        "api_key",
+        "api_key__team",
+        "stream",
+        "in_batch",
+    ]
     search_fields = ["id", "model_name", "error"]
     date_hierarchy = "created_at"
     # Newest first, by the index of arrival: the model's own order (class, then arrival)

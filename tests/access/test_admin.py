@@ -88,16 +88,22 @@ def test_a_teams_page_lists_its_keys_and_what_they_all_used_today(
 ):
     team = Team.objects.create(name="research", weight=3, daily_processing_s=600)
     alice, _ = make_key("alice", team=team)
-    make_key("bob", team=team)
-    make_key("carol")
-    r = factories.request("m", api_key=alice)
+    bob, _ = make_key("bob", team=team)
+    carol, _ = make_key("carol")
     now = timezone.now()
-    Request.objects.filter(pk=r.pk).update(
-        state="completed", started_at=now - timezone.timedelta(seconds=7), finished_at=now
-    )
+    for key, seconds in ((alice, 7), (bob, 3), (carol, 50)):
+        r = factories.request("m", api_key=key)
+        Request.objects.filter(pk=r.pk).update(
+            state="completed", started_at=now - timezone.timedelta(seconds=seconds), finished_at=now
+        )
     page = admin_client.get(reverse("admin:access_team_change", args=[team.pk])).content.decode()
     assert "alice" in page and "bob" in page and "carol" not in page
-    assert "7 s of processing of 600; 0 tokens (requests that ended" in page
+    assert "10 s of processing of 600; 0 tokens (requests that ended" in page
+    assert f"<td>{now.date()}</td><td>2</td><td>0</td><td>0</td><td>10.0</td>" in page
+    requests = admin_client.get(
+        reverse("admin:scheduler_request_changelist") + f"?api_key__team__id__exact={team.pk}"
+    ).content.decode()
+    assert requests.count("field-short_id") == 2  # alice's and bob's, not carol's
     assert "sy-" in page and alice.hashed_key not in page  # prefixes, never secrets
     with django_assert_max_num_queries(8):  # one count of keys a team, not one query each
         listing = admin_client.get(reverse("admin:access_team_changelist"))
