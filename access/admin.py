@@ -22,11 +22,7 @@ def used_against(used: dict[str, float], most_s: int | None, most_tokens: int | 
 
 def usage_table(found: usage.Usage) -> str:
     """Usage by day, newest first, summed over the keys in `found`."""
-    days: dict = {}
-    for (_, day), figures in found.items():
-        total = days.setdefault(day, dict.fromkeys(usage.FIELDS, 0))
-        for name in usage.FIELDS:
-            total[name] += figures[name]
+    days = usage.by_day(found)
     if not days:
         return "No request has ended yet."
     return format_html(
@@ -49,6 +45,28 @@ def usage_table(found: usage.Usage) -> str:
     )
 
 
+class UsageColumns:
+    """What a key, or all a team's keys, used: today against its daily quotas, and by day
+    over the last 30 days."""
+
+    def usage_of(self, holder: ApiKey | Team) -> dict[str, int]:
+        return {"team_id": holder.pk} if isinstance(holder, Team) else {"api_key_id": holder.pk}
+
+    @admin.display(description="used today")
+    def used_today(self, holder: ApiKey | Team) -> str:
+        if holder.pk is None:
+            return "—"
+        used = usage.today(now=timezone.now(), **self.usage_of(holder))
+        return used_against(used, holder.daily_processing_s, holder.daily_tokens)
+
+    @admin.display(description="usage")
+    def usage_by_day(self, holder: ApiKey | Team) -> str:
+        if holder.pk is None:
+            return "—"
+        since = timezone.now() - timedelta(days=30)
+        return usage_table(usage.usage(since=since, **self.usage_of(holder)))
+
+
 class KeyInline(admin.TabularInline):
     model = ApiKey
     fields = ["name", "shown_prefix", "weight", "max_processing", "revoked"]
@@ -66,7 +84,7 @@ class KeyInline(admin.TabularInline):
 
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(UsageColumns, admin.ModelAdmin):
     list_display = [
         "name",
         "key_count",
@@ -92,23 +110,9 @@ class TeamAdmin(admin.ModelAdmin):
     def key_count(self, team: Team) -> int:
         return getattr(team, "keys_in", 0)
 
-    @admin.display(description="used today, all its keys")
-    def used_today(self, team: Team) -> str:
-        if team.pk is None:
-            return "—"
-        used = usage.team_today(team.pk, timezone.now())
-        return used_against(used, team.daily_processing_s, team.daily_tokens)
-
-    @admin.display(description="usage")
-    def usage_by_day(self, team: Team) -> str:
-        if team.pk is None:
-            return "—"
-        since = timezone.now() - timedelta(days=30)
-        return usage_table(usage.usage(since=since, team_id=team.pk))
-
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(UsageColumns, admin.ModelAdmin):
     list_display = [
         "name",
         "shown_prefix",
@@ -164,19 +168,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if not key.webhook_secret:
             return "none: its callbacks are signed with SWITCHYARD_WEBHOOK_SECRET"
         return f"{masked(key.webhook_secret)} (shown once; the action Rotate makes a new one)"
-
-    @admin.display(description="used today")
-    def used_today(self, key: ApiKey) -> str:
-        if key.pk is None:
-            return "—"
-        used = usage.today(key.pk, timezone.now())
-        return used_against(used, key.daily_processing_s, key.daily_tokens)
-
-    @admin.display(description="usage")
-    def usage_by_day(self, key: ApiKey) -> str:
-        if key.pk is None:
-            return "—"
-        return usage_table(usage.usage(key.pk, timezone.now() - timedelta(days=30)))
 
     @admin.display(boolean=True, description="usable")
     def usable(self, key: ApiKey) -> bool:

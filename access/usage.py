@@ -83,22 +83,24 @@ def midnights(now: datetime) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
-def today(api_key_id: int, now: datetime) -> dict[str, float]:
-    """What one key's requests that ended today (UTC) used."""
-    start, _ = midnights(now)
-    found = usage(api_key_id, since=start)
-    return found.get((api_key_id, start.date()), dict.fromkeys(FIELDS, 0))
+def by_day(found: Usage) -> dict[date, dict[str, float]]:
+    """`found` summed over its keys, by day."""
+    days: dict[date, dict[str, float]] = {}
+    for (_, day), figures in found.items():
+        total = days.setdefault(day, dict.fromkeys(FIELDS, 0))
+        for name in FIELDS:
+            total[name] += figures[name]
+    return days
 
 
-def team_today(team_id: int, now: datetime) -> dict[str, float]:
-    """What the requests of all one team's keys that ended today (UTC) used."""
+def today(
+    now: datetime, api_key_id: int | None = None, team_id: int | None = None
+) -> dict[str, float]:
+    """What one key's requests (or those of all one team's keys) that ended today (UTC)
+    used."""
     start, _ = midnights(now)
-    total = dict.fromkeys(FIELDS, 0.0)
-    for (_, day), figures in usage(since=start, team_id=team_id).items():
-        if day == start.date():
-            for name in FIELDS:
-                total[name] += figures[name]
-    return total
+    found = by_day(usage(api_key_id, since=start, team_id=team_id))
+    return found.get(start.date(), dict.fromkeys(FIELDS, 0))
 
 
 def fold(request_ids: Iterable) -> None:
