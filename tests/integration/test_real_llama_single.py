@@ -30,8 +30,10 @@ def single(llama_server_binary, tiny_models, tmp_path):
     """Start a single-model llama-server: `single("tiny-5mb", "--sleep-idle-seconds", "1")`."""
     started: list[real_llama.RealLlamaServer] = []
 
-    def start(name: str, *args: str, wait_loaded: bool = True) -> real_llama.RealLlamaServer:
-        argv = ["-m", tiny_models[name], "--alias", name, "-c", "512", "-np", "2", *args]
+    def start(
+        name: str, *args: str, wait_loaded: bool = True, ctx: int = 512
+    ) -> real_llama.RealLlamaServer:
+        argv = ["-m", tiny_models[name], "--alias", name, "-c", str(ctx), "-np", "2", *args]
         started.append(real_llama.RealLlamaServer(argv, tmp_path, wait_loaded=wait_loaded))
         return started[-1]
 
@@ -143,9 +145,12 @@ def test_llamacpp_single_mode_sleeps_and_wakes(single, switchyard):
 def test_a_stopped_request_stops_the_generation(single, switchyard, path):
     """A streamed generation whose caller hangs up after its first chunk, or a job cancelled
     with DELETE while it generates: the request ends `cancelled` and llama-server cancels
-    its task (its log says so; left alone it would generate its whole context, ~250
-    tokens), and its slot is idle again."""
-    llama = single(tiny_gguf.LARGE.name)
+    its task (its log says so), and its slot is idle again. Left alone it would generate
+    its whole slot's context (~500 tokens, on one thread: seconds), which it must still be
+    doing when it notices the closed connection: of a call that is not streamed, about a
+    second after Switchyard closes it (measured: Switchyard stops the call within 1 ms of
+    the cancel's wake-up). With 250 tokens on two threads it ended first on a fast VM."""
+    llama = single(tiny_gguf.LARGE.name, "-t", "1", ctx=1024)
     server = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
     deploy(server, "big", tiny_gguf.LARGE.name)
     live = switchyard()
