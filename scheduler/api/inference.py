@@ -2,8 +2,9 @@
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError
@@ -149,7 +150,15 @@ async def answer(
     return await respond(request, sub, hang_up_cancels=claim is None, progress=in_reasoning)
 
 
-_cancelling: set[asyncio.Task] = set()  # held here until done: the loop holds tasks weakly
+_detached: set[asyncio.Task] = set()  # held here until done: the loop holds tasks weakly
+
+
+def run_detached(work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` in a task of its own, which outlives the caller's (one the server cancels
+    when its caller goes)."""
+    task = asyncio.create_task(work)
+    _detached.add(task)
+    task.add_done_callback(_detached.discard)
 
 
 def cancel_once_stored(storing: asyncio.Future) -> None:
@@ -163,9 +172,7 @@ def cancel_once_stored(storing: asyncio.Future) -> None:
             return
         await cancel_abandoned(request.pk)
 
-    task = asyncio.create_task(cancel())
-    _cancelling.add(task)
-    task.add_done_callback(_cancelling.discard)
+    run_detached(cancel())
 
 
 def shows_progress(asked: str | None, kind: str, api_key=None) -> bool:

@@ -22,11 +22,10 @@ from ..models import RequestKind
 from ..pool_threads import in_pool_thread
 from . import recovery
 from .errors import ApiError, request_too_large
-from .inference import Reply, answer
+from .inference import Reply, answer, run_detached
 
 log = logging.getLogger(__name__)
 
-_after_replies: set[asyncio.Task] = set()  # held here until done: the loop holds tasks weakly
 KINDS = {
     "/v1/chat/completions": RequestKind.CHAT,
     "/v1/completions": RequestKind.COMPLETION,
@@ -115,9 +114,7 @@ async def reply(
         if found.then is not None:
             # In a task of its own: daphne reports the caller gone as soon as the answer
             # is sent, and `app` then cancels this one.
-            task = asyncio.create_task(found.then())
-            _after_replies.add(task)
-            task.add_done_callback(_after_replies.discard)
+            run_detached(found.then())
 
 
 async def send_reply(send, found: Reply) -> None:

@@ -8,7 +8,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import Client
 
-from scheduler.api import openai_asgi
+from scheduler.api import inference, openai_asgi
 from scheduler.models import IdempotencyKey, Request
 from tests import factories
 from tests.support import asgi
@@ -27,7 +27,7 @@ async def call(raw: bytes, key: str, path: str = "/v1/chat/completions") -> tupl
     """One POST through the ASGI app: its response headers and whole body."""
     scope = asgi.scope("POST", path, {"Idempotency-Key": key})
     answered = await asgi.call(openai_asgi.app, scope, raw)
-    await asyncio.gather(*openai_asgi._after_replies)
+    await asyncio.gather(*inference._detached)
     return answered.headers | {"status": answered.status}, answered.body.decode()
 
 

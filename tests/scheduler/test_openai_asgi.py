@@ -41,7 +41,7 @@ async def drive(sent: list[dict], send_fails: bool = False) -> None:
     """One POST through the app; daphne's `http.disconnect` as soon as the body is sent."""
     scope = asgi.scope("POST", "/v1/chat/completions")
     await asgi.call(openai_asgi.app, scope, BODY, sent, send_fails)
-    await asyncio.gather(*openai_asgi._after_replies)
+    await asyncio.gather(*inference._detached)
 
 
 async def test_what_follows_an_answer_runs_after_it_is_sent(answered):
@@ -55,7 +55,7 @@ async def test_what_follows_an_answer_runs_when_sending_it_fails(answered):
     sent, ran = answered
     with pytest.raises(OSError):
         await drive(sent, send_fails=True)
-    await asyncio.gather(*openai_asgi._after_replies)
+    await asyncio.gather(*inference._detached)
     assert ran == [[]]
 
 
@@ -109,6 +109,6 @@ async def test_a_caller_that_hangs_up_while_its_request_is_stored_cancels_it(mon
 
     await openai_asgi.app(asgi.scope("POST", "/v1/chat/completions"), receive, send)
     release.set()  # the caller is gone; now the store ends
-    await asyncio.gather(*inference._cancelling)
+    await asyncio.gather(*inference._detached)
     [request] = await sync_to_async(list)(Request.objects.all())
     assert request.state == State.CANCELLED
