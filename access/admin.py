@@ -49,14 +49,11 @@ class UsageColumns:
     """What a key, or all a team's keys, used: today against its daily quotas, and by day
     over the last 30 days."""
 
-    def usage_of(self, holder: ApiKey | Team) -> dict[str, int]:
-        return {"team_id": holder.pk} if isinstance(holder, Team) else {"api_key_id": holder.pk}
-
     @admin.display(description="used today")
     def used_today(self, holder: ApiKey | Team) -> str:
         if holder.pk is None:
             return "—"
-        used = usage.today(now=timezone.now(), **self.usage_of(holder))
+        used = usage.today(timezone.now(), **usage.of(holder))
         return used_against(used, holder.daily_processing_s, holder.daily_tokens)
 
     @admin.display(description="usage")
@@ -64,7 +61,7 @@ class UsageColumns:
         if holder.pk is None:
             return "—"
         since = timezone.now() - timedelta(days=30)
-        return usage_table(usage.usage(since=since, **self.usage_of(holder)))
+        return usage_table(usage.usage(since=since, **usage.of(holder)))
 
 
 class KeyInline(admin.TabularInline):

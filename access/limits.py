@@ -79,10 +79,8 @@ def check_daily_quota(holder: ApiKey | Team, now) -> None:
     meanwhile (its use counts when it ends)."""
     if not holder.has_daily_quota():
         return
-    if isinstance(holder, Team):
-        used, who = usage.today(now, team_id=holder.pk), f"The team {holder.name}"
-    else:
-        used, who = usage.today(now, api_key_id=holder.pk), "This API key"
+    used = usage.today(now, **usage.of(holder))
+    who = f"The team {holder.name}" if isinstance(holder, Team) else "This API key"
     tokens = int(used["prompt_tokens"] + used["completion_tokens"])
     most_s, most_tokens = holder.daily_processing_s, holder.daily_tokens
     if most_s is not None and used["processing_s"] >= most_s:

@@ -15,7 +15,7 @@ from django.db.models.functions import Cast, Coalesce, TruncDate
 
 from scheduler.models import TERMINAL_STATES, Request
 
-from .models import KeyUsage
+from .models import ApiKey, KeyUsage, Team
 
 FIELDS = ("requests", "prompt_tokens", "completion_tokens", "processing_s")
 Usage = dict[tuple[int, date], dict[str, float]]
@@ -81,6 +81,12 @@ def midnights(now: datetime) -> tuple[datetime, datetime]:
     """The UTC midnights that begin and end `now`'s day (an aware UTC time)."""
     start = now.replace(hour=0, minute=0, second=0, microsecond=0)
     return start, start + timedelta(days=1)
+
+
+def of(holder: ApiKey | Team) -> dict[str, int]:
+    """The arguments of `usage` and `today` that select a key's requests, or those of all a
+    team's keys."""
+    return {"team_id": holder.pk} if isinstance(holder, Team) else {"api_key_id": holder.pk}
 
 
 def by_day(found: Usage) -> dict[date, dict[str, float]]:

@@ -20,6 +20,7 @@ request behind them all; nor does a team that makes a hundred keys. Requests wit
 A key's or a team's `max_processing` is a quota, not a refusal: requests past it wait until
 one of its own ends, while other callers' requests use the free slots."""
 
+import copy
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
@@ -127,6 +128,6 @@ class Quota:
                 self.left[limit] -= 1
 
     def copy(self) -> "Quota":
-        twin = Quota(Shares())
-        twin.shares, twin.left = self.shares, dict(self.left)
+        twin = copy.copy(self)
+        twin.left = dict(self.left)
         return twin
