@@ -54,7 +54,8 @@ class ServerModel:
     type: str = "llm"
     size_mb: int | None = None
     slots: int | None = None
-    """Requests of it the server serves at once, where the server says (llama-server)."""
+    """Requests of it the server serves at once, where the server says (llama-server, LM
+    Studio)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,13 +57,15 @@ class LMStudioAdapter(HttpAdapter):
             return await self.listing_v0()
         found = []
         for m in body["models"]:
-            instances = [i["id"] for i in m.get("loaded_instances") or []]
+            loaded = m.get("loaded_instances") or []
+            instances = [i["id"] for i in loaded]
             size = m.get("size_bytes")
             model = ServerModel(
                 id=m["key"],
                 state="loaded" if instances else "unloaded",
                 type="embedding" if m.get("type") == "embedding" else "llm",
                 size_mb=size // 2**20 if size else None,
+                slots=parallel(loaded),
             )
             found.append((model, instances))
         return found
@@ -178,6 +180,14 @@ class LMStudioAdapter(HttpAdapter):
         body = await self.json("GET", "/lmstudio-greeting")
         if not (isinstance(body, dict) and body.get("lmstudio")):
             raise AdapterError(ErrorCode.SERVER_ERROR, "the server does not greet as LM Studio")
+
+
+def parallel(instances: list[dict[str, Any]]) -> int | None:
+    """The predictions a loaded LLM runs at once (its load config's `parallel`, LM Studio
+    0.4's continuous batching), from its first instance; None when it does not say."""
+    config = instances[0].get("config") if instances else None
+    found = config.get("parallel") if isinstance(config, dict) else None
+    return found if isinstance(found, int) and found > 0 else None
 
 
 def chat_error(event: dict[str, Any]) -> AdapterError:

@@ -86,6 +86,14 @@ async def test_lists_models_with_state_type_and_size(server, adapter):
     assert server.seen[0].headers["Authorization"] == "Bearer lm-token"
 
 
+async def test_a_loaded_llm_lists_the_predictions_it_runs_at_once(server, adapter):
+    """`parallel` in a loaded instance's config (`lms load --parallel 4`, LM Studio 0.4's
+    continuous batching): discovery fills the deployment's empty slots with it."""
+    instance = {"id": GEMMA_ID, "config": {"context_length": 4096, "parallel": 4}}
+    server.on("GET", "/api/v1/models", listing({**GEMMA, "loaded_instances": [instance]}, NOMIC))
+    assert [m.slots for m in await adapter.list_models()] == [4, None]
+
+
 async def test_falls_back_to_the_v0_listing_on_older_servers(server, adapter):
     server.on("GET", "/api/v1/models", Reply(200, "Unexpected endpoint or method."))
     server.on(
