@@ -1,4 +1,4 @@
-"""Declarative servers, models and deployments from a YAML or TOML file.
+"""Declarative servers, models, deployments and teams from a YAML or TOML file.
 
 Applying a file creates or updates what it names and leaves everything else alone, so it is
 safe to apply the same file again. Every problem is reported with where it is: the line for
@@ -15,6 +15,8 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import models as db
 from django.db import transaction
+
+from access.models import Team
 
 from .models import Deployment, Model, Server
 
@@ -41,6 +43,9 @@ DEPLOYMENT_FIELDS = {
     "keep_loaded_hours",
     "idle_ttl_s",
 }
+
+TEAM_FIELDS = {"weight", "max_processing", "daily_processing_s", "daily_tokens"}
+TOP_KEYS = {"models", "servers", "teams"}
 
 
 class ConfigError(ValueError):
@@ -134,7 +139,7 @@ def load_file(path: str | Path) -> dict:
         context = getattr(exc, "context", None)
         raise ConfigError(f"{at}{problem}" + (f" ({context})" if context else "")) from exc
     if not isinstance(data, dict):
-        raise ConfigError("expected a mapping with 'models' and/or 'servers'")
+        raise ConfigError("expected a mapping with 'models', 'servers' and/or 'teams'")
     return data
 
 
@@ -283,11 +288,28 @@ def _apply_deployments(
         )
 
 
+def _apply_teams(data: dict, summary: Summary) -> None:
+    """Teams by name with their share and quotas. Keys join a team in the admin or with
+    `create_api_key --team`: a key's secret is never in a file, and its name is not unique."""
+    seen: dict[str, str] = {}
+    items = _list(data, "teams", "")
+    for i, item in enumerate(items):
+        path = f"teams[{i}]"
+        _check_mapping(item, TEAM_FIELDS | {"name"}, path, items, i)
+        name = _name(item, "name", path, "a team")
+        if name in seen:
+            raise ConfigError(f"{where(item, path, 'name')}: team {name!r} is also {seen[name]}")
+        seen[name] = path
+        values = {k: v for k, v in item.items() if k != "name"}
+        _upsert(Team, {"name": name}, values, item, path, summary)
+
+
 @transaction.atomic
 def apply(data: dict) -> Summary:
     """Create or update everything the file names; raises ConfigError and changes nothing."""
     summary = Summary()
-    _check_mapping(data, {"models", "servers"}, "", data)
+    _check_mapping(data, TOP_KEYS, "", data)
+    _apply_teams(data, summary)
     models = _apply_models(data, summary)
     servers = _list(data, "servers", "")
     seen: dict[str, str] = {}

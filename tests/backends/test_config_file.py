@@ -7,6 +7,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
+from access.models import ApiKey, Team
 from backends.models import Deployment, Model, Server
 from tests import factories
 
@@ -36,6 +37,12 @@ servers:
         keep_loaded_hours: mon-fri 08:00-18:00
       - model: nomic-embed
         device: cpu
+teams:
+  - name: research
+    weight: 2
+    max_processing: 3
+    daily_processing_s: 36000
+    daily_tokens: 5000000
 """
 
 TOML = """\
@@ -68,6 +75,13 @@ keep_loaded_hours = "mon-fri 08:00-18:00"
 [[servers.deployments]]
 model = "nomic-embed"
 device = "cpu"
+
+[[teams]]
+name = "research"
+weight = 2
+max_processing = 3
+daily_processing_s = 36000
+daily_tokens = 5000000
 """
 
 
@@ -95,6 +109,7 @@ def snapshot() -> list:
         list(Server.objects.order_by("pk").values()),
         list(Model.objects.order_by("pk").values()),
         list(Deployment.objects.order_by("pk").values()),
+        list(Team.objects.order_by("pk").values()),
     ]
 
 
@@ -102,7 +117,7 @@ def snapshot() -> list:
 def test_creates_everything_then_changes_nothing(tmp_path, text, suffix):
     path = write(tmp_path, text, suffix)
     first = apply(path)
-    assert "created 5" in first
+    assert "created 6" in first
 
     server = Server.objects.get(name="gpu-1")
     assert (server.kind, server.base_url, server.slots, server.max_llm, server.memory_mb) == (
@@ -123,6 +138,13 @@ def test_creates_everything_then_changes_nothing(tmp_path, text, suffix):
     assert pinned.slots == 2
     embed = Deployment.objects.get(model__name="nomic-embed")
     assert (embed.server_model_id, embed.device, embed.slots) == ("nomic-embed", "cpu", None)
+    team = Team.objects.get(name="research")
+    assert (team.weight, team.max_processing, team.daily_processing_s, team.daily_tokens) == (
+        2,
+        3,
+        36000,
+        5_000_000,
+    )
 
     before = snapshot()
     assert "nothing changed" in apply(path)
@@ -140,8 +162,8 @@ def test_dry_run_reports_without_changing(tmp_path):
     out = StringIO()
     call_command("apply_config", write(tmp_path, YAML), "--dry-run", stdout=out)
     assert "Would apply" in out.getvalue()
-    assert "created 5" in out.getvalue()
-    assert snapshot() == [[], [], []]
+    assert "created 6" in out.getvalue()
+    assert snapshot() == [[], [], [], []]
 
 
 def test_updates_only_what_the_file_names_and_leaves_the_rest(tmp_path):
@@ -161,6 +183,20 @@ def test_updates_only_what_the_file_names_and_leaves_the_rest(tmp_path):
     dep.refresh_from_db()
     # server_model_id defaults to the model's name only when the deployment is created.
     assert (dep.state, dep.avg_load_s, dep.server_model_id) == ("loaded", 3.5, "nomic-v1.5")
+
+
+def test_a_team_keeps_its_keys_and_what_the_file_leaves_out(tmp_path):
+    """Keys join a team outside the file (their secrets are never in one); applying it again
+    with another quota changes the team, not its membership."""
+    apply(write(tmp_path, YAML))
+    team = Team.objects.get(name="research")
+    key, _ = ApiKey.generate("app", team=team)
+    key.save()
+    changed = YAML.replace("max_processing: 3", "max_processing: 5")
+    assert "updated 1: team research" in apply(write(tmp_path, changed))
+    team.refresh_from_db()
+    key.refresh_from_db()
+    assert (team.max_processing, key.team) == (5, team)
 
 
 def test_values_are_compared_after_conversion(tmp_path):
@@ -262,6 +298,16 @@ YAML_ERRORS = {
         "      - model: a\n        slots: 0\n",
         ["servers[0].deployments[0].slots (line 7)", "greater than or equal to 1"],
     ),
+    "team without name": ("teams:\n  - weight: 2\n", ["teams[0].name (line 2)", "needs a name"]),
+    "unknown team key": (
+        "teams:\n  - name: t\n    rpm: 3\n",
+        ["teams[0].rpm (line 3)", "unknown keys ['rpm']"],
+    ),
+    "duplicate team": ("teams:\n  - name: t\n  - name: t\n", ["teams[1].name (line 3)", "also"]),
+    "team weight zero": (
+        "teams:\n  - name: t\n    weight: 0\n",
+        ["teams[0].weight (line 3)", "greater than or equal to 1"],
+    ),
     "bad keep-loaded hours": (
         "models:\n  - name: a\nservers:\n  - name: s\n    deployments:\n"
         "      - model: a\n        keep_loaded_hours: weekdays 9-5\n",
@@ -304,7 +350,9 @@ def test_errors_say_where_and_change_nothing(tmp_path, suffix, text, expected):
 def test_a_valid_part_before_an_error_is_rolled_back(tmp_path):
     apply(write(tmp_path, YAML))
     before = snapshot()
-    bad = YAML.replace("slots: 4", "slots: 9") + "      - model: ghost\n"
+    bad = YAML.replace("slots: 4", "slots: 9").replace(
+        "device: cpu\n", "device: cpu\n      - model: ghost\n"
+    )
     assert "unknown model 'ghost'" in error_of(write(tmp_path, bad))
     assert snapshot() == before
 
