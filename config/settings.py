@@ -177,6 +177,8 @@ SPECTACULAR_SETTINGS = {
     " Every error is JSON in the OpenAI shape (the Error schema).",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # A key's max and default priority are the one set of class names.
+    "ENUM_NAME_OVERRIDES": {"PriorityClassEnum": "scheduler.api.keys.CLASS_NAMES"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "scheduler.api.openapi.complete",

@@ -1,0 +1,279 @@
+"""The operator API for API keys and teams: a script provisions an app's key, sets its
+limits, puts it in a team or revokes it, without the admin.
+
+`GET|POST /api/v1/keys`, `GET|PATCH /api/v1/keys/{prefix}`, `GET|POST /api/v1/teams`,
+`GET|PATCH /api/v1/teams/{name}`; the callers of the servers' operator API (staff or an
+operator key). A key's secret and webhook secret are in the answer to its POST only: only
+their hash (and the webhook secret the worker signs with) are kept, and neither is shown
+again. An edit reaches every process within SWITCHYARD_AUTH_CACHE_S, as an admin edit does."""
+
+from collections import Counter
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers
+from rest_framework.request import Request as DrfRequest
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from access import usage
+from access.models import ApiKey, Team
+
+from ..models import Priority
+from . import listing
+from .callers import StaffSession, operator_of
+from .errors import ApiError
+
+CLASS_NAMES = [p.label for p in Priority]
+
+
+@extend_schema_field({"type": "string", "enum": CLASS_NAMES})
+class ClassField(serializers.ChoiceField):
+    """A priority class by its name, as the API's callers name it (`X-Priority`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=CLASS_NAMES, **kwargs)
+
+    def to_representation(self, value: int) -> str:
+        return Priority(value).label
+
+    def to_internal_value(self, data: Any) -> int:
+        return CLASS_NAMES.index(super().to_internal_value(data))
+
+
+class UsageOut(serializers.Serializer):
+    requests = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    processing_s = serializers.FloatField()
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    keys = serializers.IntegerField(
+        source="key_count", read_only=True, help_text="How many keys it holds."
+    )
+    used_today = UsageOut(
+        read_only=True, help_text="What all its keys' requests that ended today (UTC) used."
+    )
+
+    class Meta:
+        model = Team
+        fields = [
+            "name",
+            "weight",
+            "max_processing",
+            "daily_processing_s",
+            "daily_tokens",
+            "keys",
+            "used_today",
+        ]
+
+
+class KeySerializer(serializers.ModelSerializer):
+    prefix = serializers.CharField(
+        read_only=True, help_text="The key's public part: its id here, in the admin and logs."
+    )
+    team = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Team.objects.all(),
+        allow_null=True,
+        required=False,
+        help_text="The name of its team; null: none.",
+    )
+    max_priority = ClassField(required=False)
+    default_priority = ClassField(required=False)
+    allowed_models = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="Empty: every model."
+    )
+    used_today = UsageOut(
+        read_only=True, help_text="What its requests that ended today (UTC) used."
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "prefix",
+            "name",
+            "team",
+            "created_at",
+            "expires_at",
+            "revoked",
+            "operator",
+            "max_priority",
+            "default_priority",
+            "allowed_models",
+            "weight",
+            "rpm",
+            "max_waiting",
+            "max_processing",
+            "daily_processing_s",
+            "daily_tokens",
+            "stream_progress",
+            "used_today",
+        ]
+
+
+class NewKeyOut(KeySerializer):
+    key = serializers.CharField(help_text="The key itself: shown this once, never again.")
+    webhook_secret = serializers.CharField(
+        help_text="Signs the callbacks of its jobs: shown this once (rotate it in the admin)."
+    )
+
+    class Meta(KeySerializer.Meta):
+        fields = [*KeySerializer.Meta.fields, "key", "webhook_secret"]
+
+
+KeyListOut = listing.page_schema("KeyList", KeySerializer(many=True))
+TeamListOut = listing.page_schema("TeamList", TeamSerializer(many=True))
+ERRORS = {
+    400: OpenApiResponse(description="A field is not valid (`param` names it)"),
+    401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
+    403: OpenApiResponse(description="Not an operator, or a session's CSRF token missing"),
+}
+NOT_FOUND = {404: OpenApiResponse(description="No such key or team")}
+
+
+def with_usage(holders: list, holder_of: dict[int, int]) -> list:
+    """`holders` (keys or teams) each with `used_today`, from one grouped read of today's
+    usage; `holder_of` maps a key's id to its holder's."""
+    start, _ = usage.midnights(timezone.now())
+    by_id = {h.pk: h for h in holders}
+    for h in holders:
+        h.used_today = dict.fromkeys(usage.FIELDS, 0)
+    for (key_id, day), figures in usage.usage(since=start).items():
+        holder = by_id.get(holder_of.get(key_id))
+        if holder is not None and day == start.date():
+            for name in usage.FIELDS:
+                holder.used_today[name] += figures[name]
+    return holders
+
+
+def keys_body(keys: list[ApiKey]) -> list[dict[str, Any]]:
+    return KeySerializer(with_usage(keys, {k.pk: k.pk for k in keys}), many=True).data
+
+
+def teams_body(teams: list[Team]) -> list[dict[str, Any]]:
+    members = dict(ApiKey.objects.filter(team__in=teams).values_list("pk", "team"))
+    counted = Counter(members.values())
+    for team in teams:
+        team.key_count = counted[team.pk]
+    return TeamSerializer(with_usage(teams, members), many=True).data
+
+
+def key_named(prefix: str) -> ApiKey:
+    found = ApiKey.objects.select_related("team").filter(prefix=prefix).first()
+    if found is None:
+        raise ApiError(404, f"No API key {prefix!r}.", param="prefix", code="key_not_found")
+    return found
+
+
+def team_named(name: str) -> Team:
+    found = Team.objects.filter(name=name).first()
+    if found is None:
+        raise ApiError(404, f"No team named {name!r}.", param="name", code="team_not_found")
+    return found
+
+
+def checked(serializer: serializers.Serializer) -> serializers.Serializer:
+    serializer.is_valid(raise_exception=True)
+    return serializer
+
+
+class KeyList(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="List API keys (operators)",
+        operation_id="api_v1_keys_list",
+        parameters=listing.page_parameters(listing.MAX_LIMIT),
+        responses={200: KeyListOut, **ERRORS},
+    )
+    def get(self, request: DrfRequest) -> Response:
+        operator_of(request)
+        rows = ApiKey.objects.select_related("team")
+        order = ("name", "prefix")
+        return Response(
+            listing.page(rows, request.query_params, order, keys_body, listing.MAX_LIMIT)
+        )
+
+    @extend_schema(
+        summary="Create an API key (operators); its secret is in this answer only",
+        request=KeySerializer,
+        responses={201: NewKeyOut, **ERRORS},
+    )
+    def post(self, request: DrfRequest) -> Response:
+        operator_of(request)
+        data = checked(KeySerializer(data=request.data)).validated_data
+        api_key, secret = ApiKey.generate(data.pop("name"), **data)
+        api_key.save()
+        body = keys_body([api_key])[0]
+        body.update(key=secret, webhook_secret=api_key.webhook_secret)
+        return Response(body, status=201)
+
+
+class KeyDetail(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(summary="One API key (operators)", responses={200: KeySerializer, **ERRORS})
+    def get(self, request: DrfRequest, prefix: str) -> Response:
+        operator_of(request)
+        return Response(keys_body([key_named(prefix)])[0])
+
+    @extend_schema(
+        summary="Change an API key: limits, team, revoked (operators)",
+        request=KeySerializer,
+        responses={200: KeySerializer, **ERRORS, **NOT_FOUND},
+    )
+    def patch(self, request: DrfRequest, prefix: str) -> Response:
+        operator_of(request)
+        found = key_named(prefix)
+        checked(KeySerializer(found, data=request.data, partial=True)).save()
+        return Response(keys_body([key_named(prefix)])[0])
+
+
+class TeamList(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="List teams (operators)",
+        operation_id="api_v1_teams_list",
+        parameters=listing.page_parameters(listing.MAX_LIMIT),
+        responses={200: TeamListOut, **ERRORS},
+    )
+    def get(self, request: DrfRequest) -> Response:
+        operator_of(request)
+        return Response(
+            listing.page(
+                Team.objects.all(), request.query_params, ("name",), teams_body, listing.MAX_LIMIT
+            )
+        )
+
+    @extend_schema(
+        summary="Create a team (operators)",
+        request=TeamSerializer,
+        responses={201: TeamSerializer, **ERRORS},
+    )
+    def post(self, request: DrfRequest) -> Response:
+        operator_of(request)
+        team = checked(TeamSerializer(data=request.data)).save()
+        return Response(teams_body([team])[0], status=201)
+
+
+class TeamDetail(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(summary="One team (operators)", responses={200: TeamSerializer, **ERRORS})
+    def get(self, request: DrfRequest, name: str) -> Response:
+        operator_of(request)
+        return Response(teams_body([team_named(name)])[0])
+
+    @extend_schema(
+        summary="Change a team's share and quotas (operators)",
+        request=TeamSerializer,
+        responses={200: TeamSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def patch(self, request: DrfRequest, name: str) -> Response:
+        operator_of(request)
+        team = checked(TeamSerializer(team_named(name), data=request.data, partial=True)).save()
+        return Response(teams_body([team])[0])
