@@ -1,6 +1,7 @@
 from datetime import timedelta
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -45,9 +46,58 @@ def usage_table(found: usage.Usage) -> str:
     )
 
 
+def prefix_shown(key: ApiKey) -> str:
+    """`sy-1a2b3c4d…` on one line (a list's narrow column would break it at the dash)."""
+    return format_html('<span style="white-space: nowrap">{}{}…</span>', KEY_MARK, key.prefix)
+
+
+def limits_of(holder: ApiKey | Team) -> str:
+    """A key's or a team's limits in a few words, for the lists: `60/min · 2 at once`."""
+    parts = []
+    if getattr(holder, "rpm", None) is not None:
+        parts.append(f"{holder.rpm}/min")
+    if getattr(holder, "max_waiting", None) is not None:
+        parts.append(f"{holder.max_waiting} waiting")
+    if holder.max_processing is not None:
+        parts.append(f"{holder.max_processing} at once")
+    if holder.daily_processing_s is not None:
+        parts.append(f"{holder.daily_processing_s:,} s a day")
+    if holder.daily_tokens is not None:
+        parts.append(f"{holder.daily_tokens:,} tokens a day")
+    return " · ".join(parts) or "none"
+
+
+class UsageChangeList(ChangeList):
+    """A page of keys or teams, each with what it used today, read once for the page."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        found = usage.today_by(timezone.now(), teams=self.model is Team)
+        for holder in self.result_list:
+            holder.listed_usage = found.get(holder.pk)
+
+
 class UsageColumns:
     """What a key, or all a team's keys, used: today against its daily quotas, and by day
-    over the last 30 days."""
+    over the last 30 days; in the lists, its limits and today's use in a few words."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs):
+        return UsageChangeList
+
+    @admin.display(description="limits")
+    def limits(self, holder: ApiKey | Team) -> str:
+        return limits_of(holder)
+
+    @admin.display(description="used today")
+    def used_today_listed(self, holder: ApiKey | Team) -> str:
+        used = getattr(holder, "listed_usage", None)
+        if not used:
+            return "-"
+        tokens = int(used["prompt_tokens"] + used["completion_tokens"])
+        n = used["requests"]
+        return (
+            f"{n} request{'' if n == 1 else 's'} · {tokens:,} tokens · {used['processing_s']:.0f} s"
+        )
 
     @admin.display(description="used today")
     def used_today(self, holder: ApiKey | Team) -> str:
@@ -77,19 +127,12 @@ class KeyInline(admin.TabularInline):
 
     @admin.display(description="key starts")
     def shown_prefix(self, key: ApiKey) -> str:
-        return f"{KEY_MARK}{key.prefix}…"
+        return prefix_shown(key)
 
 
 @admin.register(Team)
 class TeamAdmin(UsageColumns, admin.ModelAdmin):
-    list_display = [
-        "name",
-        "key_count",
-        "weight",
-        "max_processing",
-        "daily_processing_s",
-        "daily_tokens",
-    ]
+    list_display = ["name", "key_count", "weight", "limits", "used_today_listed"]
     search_fields = ["name"]
     readonly_fields = ["used_today", "usage_by_day"]
     fieldsets = [
@@ -118,14 +161,10 @@ class ApiKeyAdmin(UsageColumns, admin.ModelAdmin):
         "operator",
         "max_priority",
         "default_priority",
-        "rpm",
-        "max_waiting",
-        "max_processing",
-        "daily_processing_s",
-        "daily_tokens",
         "weight",
+        "limits",
+        "used_today_listed",
         "created_at",
-        "expires_at",
     ]
     list_filter = ["revoked", "operator", "max_priority", "team"]
     list_select_related = ["team"]
@@ -156,7 +195,7 @@ class ApiKeyAdmin(UsageColumns, admin.ModelAdmin):
 
     @admin.display(description="key starts", ordering="prefix")
     def shown_prefix(self, key: ApiKey) -> str:
-        return f"{KEY_MARK}{key.prefix}…" if key.prefix else "(made on save)"
+        return prefix_shown(key) if key.prefix else "(made on save)"
 
     @admin.display(description="webhook secret")
     def shown_webhook_secret(self, key: ApiKey) -> str:

@@ -109,6 +109,22 @@ def today(
     return found.get(start.date(), dict.fromkeys(FIELDS, 0))
 
 
+def today_by(now: datetime, teams: bool = False) -> dict[int, dict[str, float]]:
+    """Today's usage (UTC) of every key by its id, or with `teams` of every team (all its
+    keys) by the team's id, in one read: for the lists that show many at once."""
+    start, _ = midnights(now)
+    team_of = dict(ApiKey.objects.filter(team__isnull=False).values_list("pk", "team"))
+    found: dict[int, dict[str, float]] = {}
+    for (key_id, day), figures in usage(since=start).items():
+        holder = team_of.get(key_id) if teams else key_id
+        if holder is None or day != start.date():
+            continue
+        total = found.setdefault(holder, dict.fromkeys(FIELDS, 0))
+        for name in FIELDS:
+            total[name] += figures[name]
+    return found
+
+
 def fold(request_ids: Iterable) -> None:
     """Add the usage of these requests (about to be purged) to `KeyUsage`. Call in the
     transaction that deletes them."""

@@ -134,31 +134,23 @@ ERRORS = {
 NOT_FOUND = {404: OpenApiResponse(description="No such key or team")}
 
 
-def with_usage(holders: list, holder_of: dict[int, int]) -> list:
-    """`holders` (keys or teams) each with `used_today`, from one grouped read of today's
-    usage; `holder_of` maps a key's id to its holder's."""
-    start, _ = usage.midnights(timezone.now())
-    by_id = {h.pk: h for h in holders}
+def with_usage(holders: list, teams: bool = False) -> list:
+    """`holders` (keys, or teams) each with `used_today`."""
+    found = usage.today_by(timezone.now(), teams)
     for h in holders:
-        h.used_today = dict.fromkeys(usage.FIELDS, 0)
-    for (key_id, day), figures in usage.usage(since=start).items():
-        holder = by_id.get(holder_of.get(key_id))
-        if holder is not None and day == start.date():
-            for name in usage.FIELDS:
-                holder.used_today[name] += figures[name]
+        h.used_today = found.get(h.pk, dict.fromkeys(usage.FIELDS, 0))
     return holders
 
 
 def keys_body(keys: list[ApiKey]) -> list[dict[str, Any]]:
-    return KeySerializer(with_usage(keys, {k.pk: k.pk for k in keys}), many=True).data
+    return KeySerializer(with_usage(keys), many=True).data
 
 
 def teams_body(teams: list[Team]) -> list[dict[str, Any]]:
-    members = dict(ApiKey.objects.filter(team__in=teams).values_list("pk", "team"))
-    counted = Counter(members.values())
+    counted = Counter(ApiKey.objects.filter(team__in=teams).values_list("team", flat=True))
     for team in teams:
         team.key_count = counted[team.pk]
-    return TeamSerializer(with_usage(teams, members), many=True).data
+    return TeamSerializer(with_usage(teams, teams=True), many=True).data
 
 
 def key_named(prefix: str) -> ApiKey:

@@ -108,12 +108,17 @@ def test_a_teams_page_lists_its_keys_and_what_they_all_used_today(
     with django_assert_max_num_queries(8):  # one count of keys a team, not one query each
         listing = admin_client.get(reverse("admin:access_team_changelist"))
     assert listing.status_code == 200
-    assert '<td class="field-key_count">2</td>' in listing.content.decode()
-    keys = admin_client.get(
-        reverse("admin:access_apikey_changelist") + f"?team__id__exact={team.pk}"
-    )
+    listed = listing.content.decode()
+    assert '<td class="field-key_count">2</td>' in listed
+    assert '<td class="field-limits">600 s a day</td>' in listed
+    assert '<td class="field-used_today_listed">2 requests · 0 tokens · 10 s</td>' in listed
+    with django_assert_max_num_queries(9):  # today's use read once for the page, not per key
+        keys = admin_client.get(
+            reverse("admin:access_apikey_changelist") + f"?team__id__exact={team.pk}"
+        )
     shown = keys.content.decode()
     assert "alice" in shown and "bob" in shown and "carol" not in shown
+    assert '<td class="field-used_today_listed">1 request · 0 tokens · 3 s</td>' in shown
 
 
 def test_a_team_with_keys_cannot_be_deleted_from_under_them(make_key):
