@@ -1,6 +1,8 @@
 from django.contrib import admin, messages
 from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.timesince import timesince
 
 from dashboard.state import load_progress
 
@@ -165,18 +167,13 @@ class DeploymentAdmin(admin.ModelAdmin):
         "server_model_id",
         "state_column",
         "load_cause",
-        "in_flight",
-        "slots",
+        "in_flight_column",
         "size_mb",
         "device",
-        "pinned",
-        "preload",
-        "keep_loaded_hours",
-        "last_used_at",
-        "load_time",
-        "run_time",
-        "load_failures",
-        "last_error",
+        "kept",
+        "last_used",
+        "times",
+        "error_column",
     ]
     list_filter = [
         "state",
@@ -228,13 +225,49 @@ class DeploymentAdmin(admin.ModelAdmin):
         about = "~" if load["estimated"] else ""
         return f"loading, {about}{load['fraction']:.0%}"
 
-    @admin.display(description="load (avg)", ordering="avg_load_s")
-    def load_time(self, deployment: Deployment) -> str:
-        return in_seconds(deployment.avg_load_s)
+    @admin.display(description="in flight", ordering="in_flight")
+    def in_flight_column(self, deployment: Deployment) -> str:
+        """Requests it serves now, out of its own slots when it has them."""
+        if deployment.slots is None:
+            return str(deployment.in_flight)
+        return f"{deployment.in_flight}/{deployment.slots}"
 
-    @admin.display(description="run (avg)", ordering="avg_inference_s")
-    def run_time(self, deployment: Deployment) -> str:
-        return in_seconds(deployment.avg_inference_s)
+    @admin.display(description="kept")
+    def kept(self, deployment: Deployment) -> str:
+        """What keeps it loaded: pinned, preload, keep-loaded hours."""
+        parts = [
+            word
+            for word, on in (("pinned", deployment.pinned), ("preload", deployment.preload))
+            if on
+        ]
+        if deployment.keep_loaded_hours:
+            parts.append(deployment.keep_loaded_hours)
+        return ", ".join(parts) or "-"
+
+    @admin.display(description="last used", ordering="last_used_at")
+    def last_used(self, deployment: Deployment) -> str:
+        if deployment.last_used_at is None:
+            return "-"
+        return format_html(
+            '<span title="{}">{} ago</span>',
+            deployment.last_used_at.isoformat(timespec="seconds"),
+            timesince(deployment.last_used_at, depth=1),
+        )
+
+    @admin.display(description="load / run (avg)", ordering="avg_load_s")
+    def times(self, deployment: Deployment) -> str:
+        if deployment.avg_load_s is None and deployment.avg_inference_s is None:
+            return "-"
+        return f"{in_seconds(deployment.avg_load_s)} / {in_seconds(deployment.avg_inference_s)}"
+
+    @admin.display(description="last error", ordering="load_failures")
+    def error_column(self, deployment: Deployment) -> str:
+        if not deployment.load_failures:
+            return deployment.last_error or "-"
+        failed = (
+            f"{deployment.load_failures} failed load{'s' if deployment.load_failures > 1 else ''}"
+        )
+        return f"{failed}: {deployment.last_error}" if deployment.last_error else failed
 
     @admin.action(description="Reset failed deployments (allow loading again)")
     def reset_failed(self, request, queryset):

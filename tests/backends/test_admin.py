@@ -185,5 +185,17 @@ def test_deployment_list_shows_how_far_a_load_is_and_readable_averages(admin_cli
     page = admin_client.get(changelist("deployment")).content.decode()
     assert "loading, ~25%" in page  # estimated
     assert "loading, 40%" in page  # as the server reports
-    assert "8.0 s" in page and "0.5 s" in page
+    assert '<td class="field-times">8.0 s / 0.5 s</td>' in page
     assert "8.017399" not in page
+
+
+def test_deployment_list_says_in_few_columns_what_keeps_it_and_what_failed(admin_client, fleet):
+    sim, _ = fleet
+    factories.deployment(
+        sim, "gemma", pinned=True, keep_loaded_hours="mon-fri 08:00-18:00", slots=2, in_flight=1
+    )
+    factories.deployment(sim, "broken", load_failures=2, last_error="out of memory")
+    page = admin_client.get(changelist("deployment")).content.decode()
+    assert '<td class="field-kept">pinned, mon-fri 08:00-18:00</td>' in page
+    assert '<td class="field-in_flight_column">1/2</td>' in page
+    assert '<td class="field-error_column">2 failed loads: out of memory</td>' in page
