@@ -30,6 +30,17 @@ def in_seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
+def age(moment) -> str:
+    """`3 minutes ago`, the exact time in its tooltip; `-` for never."""
+    if moment is None:
+        return "-"
+    seconds = (timezone.now() - moment).total_seconds()
+    since = f"{max(seconds, 0):.0f} s" if seconds < 60 else timesince(moment, depth=1)
+    return format_html(
+        '<span title="{}">{} ago</span>', moment.isoformat(timespec="seconds"), since
+    )
+
+
 class DeploymentInline(admin.TabularInline):
     model = Deployment
     extra = 0
@@ -60,13 +71,10 @@ class ServerAdmin(admin.ModelAdmin):
         "kind_label",
         "base_url",
         "enabled",
-        "health",
+        "health_column",
         "slots",
         "loaded_models",
-        "deployment_count",
-        "last_seen",
-        "consecutive_failures",
-        "cooldown_until",
+        "seen",
     ]
     list_filter = ["kind", "health", "enabled"]
     search_fields = ["name", "base_url"]
@@ -92,15 +100,28 @@ class ServerAdmin(admin.ModelAdmin):
 
     @admin.display(description="kind", ordering="kind")
     def kind_label(self, server: Server) -> str:
-        return server.get_kind_display() + (" ⚠ simulated" if server.is_simulated else "")
+        if server.is_simulated:
+            return "⚠ simulated (demo)"
+        return server.get_kind_display()
 
-    @admin.display(description="loaded", ordering="n_loaded")
-    def loaded_models(self, server: Server) -> int:
-        return server.n_loaded
+    @admin.display(description="health", ordering="health")
+    def health_column(self, server: Server) -> str:
+        """Its health, with the failures in a row and the end of a cooldown when it has them."""
+        shown = server.get_health_display()
+        if server.health == Health.COOLDOWN and server.cooldown_until:
+            shown += f" until {timezone.localtime(server.cooldown_until):%H:%M:%S}"
+        failures = server.consecutive_failures
+        if failures:
+            shown += f" ({failures} failure{'' if failures == 1 else 's'} in a row)"
+        return shown
 
-    @admin.display(description="deployments", ordering="n_deployments")
-    def deployment_count(self, server: Server) -> int:
-        return server.n_deployments
+    @admin.display(description="models loaded", ordering="n_loaded")
+    def loaded_models(self, server: Server) -> str:
+        return f"{server.n_loaded} of {server.n_deployments}"
+
+    @admin.display(description="last seen", ordering="last_seen")
+    def seen(self, server: Server) -> str:
+        return age(server.last_seen)
 
     @admin.action(description="Enable selected servers")
     def enable(self, request, queryset):
@@ -162,9 +183,8 @@ class ModelAdmin(admin.ModelAdmin):
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
     list_display = [
-        "model",
+        "model_column",
         "server_column",
-        "server_model_id",
         "state_column",
         "load_cause",
         "in_flight_column",
@@ -210,6 +230,13 @@ class DeploymentAdmin(admin.ModelAdmin):
     ]
     actions = ["reset_failed"]
 
+    @admin.display(description="model", ordering="model__name")
+    def model_column(self, deployment: Deployment) -> str:
+        """The model, and the server's own name for it where that differs."""
+        if deployment.server_model_id == deployment.model.name:
+            return deployment.model.name
+        return f"{deployment.model.name} (as {deployment.server_model_id})"
+
     @admin.display(description="server", ordering="server__name")
     def server_column(self, deployment: Deployment) -> str:
         return server_label(deployment.server)
@@ -246,13 +273,7 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="last used", ordering="last_used_at")
     def last_used(self, deployment: Deployment) -> str:
-        if deployment.last_used_at is None:
-            return "-"
-        return format_html(
-            '<span title="{}">{} ago</span>',
-            deployment.last_used_at.isoformat(timespec="seconds"),
-            timesince(deployment.last_used_at, depth=1),
-        )
+        return age(deployment.last_used_at)
 
     @admin.display(description="load / run (avg)", ordering="avg_load_s")
     def times(self, deployment: Deployment) -> str:

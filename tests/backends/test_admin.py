@@ -70,12 +70,31 @@ def test_filters_narrow_the_rows(admin_client, fleet):
 
 def test_simulated_servers_are_marked_in_list_views(admin_client, fleet):
     servers = admin_client.get(changelist("server")).content.decode()
-    assert "⚠ simulated" in servers
+    assert "⚠ simulated (demo)" in servers
     deployments = admin_client.get(changelist("deployment")).content.decode()
     assert "sim-1 (simulated)" in deployments
     assert "gpu-1 (simulated)" not in deployments
     models = admin_client.get(changelist("model")).content.decode()
     assert "gpu-1 (unloaded), sim-1 (simulated) (loaded)" in models
+
+
+def test_server_list_says_its_health_in_one_column(admin_client, fleet):
+    """Failures in a row and the end of a cooldown beside the health; models loaded out of
+    those deployed there; last seen as an age."""
+    _, real = fleet
+    until = timezone.now().replace(microsecond=0) + timedelta(seconds=90)
+    Server.objects.filter(pk=real.pk).update(
+        health="cooldown",
+        consecutive_failures=3,
+        cooldown_until=until,
+        last_seen=timezone.now() - timedelta(minutes=5),
+    )
+    page = admin_client.get(changelist("server")).content.decode()
+    shown = f"Cooldown until {timezone.localtime(until):%H:%M:%S} (3 failures in a row)"
+    assert f'<td class="field-health_column">{shown}</td>' in page
+    assert '<td class="field-loaded_models">0 of 2</td>' in page  # gpu-1
+    assert '<td class="field-loaded_models">1 of 1</td>' in page  # sim-1
+    assert "5\xa0minutes ago</span>" in page  # timesince keeps "5 minutes" on one line
 
 
 @pytest.mark.parametrize("name", ["server", "model", "deployment"])
@@ -194,8 +213,11 @@ def test_deployment_list_says_in_few_columns_what_keeps_it_and_what_failed(admin
     factories.deployment(
         sim, "gemma", pinned=True, keep_loaded_hours="mon-fri 08:00-18:00", slots=2, in_flight=1
     )
-    factories.deployment(sim, "broken", load_failures=2, last_error="out of memory")
+    factories.deployment(
+        sim, "broken", server_model_id="org/broken-q4", load_failures=2, last_error="out of memory"
+    )
     page = admin_client.get(changelist("deployment")).content.decode()
+    assert "broken (as org/broken-q4)</a>" in page and "gemma</a>" in page
     assert '<td class="field-kept">pinned, mon-fri 08:00-18:00</td>' in page
     assert '<td class="field-in_flight_column">1/2</td>' in page
     assert '<td class="field-error_column">2 failed loads: out of memory</td>' in page
