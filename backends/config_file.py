@@ -20,7 +20,8 @@ from access.models import Team
 
 from .models import Deployment, Model, Server
 
-SERVER_FIELDS = {
+# What a file may say of each, in the order `export` writes it.
+SERVER_FIELDS = (
     "kind",
     "base_url",
     "api_key",
@@ -30,21 +31,21 @@ SERVER_FIELDS = {
     "max_embedding",
     "max_reranking",
     "memory_mb",
-}
-MODEL_FIELDS = {"aliases", "type", "load_timeout_s", "load_options"}
-DEPLOYMENT_FIELDS = {
+)
+MODEL_FIELDS = ("type", "aliases", "load_timeout_s", "load_options")
+DEPLOYMENT_FIELDS = (
     "server_model_id",
     "size_mb",
     "device",
-    "load_options",
     "slots",
     "pinned",
     "preload",
     "keep_loaded_hours",
     "idle_ttl_s",
-}
+    "load_options",
+)
 
-TEAM_FIELDS = {"weight", "max_processing", "daily_processing_s", "daily_tokens"}
+TEAM_FIELDS = ("weight", "max_processing", "daily_processing_s", "daily_tokens")
 TOP_KEYS = {"models", "servers", "teams"}
 
 
@@ -125,11 +126,18 @@ def load_file(path: str | Path) -> dict:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}") from exc
+    return parse(text, "toml" if path.suffix == ".toml" else "yaml")
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def parse(text: str, fmt: str) -> dict:
+    """`text` as TOML (`fmt` "toml") or YAML (anything else; JSON is YAML too)."""
+    load = tomllib.loads if fmt == "toml" else _load_yaml
     try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        else:
-            data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        data = load(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(exc)) from exc  # tomllib says "(at line N, column M)"
     except yaml.YAMLError as exc:
@@ -224,7 +232,7 @@ def _apply_models(data: dict, summary: Summary) -> dict[str, Model]:
     items = _list(data, "models", "")
     for i, item in enumerate(items):
         path = f"models[{i}]"
-        _check_mapping(item, MODEL_FIELDS | {"name"}, path, items, i)
+        _check_mapping(item, {*MODEL_FIELDS, "name"}, path, items, i)
         name = _name(item, "name", path, "a model")
         if name in located:
             raise ConfigError(
@@ -261,7 +269,7 @@ def _apply_deployments(
     seen: dict[str, str] = {}
     for j, dep in enumerate(deployments):
         dpath = f"{path}.deployments[{j}]"
-        _check_mapping(dep, DEPLOYMENT_FIELDS | {"model"}, dpath, deployments, j)
+        _check_mapping(dep, {*DEPLOYMENT_FIELDS, "model"}, dpath, deployments, j)
         name = _name(dep, "model", dpath, "a deployment")
         if name in seen:
             raise ConfigError(
@@ -295,13 +303,54 @@ def _apply_teams(data: dict, summary: Summary) -> None:
     items = _list(data, "teams", "")
     for i, item in enumerate(items):
         path = f"teams[{i}]"
-        _check_mapping(item, TEAM_FIELDS | {"name"}, path, items, i)
+        _check_mapping(item, {*TEAM_FIELDS, "name"}, path, items, i)
         name = _name(item, "name", path, "a team")
         if name in seen:
             raise ConfigError(f"{where(item, path, 'name')}: team {name!r} is also {seen[name]}")
         seen[name] = path
         values = {k: v for k, v in item.items() if k != "name"}
         _upsert(Team, {"name": name}, values, item, path, summary)
+
+
+def _shown(obj: db.Model, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fields among `names` that differ from their defaults, as a file would say them."""
+    found = {}
+    for name in names:
+        value = getattr(obj, name)
+        if value != obj._meta.get_field(name).get_default():
+            found[name] = value
+    return found
+
+
+def export() -> dict:
+    """Every server, model, deployment and team as a file would say it: applying it changes
+    nothing, and on an empty database makes the same rows. Fields at their defaults are left
+    out; a server's API key is never in it (it is write-only)."""
+    deployments = Deployment.objects.select_related("model").order_by("model__name")
+    servers = Server.objects.order_by("name").prefetch_related(
+        db.Prefetch("deployments", queryset=deployments)
+    )
+    return {
+        "models": [
+            {"name": m.name, **_shown(m, MODEL_FIELDS)} for m in Model.objects.order_by("name")
+        ],
+        "servers": [
+            {
+                "name": s.name,
+                **_shown(s, tuple(f for f in SERVER_FIELDS if f != "api_key")),
+                "deployments": [
+                    {
+                        "model": d.model.name,
+                        "server_model_id": d.server_model_id,
+                        **_shown(d, DEPLOYMENT_FIELDS[1:]),
+                    }
+                    for d in s.deployments.all()
+                ],
+            }
+            for s in servers
+        ],
+        "teams": [{"name": t.name, **_shown(t, TEAM_FIELDS)} for t in Team.objects.all()],
+    }
 
 
 @transaction.atomic
@@ -315,7 +364,7 @@ def apply(data: dict) -> Summary:
     seen: dict[str, str] = {}
     for i, item in enumerate(servers):
         path = f"servers[{i}]"
-        _check_mapping(item, SERVER_FIELDS | {"name", "deployments"}, path, servers, i)
+        _check_mapping(item, {*SERVER_FIELDS, "name", "deployments"}, path, servers, i)
         name = _name(item, "name", path, "a server")
         if name in seen:
             raise ConfigError(f"{where(item, path, 'name')}: server {name!r} is also {seen[name]}")

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import inference, jobs, keys, servers
+from . import config, inference, jobs, keys, servers
 
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
@@ -14,6 +14,7 @@ urlpatterns = [
     path("api/v1/servers/<slug:name>/unload", servers.UnloadServer.as_view()),
     path("api/v1/servers/<slug:name>/drain", servers.DrainServer.as_view()),
     path("api/v1/servers/<slug:name>/enable", servers.EnableServer.as_view()),
+    path("api/v1/config", config.Config.as_view(), name="config"),
     path("api/v1/keys", keys.KeyList.as_view(), name="key-list"),
     path("api/v1/keys/<str:prefix>", keys.KeyDetail.as_view(), name="key-detail"),
     path("api/v1/teams", keys.TeamList.as_view(), name="team-list"),

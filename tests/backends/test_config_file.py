@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from access.models import ApiKey, Team
+from backends.config_file import export
 from backends.models import Deployment, Model, Server
 from tests import factories
 
@@ -197,6 +198,35 @@ def test_a_team_keeps_its_keys_and_what_the_file_leaves_out(tmp_path):
     team.refresh_from_db()
     key.refresh_from_db()
     assert (team.max_processing, key.team) == (5, team)
+
+
+def test_an_export_applies_back_unchanged_and_remakes_the_same_rows(tmp_path):
+    """What `export_config` prints is a file: applied again it changes nothing, and on an
+    empty database it makes the same servers, models, deployments and teams. A server's API
+    key is never in it."""
+    apply(write(tmp_path, YAML))
+    Server.objects.filter(name="gpu-1").update(api_key="sk-secret-1234")
+    out = StringIO()
+    call_command("export_config", stdout=out)
+    text = out.getvalue()
+    assert "sk-secret" not in text and "api_key" not in text
+    assert "nothing changed" in apply(write(tmp_path, text))
+    exported = export()
+    Deployment.objects.all().delete()
+    Server.objects.all().delete()
+    Model.objects.all().delete()
+    Team.objects.all().delete()
+    assert "created 6" in apply(write(tmp_path, text))
+    assert export() == exported
+    qwen = exported["servers"][0]["deployments"][1]
+    assert qwen == {
+        "model": "qwen3-8b",
+        "server_model_id": "qwen/qwen3-8b",
+        "size_mb": 5000,
+        "slots": 2,
+        "pinned": True,
+        "keep_loaded_hours": "mon-fri 08:00-18:00",
+    }
 
 
 def test_values_are_compared_after_conversion(tmp_path):
