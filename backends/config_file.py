@@ -7,6 +7,7 @@ YAML (and for TOML syntax errors, which tomllib reports by line), the path such 
 """
 
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,18 +227,25 @@ def _upsert(
     return obj
 
 
+def _named(data: dict, key: str, allowed: set[str], noun: str) -> Iterator[tuple[str, dict, str]]:
+    """Each entry of the top-level list `key`, checked: its path, itself and its name, which
+    the file may give only once."""
+    seen: dict[str, str] = {}
+    items = _list(data, key, "")
+    for i, item in enumerate(items):
+        path = f"{key}[{i}]"
+        _check_mapping(item, {*allowed, "name"}, path, items, i)
+        name = _name(item, "name", path, f"a {noun}")
+        if name in seen:
+            raise ConfigError(f"{where(item, path, 'name')}: {noun} {name!r} is also {seen[name]}")
+        seen[name] = path
+        yield path, item, name
+
+
 def _apply_models(data: dict, summary: Summary) -> dict[str, Model]:
     models: dict[str, Model] = {}
     located: dict[str, tuple[str, dict]] = {}
-    items = _list(data, "models", "")
-    for i, item in enumerate(items):
-        path = f"models[{i}]"
-        _check_mapping(item, {*MODEL_FIELDS, "name"}, path, items, i)
-        name = _name(item, "name", path, "a model")
-        if name in located:
-            raise ConfigError(
-                f"{where(item, path, 'name')}: model {name!r} is also {located[name][0]}"
-            )
+    for path, item, name in _named(data, "models", set(MODEL_FIELDS), "model"):
         located[name] = (path, item)
         _check_types(item, path)
         values = {k: v for k, v in item.items() if k != "name"}
@@ -299,15 +307,7 @@ def _apply_deployments(
 def _apply_teams(data: dict, summary: Summary) -> None:
     """Teams by name with their share and quotas. Keys join a team in the admin or with
     `create_api_key --team`: a key's secret is never in a file, and its name is not unique."""
-    seen: dict[str, str] = {}
-    items = _list(data, "teams", "")
-    for i, item in enumerate(items):
-        path = f"teams[{i}]"
-        _check_mapping(item, {*TEAM_FIELDS, "name"}, path, items, i)
-        name = _name(item, "name", path, "a team")
-        if name in seen:
-            raise ConfigError(f"{where(item, path, 'name')}: team {name!r} is also {seen[name]}")
-        seen[name] = path
+    for path, item, name in _named(data, "teams", set(TEAM_FIELDS), "team"):
         values = {k: v for k, v in item.items() if k != "name"}
         _upsert(Team, {"name": name}, values, item, path, summary)
 
@@ -360,15 +360,7 @@ def apply(data: dict) -> Summary:
     _check_mapping(data, TOP_KEYS, "", data)
     _apply_teams(data, summary)
     models = _apply_models(data, summary)
-    servers = _list(data, "servers", "")
-    seen: dict[str, str] = {}
-    for i, item in enumerate(servers):
-        path = f"servers[{i}]"
-        _check_mapping(item, {*SERVER_FIELDS, "name", "deployments"}, path, servers, i)
-        name = _name(item, "name", path, "a server")
-        if name in seen:
-            raise ConfigError(f"{where(item, path, 'name')}: server {name!r} is also {seen[name]}")
-        seen[name] = path
+    for path, item, name in _named(data, "servers", {*SERVER_FIELDS, "deployments"}, "server"):
         values = {k: v for k, v in item.items() if k in SERVER_FIELDS}
         server = _upsert(Server, {"name": name}, values, item, path, summary)
         _apply_deployments(server, item, path, models, summary)
