@@ -7,6 +7,7 @@ operator key). A key's secret and webhook secret are in the answer to its POST o
 their hash (and the webhook secret the worker signs with) are kept, and neither is shown
 again. An edit reaches every process within SWITCHYARD_AUTH_CACHE_S, as an admin edit does."""
 
+import logging
 from collections import Counter
 from typing import Any
 
@@ -25,6 +26,7 @@ from . import listing
 from .callers import StaffSession, operator_of
 from .errors import ApiError
 
+log = logging.getLogger(__name__)
 CLASS_NAMES = [p.label for p in Priority]
 
 
@@ -167,6 +169,11 @@ def team_named(name: str) -> Team:
     return found
 
 
+def changed(data: dict) -> str:
+    """What a change set, for the log: `revoked=True, team=None`."""
+    return ", ".join(f"{k}={v!r}" for k, v in data.items())
+
+
 def checked(serializer: serializers.Serializer) -> serializers.Serializer:
     serializer.is_valid(raise_exception=True)
     return serializer
@@ -195,10 +202,11 @@ class KeyList(APIView):
         responses={201: NewKeyOut, **ERRORS},
     )
     def post(self, request: DrfRequest) -> Response:
-        operator_of(request)
+        caller = operator_of(request)
         data = checked(KeySerializer(data=request.data)).validated_data
         api_key, secret = ApiKey.generate(data.pop("name"), **data)
         api_key.save()
+        log.info("API key %s created by %s", api_key, caller.name)
         body = keys_body([api_key])[0]
         body.update(key=secret, webhook_secret=api_key.webhook_secret)
         return Response(body, status=201)
@@ -218,9 +226,10 @@ class KeyDetail(APIView):
         responses={200: KeySerializer, **ERRORS, **NOT_FOUND},
     )
     def patch(self, request: DrfRequest, prefix: str) -> Response:
-        operator_of(request)
+        caller = operator_of(request)
         found = key_named(prefix)
         checked(KeySerializer(found, data=request.data, partial=True)).save()
+        log.info("API key %s changed by %s: %s", found, caller.name, changed(request.data))
         return Response(keys_body([key_named(prefix)])[0])
 
 
@@ -247,8 +256,9 @@ class TeamList(APIView):
         responses={201: TeamSerializer, **ERRORS},
     )
     def post(self, request: DrfRequest) -> Response:
-        operator_of(request)
+        caller = operator_of(request)
         team = checked(TeamSerializer(data=request.data)).save()
+        log.info("team %s created by %s", team, caller.name)
         return Response(teams_body([team])[0], status=201)
 
 
@@ -266,6 +276,7 @@ class TeamDetail(APIView):
         responses={200: TeamSerializer, **ERRORS, **NOT_FOUND},
     )
     def patch(self, request: DrfRequest, name: str) -> Response:
-        operator_of(request)
+        caller = operator_of(request)
         team = checked(TeamSerializer(team_named(name), data=request.data, partial=True)).save()
+        log.info("team %s changed by %s: %s", team, caller.name, changed(request.data))
         return Response(teams_body([team])[0])

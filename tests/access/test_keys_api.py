@@ -2,6 +2,7 @@
 its limits and team, revokes it; the key it made works at once and stops when revoked; bad
 input changes nothing and answers in the OpenAI error shape; only operators may call it."""
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -36,7 +37,8 @@ def error_of(response) -> tuple[int, str | None, str | None]:
     return response.status_code, error["param"], error["code"]
 
 
-def test_a_key_made_through_the_api_works_until_revoked(client, ops):
+def test_a_key_made_through_the_api_works_until_revoked(client, ops, caplog):
+    caplog.set_level(logging.INFO, logger="scheduler.api.keys")
     made = post(
         client,
         "/api/v1/keys",
@@ -70,6 +72,9 @@ def test_a_key_made_through_the_api_works_until_revoked(client, ops):
         401,
         "invalid_api_key",
     )
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"API key chat-app (sy-{prefix}…) created by key ops (sy-")
+    assert said[1].endswith(": revoked=True")
 
 
 def test_a_key_joins_and_leaves_a_team_by_its_name(client, ops):
