@@ -337,7 +337,8 @@ def export() -> dict:
         "servers": [
             {
                 "name": s.name,
-                **_shown(s, tuple(f for f in SERVER_FIELDS if f != "api_key")),
+                "kind": s.kind,
+                **_shown(s, tuple(f for f in SERVER_FIELDS[1:] if f != "api_key")),
                 "deployments": [
                     {
                         "model": d.model.name,

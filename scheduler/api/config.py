@@ -20,6 +20,7 @@ from backends.config_file import ConfigError, apply, export, parse
 
 from .callers import StaffSession, operator_of
 from .errors import ApiError
+from .fields import check_text
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,10 @@ class Config(APIView):
         dry_run = request.query_params.get("dry_run", "").lower() in ("1", "true", "yes")
         try:
             text = request.body.decode()
+            data = parse(text, body_format(request.content_type or ""))
+            check_text(data)  # a YAML escape can make what the database cannot keep
             with transaction.atomic():
-                summary = apply(parse(text, body_format(request.content_type or "")))
+                summary = apply(data)
                 if dry_run:
                     transaction.set_rollback(True)
         except UnicodeDecodeError:

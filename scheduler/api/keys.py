@@ -25,6 +25,7 @@ from ..models import Priority
 from . import listing
 from .callers import StaffSession, operator_of
 from .errors import ApiError
+from .fields import storable
 
 log = logging.getLogger(__name__)
 CLASS_NAMES = [p.label for p in Priority]
@@ -156,15 +157,16 @@ def teams_body(teams: list[Team]) -> list[dict[str, Any]]:
 
 
 def key_named(prefix: str) -> ApiKey:
-    found = ApiKey.objects.select_related("team").filter(prefix=prefix).first()
-    if found is None:
+    # Text the database cannot take (a NUL in the path) names no key: asked, it would fail.
+    found = storable(prefix) and ApiKey.objects.select_related("team").filter(prefix=prefix).first()
+    if not found:
         raise ApiError(404, f"No API key {prefix!r}.", param="prefix", code="key_not_found")
     return found
 
 
 def team_named(name: str) -> Team:
-    found = Team.objects.filter(name=name).first()
-    if found is None:
+    found = storable(name) and Team.objects.filter(name=name).first()
+    if not found:
         raise ApiError(404, f"No team named {name!r}.", param="name", code="team_not_found")
     return found
 

@@ -162,6 +162,9 @@ def test_unknown_keys_and_teams_are_404(client, ops):
     )
     missing = patch(client, "/api/v1/teams/ghost", {"weight": 2}, ops)
     assert error_of(missing) == (404, "name", "team_not_found")
+    # A NUL in the path, which PostgreSQL would refuse to compare, names nothing either.
+    assert error_of(client.get("/api/v1/teams/a%00b", headers=ops))[0] == 404
+    assert error_of(client.get("/api/v1/keys/a%00b", headers=ops))[0] == 404
 
 
 def test_a_team_name_is_taken_once(client, ops):

@@ -6,9 +6,8 @@ from backends.config_file import ConfigError, apply, load_file
 
 class Command(BaseCommand):
     help = (
-        "Create or update servers, models, deployments and teams from a YAML or TOML file "
-        "(.toml). "
-        "Idempotent; a file with any error changes nothing."
+        "Create or update servers, models, deployments and teams from a YAML or TOML file"
+        " (.toml). Idempotent; a file with any error changes nothing."
     )
 
     def add_arguments(self, parser) -> None:
