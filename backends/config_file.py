@@ -6,6 +6,7 @@ YAML (and for TOML syntax errors, which tomllib reports by line), the path such 
 `servers[1].deployments[0].size_mb` always. A file with any problem changes nothing.
 """
 
+import math
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -209,6 +210,8 @@ def _upsert(
         obj = model_cls(**lookup, **(create_defaults or {}))
     before = None if created else _field_values(obj)
     for key, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):  # int() of it overflows
+            raise ConfigError(f"{where(item, path, key)}: {value} is not a finite number")
         setattr(obj, key, value)
     try:
         # Cleaning also converts values ("8" → 8), so the comparison below sees real changes.

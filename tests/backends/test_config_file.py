@@ -284,6 +284,14 @@ YAML_ERRORS = {
         "servers:\n  - name: s\n    kind: simulated\n    slots: many\n",
         ["servers[0].slots (line 4)", "must be an integer"],
     ),
+    "infinite": (
+        "servers:\n  - name: s\n    slots: .inf\n",
+        ["servers[0].slots (line 3)", "not a finite number"],
+    ),
+    "too large for any number": (
+        "teams:\n  - name: t\n    weight: 1.0e+400\n",
+        ["teams[0].weight (line 3)", "not a finite number"],
+    ),
     "negative": (
         "servers:\n  - name: s\n    slots: -1\n",
         ["servers[0].slots (line 3)", "greater than or equal to 0"],
