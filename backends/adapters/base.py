@@ -55,7 +55,7 @@ class ServerModel:
     size_mb: int | None = None
     slots: int | None = None
     """Requests of it the server serves at once, where the server says (llama-server, LM
-    Studio)."""
+    Studio, llama-swap over a llama-server)."""
 
 
 @dataclass(frozen=True, slots=True)

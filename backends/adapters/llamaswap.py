@@ -13,6 +13,7 @@ import httpx
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
 from .http import TRANSPORT_ERRORS, HttpAdapter, connection_error, error_from_response
+from .llamacpp import total_slots
 
 RUNNING_STATES = {"ready": "loaded", "starting": "loading"}  # stopping: on its way out
 
@@ -32,6 +33,23 @@ class LlamaSwapAdapter(HttpAdapter):
                 continue
             state = RUNNING_STATES.get(running.get(entry["id"], ""), "unloaded")
             found.append(ServerModel(id=entry["id"], state=state))
+        return found
+
+    async def model_slots(self, listed: list[ServerModel]) -> dict[str, int]:
+        """Each running model's slots, as its upstream's `/props` says them when it is a
+        llama-server (`total_slots`, its `--parallel`; other upstreams have no /props). Asked
+        through `/upstream/<model>/props` only while `/running` says it is ready, since that
+        passthrough would start a stopped model."""
+        found = {}
+        for m in listed:
+            if m.state != "loaded" or (await self.running()).get(m.id) != "ready":
+                continue
+            try:
+                props = await self.json("GET", f"/upstream/{quote(m.id, safe='/')}/props")
+            except AdapterError:
+                continue
+            if isinstance(props, dict) and (slots := total_slots(props)) is not None:
+                found[m.id] = slots
         return found
 
     async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:

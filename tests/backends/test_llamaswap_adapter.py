@@ -63,6 +63,24 @@ async def test_lists_configured_models_with_running_state(server, adapter):
     assert [m.state for m in await adapter.list_models()] == ["unloaded", "unloaded"]
 
 
+async def test_discovery_reads_a_running_llama_servers_slots_and_starts_nothing(server, adapter):
+    """`/upstream/<model>/props` would start a stopped model: it is asked only of a model
+    `/running` says is ready, just before; an upstream with no /props says nothing."""
+    server.on("GET", "/v1/models", Reply(200, MODELS))
+    server.on("GET", "/running", running("ready"))
+    server.on("GET", "/upstream/qwen-7b/props", Reply(200, {"total_slots": 4}))
+    listed = await adapter.list_models()
+    assert await adapter.model_slots(listed) == {"qwen-7b": 4}
+    assert ("GET", "/upstream/nomic-embed/props") not in server.calls()
+
+    server.on("GET", "/running", running("stopping"))
+    assert await adapter.model_slots(listed) == {}  # stopped in between: not asked
+    assert server.calls().count(("GET", "/upstream/qwen-7b/props")) == 1
+    server.on("GET", "/running", running("ready"))
+    server.on("GET", "/upstream/qwen-7b/props", Reply(404, "404 page not found"))
+    assert await adapter.model_slots(listed) == {}
+
+
 async def test_load_starts_the_upstream_without_an_inference(server, adapter):
     server.on("GET", "/running", running(None), running("ready"))
     server.on("GET", "/upstream/qwen-7b/health", Reply(200, {"status": "ok"}))
