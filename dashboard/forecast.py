@@ -95,7 +95,7 @@ class Line:
 def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
     rows = Request.objects.filter(state__in=WAITING_STATES).order_by("priority", "created_at", "id")
     if related:
-        rows = rows.select_related("server", "deployment")
+        rows = rows.select_related("server", "deployment", "api_key__team")
     step = settings.SWITCHYARD["AGING_STEP_S"]
     requests = sorted(
         rows[:limit],

@@ -162,6 +162,14 @@ def reason_fields(shown: dict | None) -> dict:
     return {"reason": shown["text"], "reason_kind": shown["kind"]}
 
 
+def caller(r: Request) -> str | None:
+    """Whose request it is, for the staff's lists: the key's name, and its team's."""
+    key = r.api_key
+    if key is None:
+        return None
+    return f"{key.name} ({key.team.name})" if key.team else key.name
+
+
 def waiting_rows(now: datetime) -> list[dict]:
     """The head of the line in the policy's order, each with its place and the forecast's
     ETA (seconds until it is sent). Rows further back cannot be ahead of these."""
@@ -170,6 +178,7 @@ def waiting_rows(now: datetime) -> list[dict]:
     for position, r in enumerate(line.requests, start=1):
         row = request_row(r, now, ahead=position - 1)
         row["position"] = position
+        row["caller"] = caller(r)
         row["eta_s"] = seconds(line.etas.get(r.pk))
         rows.append(row)
     return rows
@@ -182,7 +191,7 @@ def overview(now: datetime | None = None) -> dict:
     servers = Server.objects.prefetch_related(Prefetch("deployments", queryset=shown))
     running = (
         Request.objects.filter(state=State.PROCESSING)
-        .select_related("server", "deployment")
+        .select_related("server", "deployment", "api_key__team")
         .order_by("started_at", "id")[:RUNNING_SHOWN]
     )
     recent = (
@@ -199,6 +208,7 @@ def overview(now: datetime | None = None) -> dict:
         "running": [
             {
                 **request_row(r, now),
+                "caller": caller(r),
                 "eta_s": run_left_s(r, now),
                 "started_at": iso(r.started_at),
             }

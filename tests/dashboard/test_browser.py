@@ -92,6 +92,7 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(model.locator(".load-label")).to_contain_text(f"of ~{LOAD_S:.1f} s")
     row = page.locator(f'#waiting tr[data-request="{request_id}"]')
     expect(row.locator(".pill")).to_have_text("needs loading")
+    expect(row.locator("td").nth(4)).to_have_text("–")  # caller: no key with keys off
     expect(row.locator("a.request-link")).to_have_attribute("href", f"/requests/{request_id}/")
 
     done = page.locator(f'#recent tr[data-request="{request_id}"]')

@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from access.models import ApiKey, Team
 from backends.models import Deployment, DeploymentState, Server
 from dashboard import state
 from scheduler.models import Priority, Request, State, Trace
@@ -150,7 +151,10 @@ def test_waiting_rows_are_in_line_order_with_place_and_eta():
     joined = factories.request(
         "b", Priority.INTERACTIVE, state=State.NEEDS_LOADING, server=srv, deployment=loading
     )
-    unrouted = factories.request("a", created_at=ago(5))
+    research = Team.objects.create(name="research")
+    alice, _ = ApiKey.generate("alice", team=research)
+    alice.save()
+    unrouted = factories.request("a", created_at=ago(5), api_key=alice)
     rows = state.overview(NOW)["waiting"]
     assert [r["id"] for r in rows] == [
         str(r.pk) for r in (joined, first, second, unrouted, background)
@@ -161,13 +165,17 @@ def test_waiting_rows_are_in_line_order_with_place_and_eta():
     assert [r["eta_s"] for r in rows] == [6.0, 0.0, 2.0, 4.0, 9.0]
     assert rows[1]["server"] == "sim"
     assert rows[1]["waited_s"] == 20.0
+    # Whose it is, for the staff: the key and its team (none with keys off).
+    assert [r["caller"] for r in rows] == [None, None, None, "alice (research)", None]
 
 
 def test_running_and_recently_finished_requests():
     srv = factories.server("sim")
     d = factories.deployment(srv, "a", state=DeploymentState.LOADED, avg_inference_s=5.0)
+    bob, _ = ApiKey.generate("bob")
+    bob.save()
     running = factories.request(
-        "a", state=State.PROCESSING, server=srv, deployment=d, started_at=ago(2)
+        "a", state=State.PROCESSING, server=srv, deployment=d, started_at=ago(2), api_key=bob
     )
     done = factories.request(
         "a", state=State.COMPLETED, server=srv, created_at=ago(9), finished_at=ago(1)
@@ -177,6 +185,7 @@ def test_running_and_recently_finished_requests():
     )
     view = state.overview(NOW)
     assert [(r["id"], r["eta_s"]) for r in view["running"]] == [(str(running.pk), 3.0)]
+    assert view["running"][0]["caller"] == "bob"
     assert [(r["id"], r["state"]) for r in view["recent"]] == [
         (str(done.pk), "completed"),
         (str(failed.pk), "failed"),
@@ -198,9 +207,13 @@ def test_the_overview_runs_the_same_few_queries_for_three_rows_or_a_hundred_and_
             factories.deployment(srv, name, state=DeploymentState.LOADED)
     d = factories.deployment(factories.server("s9"), "a", state=DeploymentState.LOADED)
 
+    team = Team.objects.create(name="t")
+
     def add(n: int) -> None:
-        for _ in range(n):
-            factories.request("a", state=State.READY, server=d.server, deployment=d)
+        for i in range(n):
+            key, _ = ApiKey.generate(f"k{i}", team=team)  # each row's caller: no query each
+            key.save()
+            factories.request("a", state=State.READY, server=d.server, deployment=d, api_key=key)
             factories.request("b", state=State.COMPLETED, finished_at=NOW)
 
     add(3)

@@ -137,13 +137,14 @@ const Switchyard = (() => {
       ? ` (showing the first ${state.waiting.length})` : "";
     document.getElementById("waiting-total").textContent = `${state.waiting_total}${more}`;
     fillTable("waiting", state.waiting, "Nobody is waiting.", (r) => [
-      r.position, requestLink(r), r.model, r.priority, pill(r.state), r.server || "–",
+      r.position, requestLink(r), r.model, r.priority, r.caller || "–", pill(r.state), r.server || "–",
       since(r.created_at), eta(r.eta_s), reason(r)]);
     lastClasses = state.classes || [];
     renderClasses();
 
     fillTable("running", state.running, "Nothing is running.", (r) => [
-      requestLink(r), r.model, r.priority, r.server || "–", since(r.started_at), eta(r.eta_s)]);
+      requestLink(r), r.model, r.priority, r.caller || "–", r.server || "–", since(r.started_at),
+      eta(r.eta_s)]);
     fillTable("recent", state.recent, "Nothing has finished yet.", (r) => [
       requestLink(r), r.model, pill(r.state), r.server || "–", clock(r.finished_at),
       secs(r.took_s), r.error ? el("span", {class: "error"}, r.error) : ""]);
