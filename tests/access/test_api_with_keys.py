@@ -166,6 +166,35 @@ def test_a_teams_daily_tokens_count_every_key_of_the_team(live, make_key):
     assert Request.objects.count() == 3
 
 
+def test_a_script_provisions_a_team_and_a_key_and_revokes_it_over_http(served, upstream, make_key):
+    """The operator API against a live Switchyard: a key made over HTTP in a team made over
+    HTTP serves an OpenAI client at once, and its use counts as the team's; revoked, the key
+    is refused (no auth cache here, so at once)."""
+    srv = factories.server("up", kind="openai", base_url=upstream.url, slots=4)
+    factories.deployment(srv, "qwen", server_model_id="qwen-upstream", state="loaded")
+    live = served(SWITCHYARD_AUTH="required", SWITCHYARD_AUTH_CACHE_S="0")
+    _, ops_secret = make_key("deploy-bot", operator=True)
+    ops = bearer(ops_secret)
+    team = httpx.post(
+        f"{live.url}/api/v1/teams", headers=ops, json={"name": "research", "daily_tokens": 6}
+    )
+    assert team.status_code == 201, team.text
+    made = httpx.post(
+        f"{live.url}/api/v1/keys", headers=ops, json={"name": "chat-app", "team": "research"}
+    )
+    assert made.status_code == 201, made.text
+    secret, prefix = made.json()["key"], made.json()["prefix"]
+    answer = client(live, secret).chat.completions.create(model="qwen", messages=HI)
+    assert answer.choices[0].message.content
+    used = httpx.get(f"{live.url}/api/v1/teams/research", headers=ops).json()["used_today"]
+    assert used["requests"] == 1 and used["completion_tokens"] + used["prompt_tokens"] == 4
+
+    revoked = httpx.patch(f"{live.url}/api/v1/keys/{prefix}", headers=ops, json={"revoked": True})
+    assert revoked.status_code == 200 and revoked.json()["revoked"] is True
+    with pytest.raises(openai.AuthenticationError):
+        client(live, secret).chat.completions.create(model="qwen", messages=HI)
+
+
 def test_a_key_with_too_many_waiting_is_429(live, make_key, gated_upstream):
     # One slot, held by the gate: the first request processes, the second waits.
     srv = factories.server("gated", kind="openai", base_url=gated_upstream.url, slots=1)
