@@ -249,7 +249,7 @@ def request_detail(
 ) -> dict | None:
     now = now or timezone.now()
     r = (
-        Request.objects.select_related("server", "deployment")
+        Request.objects.select_related("server", "deployment", "api_key__team")
         .prefetch_related("traces")
         .filter(pk=request_id)
         .first()
@@ -267,6 +267,7 @@ def request_detail(
     check = EtaCheck.objects.filter(request_id=r.pk).first()
     return {
         **request_row(r, now, ahead=position - 1 if position else None),
+        "caller": caller(r),  # for the staff's page; the watch page shows no caller
         "at": iso(now),
         "position": position,
         "waiting_total": waiting_total,

@@ -117,6 +117,7 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(page.locator("#live")).to_have_text("live")
     expect(page.locator("#request-state")).to_have_text("needs loading")
     expect(page.locator("#request-position")).to_have_text("1 of 1 waiting")
+    expect(page.locator("#request-caller")).to_have_text("–")  # keys are off here
     expect(page.locator("#load progress")).to_be_visible()
     expect(page.locator("#request-state")).to_have_text("completed")
     expect(page.locator("#request-position")).to_have_text("–")

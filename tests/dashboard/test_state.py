@@ -232,7 +232,9 @@ def test_request_detail_has_place_eta_load_and_trace():
     ahead = factories.request(
         "m", state=State.NEEDS_LOADING, server=srv, deployment=d, created_at=ago(3)
     )
-    r = factories.request("m", state=State.NEEDS_LOADING, server=srv, deployment=d)
+    key, _ = ApiKey.generate("alice")
+    key.save()
+    r = factories.request("m", state=State.NEEDS_LOADING, server=srv, deployment=d, api_key=key)
     Trace.objects.create(
         request=r,
         at=ago(1),
@@ -249,6 +251,7 @@ def test_request_detail_has_place_eta_load_and_trace():
         ("needs_loading", "routed; loading m")
     ]
     assert state.request_detail(ahead.pk, NOW)["position"] == 2
+    assert (detail["caller"], state.request_detail(ahead.pk, NOW)["caller"]) == ("alice", None)
 
 
 @pytest.mark.skipif(not settings.IS_POSTGRES, reason="PostgreSQL's scans and statistics")

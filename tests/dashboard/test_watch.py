@@ -6,6 +6,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
+from access.models import ApiKey
 from config.asgi import application
 from dashboard.watch_tokens import request_id_for, token_for
 from scheduler.channel_hints import request_group
@@ -24,7 +25,9 @@ def test_a_token_names_its_request_and_nothing_else_does():
 
 @pytest.mark.django_db
 def test_the_page_shows_place_and_no_prompt_to_anyone_with_the_link(client):
-    r = factories.request("m")
+    key, _ = ApiKey.generate("acme-internal-app")
+    key.save()
+    r = factories.request("m", api_key=key)
     r.payload = {"model": "m", "messages": [{"role": "user", "content": "my secret question"}]}
     r.save()
     response = client.get(f"/watch/{token_for(r.pk)}/")
@@ -34,6 +37,7 @@ def test_the_page_shows_place_and_no_prompt_to_anyone_with_the_link(client):
     body = client.get(f"/watch/{token_for(r.pk)}/state.json").json()
     assert (body["state"], body["position"], body["waiting_total"]) == ("pending", 1, 1)
     assert "payload" not in body and "server" not in body
+    assert "caller" not in body and "acme-internal-app" not in page  # the staff's page only
     assert client.get("/watch/forged/").status_code == 404
     assert client.get(f"/watch/{token_for(r.pk)}x/state.json").status_code == 404
 

@@ -183,7 +183,8 @@ const Switchyard = (() => {
       ["first ETA", first ? `${secs(first.given_s)} at place ${first.position}`
         + (first.error_s === null ? "" : `, off by ${secs(Math.abs(first.error_s))}`
           + (first.error_s > 0 ? " (later)" : " (sooner)")) : "–"],
-      ["model", r.model], ["priority", r.priority], ["server", r.server || "not routed yet"],
+      ["model", r.model], ["priority", r.priority], ["caller", r.caller || "–"],
+      ["server", r.server || "not routed yet"],
       ["waited", waiting ? since(r.created_at) : secs(r.waited_s)],
       ["created", clock(r.created_at)], ["finished", clock(r.finished_at)],
       ["attempts", r.attempts],
