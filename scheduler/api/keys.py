@@ -235,6 +235,27 @@ class KeyDetail(APIView):
         return Response(keys_body([key_named(prefix)])[0])
 
 
+class WebhookSecretOut(serializers.Serializer):
+    webhook_secret = serializers.CharField(help_text="The new secret: shown this once.")
+
+
+class RotateWebhookSecret(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="Give a key a new webhook secret, shown once; the old one signs nothing more"
+        " (operators)",
+        request=None,
+        responses={200: WebhookSecretOut, **ERRORS, **NOT_FOUND},
+    )
+    def post(self, request: DrfRequest, prefix: str) -> Response:
+        caller = operator_of(request)
+        found = key_named(prefix)
+        secret = found.rotate_webhook_secret()
+        log.info("webhook secret of API key %s rotated by %s", found, caller.name)
+        return Response({"webhook_secret": secret})
+
+
 class TeamList(APIView):
     authentication_classes = [StaffSession]
 

@@ -17,6 +17,11 @@ urlpatterns = [
     path("api/v1/config", config.Config.as_view(), name="config"),
     path("api/v1/keys", keys.KeyList.as_view(), name="key-list"),
     path("api/v1/keys/<str:prefix>", keys.KeyDetail.as_view(), name="key-detail"),
+    path(
+        "api/v1/keys/<str:prefix>/rotate-webhook-secret",
+        keys.RotateWebhookSecret.as_view(),
+        name="key-rotate-webhook-secret",
+    ),
     path("api/v1/teams", keys.TeamList.as_view(), name="team-list"),
     path("api/v1/teams/<str:name>", keys.TeamDetail.as_view(), name="team-detail"),
 ]

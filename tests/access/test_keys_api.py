@@ -77,6 +77,18 @@ def test_a_key_made_through_the_api_works_until_revoked(client, ops, caplog):
     assert said[1].endswith(": revoked=True")
 
 
+def test_a_keys_webhook_secret_is_rotated_and_shown_once(client, ops):
+    made = post(client, "/api/v1/keys", {"name": "jobs-app"}, ops).json()
+    path = f"/api/v1/keys/{made['prefix']}/rotate-webhook-secret"
+    rotated = post(client, path, {}, ops)
+    assert rotated.status_code == 200
+    secret = rotated.json()["webhook_secret"]
+    assert secret != made["webhook_secret"]
+    assert ApiKey.objects.get(prefix=made["prefix"]).webhook_secret == secret  # signs from now
+    assert secret not in client.get(f"/api/v1/keys/{made['prefix']}", headers=ops).content.decode()
+    assert error_of(post(client, "/api/v1/keys/00000000/rotate-webhook-secret", {}, ops))[0] == 404
+
+
 def test_a_key_joins_and_leaves_a_team_by_its_name(client, ops):
     team = post(client, "/api/v1/teams", {"name": "research", "weight": 3}, ops)
     assert team.status_code == 201, team.content
@@ -180,6 +192,7 @@ def test_a_team_name_is_taken_once(client, ops):
         ("get", "/api/v1/teams"),
         ("post", "/api/v1/teams"),
         ("patch", "/api/v1/teams/research"),
+        ("post", "/api/v1/keys/00000000/rotate-webhook-secret"),
     ],
 )
 def test_only_operators_may_call_it(client, make_key, method, path):
