@@ -1,11 +1,13 @@
 """The operator API for API keys and teams: a script provisions an app's key, sets its
 limits, puts it in a team or revokes it, without the admin.
 
-`GET|POST /api/v1/keys`, `GET|PATCH /api/v1/keys/{prefix}`, `GET|POST /api/v1/teams`,
+`GET|POST /api/v1/keys`, `GET|PATCH /api/v1/keys/{prefix}`,
+`POST /api/v1/keys/{prefix}/rotate-webhook-secret`, `GET|POST /api/v1/teams`,
 `GET|PATCH /api/v1/teams/{name}`; the callers of the servers' operator API (staff or an
-operator key). A key's secret and webhook secret are in the answer to its POST only: only
-their hash (and the webhook secret the worker signs with) are kept, and neither is shown
-again. An edit reaches every process within SWITCHYARD_AUTH_CACHE_S, as an admin edit does."""
+operator key). A key's secret and webhook secret are in the answer to the POST that makes
+them only: the key's hash (and the webhook secret the worker signs with) are kept, and
+neither is shown again. An edit reaches every process within SWITCHYARD_AUTH_CACHE_S, as an
+admin edit does."""
 
 import logging
 from collections import Counter
