@@ -14,7 +14,12 @@ from collections import Counter
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+)
 from rest_framework import serializers
 from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
@@ -189,12 +194,17 @@ class KeyList(APIView):
     @extend_schema(
         summary="List API keys (operators)",
         operation_id="api_v1_keys_list",
-        parameters=listing.page_parameters(listing.MAX_LIMIT),
+        parameters=[
+            *listing.page_parameters(listing.MAX_LIMIT),
+            OpenApiParameter("team", str, description="Only its keys; empty: keys in no team."),
+        ],
         responses={200: KeyListOut, **ERRORS},
     )
     def get(self, request: DrfRequest) -> Response:
         operator_of(request)
         rows = ApiKey.objects.select_related("team")
+        if (team := request.query_params.get("team")) is not None:
+            rows = rows.filter(team=team_named(team)) if team else rows.filter(team=None)
         order = ("name", "prefix")
         return Response(
             listing.page(rows, request.query_params, order, keys_body, listing.MAX_LIMIT)

@@ -136,6 +136,22 @@ def test_lists_show_what_each_used_today(client, ops, make_key):
     assert teams[0]["used_today"]["requests"] == 2
 
 
+def test_the_key_list_filters_by_team(client, ops, make_key):
+    research = Team.objects.create(name="research")
+    make_key("alice", team=research)
+    make_key("bob")
+
+    def names(query: str) -> list[str]:
+        return [k["name"] for k in client.get(f"/api/v1/keys?{query}", headers=ops).json()["data"]]
+
+    assert names("team=research") == ["alice"]
+    assert names("team=") == ["bob", "ops"]  # in no team
+    assert error_of(client.get("/api/v1/keys?team=ghost", headers=ops))[::2] == (
+        404,
+        "team_not_found",
+    )
+
+
 def test_lists_page_by_name(client, ops, make_key):
     for name in ("b", "c", "a"):
         make_key(name)
