@@ -41,17 +41,16 @@ class KeyUsageCollector:
             " above, refused",
             labels=["team", "team_id", "quota"],
         )
-        used = {k: f for (k, day), f in usage.usage(since=since).items() if day == today}
-        by_team: dict[int, dict[str, float]] = {}
+        found = usage.usage(since=since)
+        used = usage.summed(found, lambda key_id, day: key_id if day == today else None)
+        by_team = usage.summed(
+            found,
+            lambda key_id, day: keys[key_id].team_id if day == today and key_id in keys else None,
+        )
         for key_id, figures in sorted(used.items()):
             labels = [keys[key_id].name if key_id in keys else "?", str(key_id)]
             for field, family in families.items():
                 family.add_metric(labels, figures[field])
-            team_id = keys[key_id].team_id if key_id in keys else None
-            if team_id is not None:
-                total = by_team.setdefault(team_id, dict.fromkeys(usage.FIELDS, 0.0))
-                for field in usage.FIELDS:
-                    total[field] += figures[field]
         for key in keys.values():
             add_shares(quota, [key.name, str(key.pk)], key, used.get(key.pk))
         for team in Team.objects.all():

@@ -6,7 +6,7 @@ requests still kept are summed when asked, and a request's usage moves into `Key
 the transaction that purges it (retention), so a day's figures outlive its requests."""
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from datetime import date, datetime, timedelta
 
 from django.db.models import BigIntegerField, Count, DurationField, ExpressionWrapper, F, Sum
@@ -89,14 +89,21 @@ def of(holder: ApiKey | Team) -> dict[str, int]:
     return {"team_id": holder.pk} if isinstance(holder, Team) else {"api_key_id": holder.pk}
 
 
-def by_day(found: Usage) -> dict[date, dict[str, float]]:
-    """`found` summed over its keys, by day."""
-    days: dict[date, dict[str, float]] = {}
-    for (_, day), figures in found.items():
-        total = days.setdefault(day, dict.fromkeys(FIELDS, 0))
+def summed(found: Usage, group: Callable[[int, date], Hashable | None]) -> dict:
+    """`found` added up by `group(key id, day)`; a key it groups as None is left out."""
+    totals: dict = {}
+    for (key_id, day), figures in found.items():
+        if (into := group(key_id, day)) is None:
+            continue
+        total = totals.setdefault(into, dict.fromkeys(FIELDS, 0))
         for name in FIELDS:
             total[name] += figures[name]
-    return days
+    return totals
+
+
+def by_day(found: Usage) -> dict[date, dict[str, float]]:
+    """`found` summed over its keys, by day."""
+    return summed(found, lambda _, day: day)
 
 
 def today(
@@ -113,16 +120,11 @@ def today_by(now: datetime, teams: bool = False) -> dict[int, dict[str, float]]:
     """Today's usage (UTC) of every key by its id, or with `teams` of every team (all its
     keys) by the team's id, in one read: for the lists that show many at once."""
     start, _ = midnights(now)
+    found = usage(since=start)
+    if not teams:
+        return summed(found, lambda key_id, day: key_id if day == start.date() else None)
     team_of = dict(ApiKey.objects.filter(team__isnull=False).values_list("pk", "team"))
-    found: dict[int, dict[str, float]] = {}
-    for (key_id, day), figures in usage(since=start).items():
-        holder = team_of.get(key_id) if teams else key_id
-        if holder is None or day != start.date():
-            continue
-        total = found.setdefault(holder, dict.fromkeys(FIELDS, 0))
-        for name in FIELDS:
-            total[name] += figures[name]
-    return found
+    return summed(found, lambda key_id, day: team_of.get(key_id) if day == start.date() else None)
 
 
 def fold(request_ids: Iterable) -> None:
