@@ -240,11 +240,10 @@ def class_name(effective: int) -> str:
     return CLASS_NAMES[min(max(effective, 0), len(CLASS_NAMES) - 1)]
 
 
-def behind(line: Counter[str], server: str, where: str = "") -> Reason:
+def behind(line: Counter[str], server: str, where: str) -> Reason:
     """Behind the requests of `line` (counts by class), at most `EXACT_UP_TO` of them, for
     the slots `where` says (`on <server>`, or `for <model> on <server> (N at once)` for a
     model at its own slots)."""
-    where = where or f"on {server}"
     n = line.total()
     if n == 0:
         return make(BEHIND, f"next for a slot {where}", server=server, ahead=0)
