@@ -10,7 +10,7 @@ from backends.admin import server_label
 
 from .models import Request, State, Trace, Worker
 from .reasons_shown import shown
-from .store.completion import cancel_request
+from .store.completion import cancel_requests
 
 WHY_CHARS = 120  # an error's first line or so; the whole of it is on the request's page
 
@@ -113,7 +113,7 @@ class RequestAdmin(ReadOnlyAdmin):
     @admin.action(description="Cancel selected requests (stopping those at their servers)")
     def cancel(self, request, queryset):
         ids = list(queryset.values_list("pk", flat=True))
-        cancelled = sum(cancel_request(pk, f"cancelled in admin by {request.user}") for pk in ids)
+        cancelled = cancel_requests(ids, f"cancelled in admin by {request.user}")
         skipped = len(ids) - cancelled
         if cancelled:
             self.message_user(request, f"Cancelled {cancelled} request(s).", messages.SUCCESS)

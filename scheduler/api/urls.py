@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import config, inference, jobs, keys, servers
+from . import config, inference, jobs, keys, queue, servers
 
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
@@ -9,6 +9,8 @@ urlpatterns = [
     path("v1/models/<path:name>", inference.retrieve_model, name="model"),
     path("api/v1/requests", jobs.RequestList.as_view(), name="request-list"),
     path("api/v1/requests/<uuid:request_id>", jobs.request_detail, name="request-detail"),
+    path("api/v1/queue", queue.Queue.as_view(), name="queue"),
+    path("api/v1/queue/cancel", queue.CancelQueued.as_view(), name="queue-cancel"),
     path("api/v1/servers", servers.ServerList.as_view(), name="server-list"),
     path("api/v1/servers/<slug:name>/load", servers.LoadServer.as_view(), name="server-load"),
     path("api/v1/servers/<slug:name>/unload", servers.UnloadServer.as_view()),

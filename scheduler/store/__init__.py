@@ -19,6 +19,7 @@ from .completion import (
     Answer,
     PlannedSend,
     cancel_request,
+    cancel_requests,
     request_failed,
     requests_completed,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "all_servers",
     "apply_server_models",
     "cancel_request",
+    "cancel_requests",
     "dispatch_all",
     "evicted",
     "heartbeat",

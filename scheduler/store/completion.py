@@ -14,7 +14,7 @@ from backends.models import Deployment, DeploymentState
 from .. import sql, wakeup
 from ..models import WAITING_STATES, Request, State
 from ..retry import backoff_s
-from ..transitions import Transition, end_later, move
+from ..transitions import Transition, end_later, move, move_all
 from .dispatch import Sending, ServeJob, dispatch_all
 from .health import server_failed
 from .knobs import knob
@@ -196,3 +196,20 @@ def cancel_request(request_id, reason: str) -> bool:
         wakeup.notify_later(wakeup.CHANNEL, cancelled.payload())
         transaction.on_commit(lambda: wakeup.wake_local(cancelled))
     return True
+
+
+CANCELS_PER_TRANSACTION = 500
+
+
+def cancel_requests(ids: list, reason: str, processing: bool = True) -> int:
+    """Cancel those of `ids` that have not ended, as `cancel_request` does, and say how many.
+    The waiting ones go many to a transaction; with `processing`, each one at its server is
+    then stopped there, else it is left alone."""
+    cancelled = 0
+    for chunk in sql.chunks(ids, CANCELS_PER_TRANSACTION):
+        moved = move_all([Transition(pk, WAITING_STATES, State.CANCELLED, reason) for pk in chunk])
+        cancelled += sum(moved)
+        if processing:
+            left = (pk for pk, done in zip(chunk, moved, strict=True) if not done)
+            cancelled += sum(cancel_request(pk, reason) for pk in left)
+    return cancelled
