@@ -150,7 +150,31 @@ def parse(text: str, fmt: str) -> dict:
         raise ConfigError(f"{at}{problem}" + (f" ({context})" if context else "")) from exc
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping with 'models', 'servers' and/or 'teams'")
+    _check_size(data)
     return data
+
+
+# Far more than any team's file. YAML aliases let a few lines name a value that expands
+# without bound once stored or shown (a "billion laughs"); it is refused before either.
+MAX_VALUES = 100_000
+
+
+def _check_size(data: dict) -> None:
+    """Refuse a file whose values, each alias counted as what it expands to, pass MAX_VALUES."""
+    stack: list[Any] = [data]
+    for _ in range(MAX_VALUES):
+        if not stack:
+            return
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+    if stack:
+        raise ConfigError(
+            f"the file holds more than {MAX_VALUES:,} values once its YAML aliases are"
+            " expanded; write them out, or split the file"
+        )
 
 
 def _check_mapping(item: Any, allowed: set[str], path: str, parent: Any, index: int = 0) -> None:

@@ -292,6 +292,14 @@ YAML_ERRORS = {
         "teams:\n  - name: t\n    weight: 1.0e+400\n",
         ["teams[0].weight (line 3)", "not a finite number"],
     ),
+    "aliases that expand without bound": (
+        "models:\n  - name: a\n    load_options:\n"
+        + "".join(
+            f"      l{i}: &l{i} [{', '.join([f'*l{i - 1}' if i else '1'] * 10)}]\n"
+            for i in range(9)
+        ),
+        ["more than 100,000 values once its YAML aliases are expanded"],
+    ),
     "negative": (
         "servers:\n  - name: s\n    slots: -1\n",
         ["servers[0].slots (line 3)", "greater than or equal to 0"],

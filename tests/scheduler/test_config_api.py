@@ -90,6 +90,15 @@ def test_json_and_toml_by_their_content_type(client, ops):
         ("servers:\n  - name: s\n    deployments:\n      - model: ghost\n", "unknown model"),
         ("- a list\n", "expected a mapping"),
         ('{"servers": [{"name": "s\\ud800"}]}', "lone surrogates"),
+        # A billion laughs: ten to the ninth values from a few lines.
+        (
+            "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+            + "".join(
+                f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n"
+                for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+            ),
+            "more than 100,000 values",
+        ),
     ],
 )
 def test_a_bad_file_says_where_and_changes_nothing(client, ops, body, said):
