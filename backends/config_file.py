@@ -8,7 +8,7 @@ YAML (and for TOML syntax errors, which tomllib reports by line), the path such 
 
 import math
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,18 +107,22 @@ def where(item: Any, path: str, key: str | None = None) -> str:
 class Summary:
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
-        return bool(self.created or self.updated)
+        return bool(self.created or self.updated or self.deleted)
 
     def __str__(self) -> str:
         if not self.changed:
             return "nothing changed"
-        return (
-            f"created {len(self.created)}: {', '.join(self.created) or '-'}; "
-            f"updated {len(self.updated)}: {', '.join(self.updated) or '-'}"
-        )
+        said = [
+            f"{verb} {len(names)}: {', '.join(names) or '-'}"
+            for verb, names in [("created", self.created), ("updated", self.updated)]
+        ]
+        if self.deleted:
+            said.append(f"deleted {len(self.deleted)}: {', '.join(self.deleted)}")
+        return "; ".join(said)
 
 
 def load_file(path: str | Path) -> dict:
@@ -299,7 +303,8 @@ def _check_aliases(models: dict[str, Model], located: dict[str, tuple[str, dict]
 
 def _apply_deployments(
     server: Server, item: dict, path: str, models: dict[str, Model], summary: Summary
-) -> None:
+) -> set[str]:
+    """The server's deployments as the file lists them; the names of their models."""
     deployments = _list(item, "deployments", path)
     seen: dict[str, str] = {}
     for j, dep in enumerate(deployments):
@@ -329,6 +334,7 @@ def _apply_deployments(
             summary,
             create_defaults={"server_model_id": model.name},
         )
+    return set(seen)
 
 
 def _apply_teams(data: dict, summary: Summary) -> None:
@@ -381,15 +387,57 @@ def export() -> dict:
     }
 
 
+def _delete(rows: Iterable[db.Model], summary: Summary) -> None:
+    for obj in rows:
+        summary.deleted.append(f"{obj._meta.verbose_name} {obj}")
+        obj.delete()
+
+
+def _prune(data: dict, servers: dict[str, set[str] | None], summary: Summary) -> None:
+    """Delete what the file leaves out, in each list it has: servers, models and teams it
+    does not name, and on each server with a `deployments` list, deployments not in it. A
+    list the file does not have is left alone. Deployments go before their model or server,
+    each named."""
+    leaving = db.Q(pk__in=[])
+    for server, kept in servers.items():
+        if kept is not None:
+            leaving |= db.Q(server__name=server) & ~db.Q(model__name__in=kept)
+    if "servers" in data:
+        leaving |= ~db.Q(server__name__in=servers)
+    if "models" in data:
+        leaving |= ~db.Q(model__name__in=[item["name"] for item in data["models"]])
+    deployments = Deployment.objects.select_related("model", "server").filter(leaving)
+    _delete(deployments.order_by("server__name", "model__name"), summary)
+    if "servers" in data:
+        _delete(Server.objects.exclude(name__in=servers).order_by("name"), summary)
+    if "models" in data:
+        named = [item["name"] for item in data["models"]]
+        _delete(Model.objects.exclude(name__in=named).order_by("name"), summary)
+    if "teams" in data:
+        named = [item["name"] for item in data["teams"]]
+        for team in Team.objects.exclude(name__in=named).order_by("name"):
+            if keys := team.keys.count():
+                raise ConfigError(
+                    f"teams: team {team.name!r} is not in the file but holds {keys} API"
+                    " key(s); move them to another team (or none) first, or list the team"
+                )
+            _delete([team], summary)
+
+
 @transaction.atomic
-def apply(data: dict) -> Summary:
-    """Create or update everything the file names; raises ConfigError and changes nothing."""
+def apply(data: dict, prune: bool = False) -> Summary:
+    """Create or update everything the file names; with `prune`, delete what its lists leave
+    out too (`_prune`). Raises ConfigError and changes nothing."""
     summary = Summary()
     _check_mapping(data, TOP_KEYS, "", data)
     _apply_teams(data, summary)
     models = _apply_models(data, summary)
+    servers: dict[str, set[str] | None] = {}  # each one's deployments, if it lists them
     for path, item, name in _named(data, "servers", {*SERVER_FIELDS, "deployments"}, "server"):
         values = {k: v for k, v in item.items() if k in SERVER_FIELDS}
         server = _upsert(Server, {"name": name}, values, item, path, summary)
-        _apply_deployments(server, item, path, models, summary)
+        listed = _apply_deployments(server, item, path, models, summary)
+        servers[name] = listed if "deployments" in item else None
+    if prune:
+        _prune(data, servers, summary)
     return summary

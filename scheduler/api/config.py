@@ -30,6 +30,9 @@ class AppliedOut(serializers.Serializer):
     changed = serializers.BooleanField()
     created = serializers.ListField(child=serializers.CharField())
     updated = serializers.ListField(child=serializers.CharField())
+    deleted = serializers.ListField(
+        child=serializers.CharField(), help_text="With prune: what the file left out, deleted."
+    )
 
 
 def body_format(content_type: str) -> str:
@@ -61,7 +64,13 @@ class Config(APIView):
         parameters=[
             OpenApiParameter(
                 "dry_run", bool, description="Say what would change, and change nothing."
-            )
+            ),
+            OpenApiParameter(
+                "prune",
+                bool,
+                description="Also delete what the file's lists leave out (servers, models,"
+                " teams; deployments of a server that lists them).",
+            ),
         ],
         request={
             "application/yaml": OpenApiTypes.STR,
@@ -75,13 +84,16 @@ class Config(APIView):
     )
     def post(self, request: DrfRequest) -> Response:
         caller = operator_of(request)
-        dry_run = request.query_params.get("dry_run", "").lower() in ("1", "true", "yes")
+        dry_run, prune = (
+            request.query_params.get(flag, "").lower() in ("1", "true", "yes")
+            for flag in ("dry_run", "prune")
+        )
         try:
             text = request.body.decode()
             data = parse(text, body_format(request.content_type or ""))
             check_text(data)  # a YAML escape can make what the database cannot keep
             with transaction.atomic():
-                summary = apply(data)
+                summary = apply(data, prune=prune)
                 if dry_run:
                     transaction.set_rollback(True)
         except UnicodeDecodeError:
@@ -96,5 +108,6 @@ class Config(APIView):
                 "changed": summary.changed,
                 "created": summary.created,
                 "updated": summary.updated,
+                "deleted": summary.deleted,
             }
         )

@@ -61,6 +61,7 @@ def test_a_file_applies_then_changes_nothing(client, ops):
             "deployment qwen3-8b@gpu-1",
         ],
         "updated": [],
+        "deleted": [],
     }
     assert Server.objects.get(name="gpu-1").slots == 4
     again = send(client, FILE, ops).json()
@@ -71,6 +72,18 @@ def test_a_dry_run_says_what_would_change_and_changes_nothing(client, ops):
     answer = send(client, FILE, ops, query="?dry_run=true").json()
     assert answer["dry_run"] is True and len(answer["created"]) == 4
     assert rows() == [[], [], [], []]
+
+
+def test_prune_deletes_what_the_file_leaves_out_a_dry_run_only_says_so(client, ops):
+    send(client, FILE, ops)
+    send(client, "servers:\n  - name: old-box\n    kind: openai\n", ops)
+    before = rows()
+    would = send(client, FILE, ops, query="?prune=true&dry_run=true").json()
+    assert (would["dry_run"], would["deleted"]) == (True, ["server old-box"])
+    assert rows() == before
+    done = send(client, FILE, ops, query="?prune=true").json()
+    assert (done["changed"], done["deleted"]) == (True, ["server old-box"])
+    assert list(Server.objects.values_list("name", flat=True)) == ["gpu-1"]
 
 
 def test_json_and_toml_by_their_content_type(client, ops):
