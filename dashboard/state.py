@@ -196,7 +196,7 @@ def overview(now: datetime | None = None) -> dict:
     )
     recent = (
         Request.objects.filter(state__in=TERMINAL_STATES)
-        .select_related("server")
+        .select_related("server", "api_key__team")
         .order_by("-finished_at", "-created_at")[:RECENT_SHOWN]
     )
     return {
@@ -217,6 +217,7 @@ def overview(now: datetime | None = None) -> dict:
         "recent": [
             {
                 **request_row(r, now),
+                "caller": caller(r),
                 "finished_at": iso(r.finished_at),
                 "took_s": seconds(max(((r.finished_at or now) - r.created_at).total_seconds(), 0)),
                 "error": r.error,

@@ -178,7 +178,12 @@ def test_running_and_recently_finished_requests():
         "a", state=State.PROCESSING, server=srv, deployment=d, started_at=ago(2), api_key=bob
     )
     done = factories.request(
-        "a", state=State.COMPLETED, server=srv, created_at=ago(9), finished_at=ago(1)
+        "a",
+        state=State.COMPLETED,
+        server=srv,
+        created_at=ago(9),
+        finished_at=ago(1),
+        api_key=bob,
     )
     failed = factories.request(
         "a", state=State.FAILED, error="boom", created_at=ago(9), finished_at=ago(3)
@@ -192,6 +197,10 @@ def test_running_and_recently_finished_requests():
     ]
     assert view["recent"][0]["took_s"] == 8.0
     assert view["recent"][1]["error"] == "boom"
+    assert [(r["priority"], r["caller"]) for r in view["recent"]] == [
+        ("normal", "bob"),
+        ("normal", None),
+    ]
 
 
 def test_the_overview_runs_the_same_few_queries_for_three_rows_or_a_hundred_and_twenty():
@@ -214,7 +223,7 @@ def test_the_overview_runs_the_same_few_queries_for_three_rows_or_a_hundred_and_
             key, _ = ApiKey.generate(f"k{i}", team=team)  # each row's caller: no query each
             key.save()
             factories.request("a", state=State.READY, server=d.server, deployment=d, api_key=key)
-            factories.request("b", state=State.COMPLETED, finished_at=NOW)
+            factories.request("b", state=State.COMPLETED, finished_at=NOW, api_key=key)
 
     add(3)
     few, shown = queries()

@@ -146,7 +146,8 @@ const Switchyard = (() => {
       requestLink(r), r.model, r.priority, r.caller || "–", r.server || "–", since(r.started_at),
       eta(r.eta_s)]);
     fillTable("recent", state.recent, "Nothing has finished yet.", (r) => [
-      requestLink(r), r.model, pill(r.state), r.server || "–", clock(r.finished_at),
+      requestLink(r), r.model, r.priority, r.caller || "–", pill(r.state), r.server || "–",
+      clock(r.finished_at),
       secs(r.took_s), r.error ? el("span", {class: "error"}, r.error) : ""]);
   }
 
