@@ -7,7 +7,7 @@ the transaction that purges it (retention), so a day's figures outlive its reque
 
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from django.db.models import BigIntegerField, Count, DurationField, ExpressionWrapper, F, Sum
 from django.db.models.fields.json import KT
@@ -135,3 +135,40 @@ def fold(request_ids: Iterable) -> None:
         for name in FIELDS:
             setattr(row, name, getattr(row, name) + figures[name])
         row.save()
+
+
+GROUPS = ("key", "team", "day")
+
+
+def report(
+    since: date,
+    until: date,
+    by: Iterable[str] = ("key",),
+    api_key_id: int | None = None,
+    team_id: int | None = None,
+) -> list[dict]:
+    """The usage of the UTC days from `since` to `until` (both included), added up by key,
+    team and/or day as `by` names them, in that order: a row per group with its figures
+    (and `key`, `key_name`, `team`, `day` as grouped). For a report or a bill."""
+    by = tuple(name for name in GROUPS if name in set(by))
+    start = datetime.combine(since, datetime.min.time(), tzinfo=UTC)
+    keys = {
+        k.pk: k for k in ApiKey.objects.select_related("team").only("prefix", "name", "team__name")
+    }
+
+    def group(key_id: int, day: date) -> tuple | None:
+        if not since <= day <= until:
+            return None
+        key = keys[key_id]
+        named = {"key": key.prefix, "team": key.team.name if key.team else None, "day": day}
+        return tuple(named[name] for name in by)
+
+    totals = summed(usage(api_key_id, since=start, team_id=team_id), group)
+    names = {k.prefix: k.name for k in keys.values()}
+    rows = []
+    for grouped in sorted(totals, key=lambda t: tuple((v is None, v or "") for v in t)):
+        row: dict = dict(zip(by, grouped, strict=True))
+        if "key" in row:
+            row = {"key": row["key"], "key_name": names[row["key"]], **row}
+        rows.append(row | totals[grouped])
+    return rows

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import config, inference, jobs, keys, queue, servers
+from . import config, inference, jobs, keys, queue, servers, usage
 
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
@@ -25,5 +25,6 @@ urlpatterns = [
         name="key-rotate-webhook-secret",
     ),
     path("api/v1/teams", keys.TeamList.as_view(), name="team-list"),
+    path("api/v1/usage", usage.Usage.as_view(), name="usage"),
     path("api/v1/teams/<str:name>", keys.TeamDetail.as_view(), name="team-detail"),
 ]
