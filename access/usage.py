@@ -165,8 +165,16 @@ def report(
 
     totals = summed(usage(api_key_id, since=start, team_id=team_id), group)
     names = {k.prefix: k.name for k in keys.values()}
+
+    def order(grouped: tuple) -> tuple:
+        """Keys by name, teams by name with no team last, days in order."""
+        return tuple(
+            (v is None, names[v] if name == "key" else v or "", v or "")
+            for name, v in zip(by, grouped, strict=True)
+        )
+
     rows = []
-    for grouped in sorted(totals, key=lambda t: tuple((v is None, v or "") for v in t)):
+    for grouped in sorted(totals, key=order):
         row: dict = dict(zip(by, grouped, strict=True))
         if "key" in row:
             row = {"key": row["key"], "key_name": names[row["key"]], **row}
