@@ -1,5 +1,5 @@
 """What each API key used, by day (UTC): requests ended, prompt and completion tokens (the
-servers' `usage`), processing seconds.
+servers' `usage`; a Responses API answer's input and output tokens), processing seconds.
 
 Counted from the requests themselves, so the hot path writes nothing more: the finished
 requests still kept are summed when asked, and a request's usage moves into `KeyUsage` in
@@ -21,6 +21,15 @@ FIELDS = ("requests", "prompt_tokens", "completion_tokens", "processing_s")
 Usage = dict[tuple[int, date], dict[str, float]]
 
 
+def _tokens(name: str, responses_name: str) -> Coalesce:
+    """A count from a result's `usage`, as a chat completion names it or as a Responses API
+    response does (`input_tokens`, `output_tokens`)."""
+    return Coalesce(
+        Cast(KT(f"result__usage__{name}"), BigIntegerField()),
+        Cast(KT(f"result__usage__{responses_name}"), BigIntegerField()),
+    )
+
+
 def _sums(requests) -> Usage:
     rows = (
         requests.filter(state__in=TERMINAL_STATES, api_key__isnull=False)
@@ -28,12 +37,8 @@ def _sums(requests) -> Usage:
         .values("api_key", "day")
         .annotate(
             requests=Count("id"),
-            prompt_tokens=Sum(
-                Cast(KT("result__usage__prompt_tokens"), BigIntegerField()), default=0
-            ),
-            completion_tokens=Sum(
-                Cast(KT("result__usage__completion_tokens"), BigIntegerField()), default=0
-            ),
+            prompt_tokens=Sum(_tokens("prompt_tokens", "input_tokens"), default=0),
+            completion_tokens=Sum(_tokens("completion_tokens", "output_tokens"), default=0),
             processing=Sum(
                 ExpressionWrapper(
                     F("finished_at") - Coalesce("started_at", "finished_at"),

@@ -9,6 +9,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from scheduler.channel_hints import DASHBOARD_GROUP, request_group
+from scheduler.streams import text_of
 from scheduler.throttle import Throttle
 
 from . import state
@@ -158,10 +159,5 @@ class WatchConsumer(AsyncJsonWebsocketConsumer):
         self.throttle.hint()
 
     async def stream_chunk(self, message) -> None:
-        text = "".join(
-            (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-            for chunk in message.get("chunks", [])
-            for choice in chunk.get("choices") or []
-        )
-        if text:
+        if text := text_of(message.get("chunks", [])):
             await self.send_json({"type": "chunk", "text": text})

@@ -11,6 +11,7 @@ class RequestKind(models.TextChoices):
     COMPLETION = "completion", "Completion"
     EMBEDDING = "embedding", "Embedding"
     RERANK = "rerank", "Rerank"
+    RESPONSE = "response", "Response"  # OpenAI's Responses API
 
 
 class Priority(models.IntegerChoices):

@@ -5,6 +5,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from backends import responses_api
+
 from .channel_hints import request_group, send
 
 
@@ -32,10 +34,12 @@ class Relay:
         last: dict[str, Any] = {}
         usage = None
         finish = "stop"
+        response = None  # a Responses API stream's: its last event carries it whole
         try:
             async for chunk in chunks:
                 self.queue(chunk)
                 last = chunk
+                response = responses_api.final(chunk) or response
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
@@ -49,7 +53,7 @@ class Relay:
         finally:  # what came before an error reaches the caller before the error does
             if self.sender is not None:
                 await self.sender
-        return assemble(last, "".join(text), usage, finish)
+        return response or assemble(last, "".join(text), usage, finish)
 
     def queue(self, chunk: dict[str, Any]) -> None:
         self.queued.append(chunk)
@@ -72,11 +76,15 @@ class Relay:
 
 
 def text_of(chunks: list[dict[str, Any]]) -> str:
-    """The text the chunks add to the answer (chat deltas or completion text)."""
+    """The text the chunks add to the answer (chat deltas, completion text, or a Responses
+    API stream's text deltas)."""
     return "".join(
-        (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+        responses_api.text_delta(chunk)
+        + "".join(
+            (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            for choice in chunk.get("choices") or []
+        )
         for chunk in chunks
-        for choice in chunk.get("choices") or []
     )
 
 

@@ -19,6 +19,7 @@ import certifi
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
+from .. import responses_api
 from .base import Adapter, AdapterError, ErrorCode, InferenceCall, ServerModel
 
 NOT_FOUND_WORDS = ("not found", "no such model", "does not exist", "unknown model")
@@ -51,6 +52,7 @@ OPENAI_PATHS = {
     "completion": "/v1/completions",
     "embedding": "/v1/embeddings",
     "rerank": "/v1/rerank",  # llama-server's and vLLM's (Jina's and Cohere's shape)
+    "response": "/v1/responses",  # OpenAI's Responses API
 }
 NEVER_STREAMED = ("embedding", "rerank")
 
@@ -330,8 +332,9 @@ class HttpAdapter(Adapter):
             yield event, "\n".join(data)
 
     async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-        """The JSON payloads of an OpenAI SSE stream, up to `[DONE]`. An error event raises;
-        a stream cut before `[DONE]` is a lost connection."""
+        """The JSON payloads of an OpenAI SSE stream, up to `[DONE]` (or a Responses API
+        stream's last event). An error event raises; a stream cut before its end is a lost
+        connection."""
         stray: list[str] = []
         messages = self.sse_messages(response, stray)
         async for _, data in messages:
@@ -342,11 +345,18 @@ class HttpAdapter(Adapter):
                 event = json.loads(data)
             except ValueError:
                 continue
-            if isinstance(event, dict) and event.get("error") and not event.get("choices"):
+            if not isinstance(event, dict):
+                continue
+            if responses_api.event_type(event) in responses_api.FAILS:
+                raise classify(500, responses_api.error_message(event))
+            if event.get("error") and not event.get("choices"):
                 raise error_from_event(event)
             yield event
+            if responses_api.final(event) is not None:
+                await read_to_end(messages)
+                return
         said = f" (the server's last words: {stray[-1]})" if stray else ""
-        raise AdapterError(ErrorCode.CONNECTION, f"the stream ended before [DONE]{said}")
+        raise AdapterError(ErrorCode.CONNECTION, f"the stream ended before its end{said}")
 
     # -- OpenAI-compatible inference -----------------------------------------------------
 

@@ -34,6 +34,7 @@ class LemonadeAdapter(HttpAdapter):
         "completion": "/api/v1/completions",
         "embedding": "/api/v1/embeddings",
         "rerank": "/api/v1/reranking",
+        "response": "/api/v1/responses",
     }
 
     async def loaded(self) -> set[str]:

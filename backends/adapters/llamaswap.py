@@ -86,9 +86,10 @@ class LlamaSwapAdapter(HttpAdapter):
             )
 
     async def keep_chunks(self, chunks):
-        """Drop `sendLoadingState` progress text: chunks with no id or object."""
+        """Drop `sendLoadingState` progress text: chunks with no id or object (nor a
+        Responses API event's type)."""
         async for chunk in chunks:
-            if "id" in chunk or "object" in chunk:
+            if "id" in chunk or "object" in chunk or "type" in chunk:
                 yield chunk
 
     async def health(self) -> None:

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .. import responses_api
 from .base import (
     Adapter,
     AdapterError,
@@ -75,7 +76,10 @@ class SimulatedAdapter(Adapter):
 
     def _tokens(self, call: InferenceCall) -> int:
         return int(
-            call.payload.get("max_tokens") or call.payload.get("max_completion_tokens") or 16
+            call.payload.get("max_tokens")
+            or call.payload.get("max_completion_tokens")
+            or call.payload.get("max_output_tokens")
+            or 16
         )
 
     async def run(self, call: InferenceCall) -> dict[str, Any]:
@@ -97,6 +101,8 @@ class SimulatedAdapter(Adapter):
             "completion_tokens": len(words),
             "total_tokens": 1 + len(words),
         }
+        if call.kind == "response":
+            return responses_api.response_object(call.server_model_id, text, 1, len(words))
         if call.kind == "completion":
             choice = {"index": 0, "text": text, "finish_reason": "stop"}
             return {
@@ -130,6 +136,15 @@ class SimulatedAdapter(Adapter):
     async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
         options = self._check_loaded(call)
         created = int(time.time())
+        if call.kind == "response":
+            words = []
+            async for word in self._words(call, options):
+                words.append(word)
+                yield {"type": responses_api.TEXT_DELTA, "delta": word}
+            text = "".join(words).rstrip()
+            done = responses_api.response_object(call.server_model_id, text, 1, len(words))
+            yield {"type": "response.completed", "response": done}
+            return
         one_id = answer_id(call.kind)  # every chunk of a stream carries its answer's id
         async for word in self._words(call, options):
             if call.kind == "completion":

@@ -40,6 +40,7 @@ def _tokens(v: Any) -> bool:
 TYPES: dict[str, tuple[Any, str]] = {
     "max_tokens": (_integer, "an integer"),
     "max_completion_tokens": (_integer, "an integer"),
+    "max_output_tokens": (_integer, "an integer"),
     "n": (_integer, "an integer"),
     "seed": (_integer, "an integer"),
     "best_of": (_integer, "an integer"),
@@ -63,7 +64,15 @@ TYPES: dict[str, tuple[Any, str]] = {
     "top_n": (_integer, "an integer"),
     "return_documents": (lambda v: isinstance(v, bool), "a boolean"),
 }
-AT_LEAST_ONE = ("max_tokens", "max_completion_tokens", "n", "best_of", "dimensions", "top_n")
+AT_LEAST_ONE = (
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "n",
+    "best_of",
+    "dimensions",
+    "top_n",
+)
 
 
 def storable(text: str) -> bool:
@@ -116,6 +125,10 @@ def check(kind: str, body: dict[str, Any]) -> None:
         raise invalid_type("prompt", "prompt must be a string, an array of strings or tokens")
     elif kind == RequestKind.EMBEDDING and not _tokens(body["input"]):
         raise invalid_type("input", "input must be a string, an array of strings or tokens")
+    elif kind == RequestKind.RESPONSE and not (
+        isinstance(body["input"], str) or (isinstance(body["input"], list) and body["input"])
+    ):
+        raise invalid_type("input", "input must be a string or a non-empty array of items")
     elif kind == RequestKind.RERANK:
         if not isinstance(body["query"], str):
             raise invalid_type("query", "query must be a string")

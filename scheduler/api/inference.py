@@ -16,6 +16,7 @@ from access import auth
 from access.limits import check_model
 from access.models import STREAM_PROGRESS
 from access.watch import watch_url
+from backends import responses_api
 from backends.models import Model
 
 from .. import faults
@@ -336,7 +337,7 @@ def ending(request: Request, relayed: "CatchUp") -> list[str]:
     if request.state != State.COMPLETED:
         last = [f"data: {json.dumps(error_of(request).body())}\n\n"]
     elif missed := relayed.ending(request.result, request.pk):
-        last = [f"data: {json.dumps(missed)}\n\n"]
+        last = [f"data: {json.dumps(event)}\n\n" for event in missed]
     else:
         last = []
     return [*last, "data: [DONE]\n\n"]
@@ -382,43 +383,56 @@ class CatchUp:
     def __init__(self) -> None:
         self.text = ""
         self.live = True
+        self.saw_end = False  # a Responses API stream's last event
 
     def relay(self, message: dict) -> bool:
         """Whether `message`'s chunks go to the caller now (and count as seen)."""
         if self.live and message.get("at", len(self.text)) == len(self.text):
             self.text += text_of(message["chunks"])
+            self.saw_end |= any(responses_api.final(c) for c in message["chunks"])
             return True
         self.live = False
         return False
 
-    def ending(self, result: dict | None, request_id) -> dict | None:
-        """The event that completes what the caller saw of `result`: a chunk with the rest
-        of its text; an error if what it saw is not how the answer begins (the request ran
-        twice and the second run said otherwise); None if it saw it all."""
+    def ending(self, result: dict | None, request_id) -> list[dict]:
+        """The events that complete what the caller saw of `result`: a chunk with the rest
+        of its text (for a Responses API stream, then its last event, unless seen); an
+        error if what it saw is not how the answer begins (the request ran twice and the
+        second run said otherwise); none if it saw it all."""
         choice = ((result or {}).get("choices") or [{}])[0]
         is_chat = "message" in choice
-        full = (choice.get("message") or {}).get("content") if is_chat else choice.get("text")
-        if not isinstance(full, str) or full == self.text:
-            return None
+        if responses_api.is_response(result):
+            if self.saw_end:
+                return []
+            full = responses_api.output_text(result)
+        else:
+            full = (choice.get("message") or {}).get("content") if is_chat else choice.get("text")
+            if not isinstance(full, str) or full == self.text:
+                return []
         if not full.startswith(self.text):
-            return ApiError(
+            diverged = ApiError(
                 502,
                 f"Request {request_id} was run again after its worker stopped, and its answer"
                 f" differs from the part already streamed; GET /api/v1/requests/{request_id}"
                 " has the whole answer.",
                 type="server_error",
                 code="stream_diverged",
-            ).body()
+            )
+            return [diverged.body()]
+        if responses_api.is_response(result):
+            return responses_api.ending(result, self.text)
         part = {"index": 0, "finish_reason": choice.get("finish_reason")}
         rest = full[len(self.text) :]
         part |= {"delta": {"content": rest}} if is_chat else {"text": rest}
-        return {
-            "id": result.get("id", ""),
-            "object": "chat.completion.chunk" if is_chat else "text_completion",
-            "created": result.get("created", 0),
-            "model": result.get("model", ""),
-            "choices": [part],
-        }
+        return [
+            {
+                "id": result.get("id", ""),
+                "object": "chat.completion.chunk" if is_chat else "text_completion",
+                "created": result.get("created", 0),
+                "model": result.get("model", ""),
+                "choices": [part],
+            }
+        ]
 
 
 @require_GET

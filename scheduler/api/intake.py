@@ -29,12 +29,14 @@ SERVED_BY = {
     RequestKind.COMPLETION: (ModelType.LLM,),
     RequestKind.EMBEDDING: (ModelType.EMBEDDING,),
     RequestKind.RERANK: (ModelType.RERANKING,),
+    RequestKind.RESPONSE: (ModelType.LLM,),
 }
 REQUIRED_INPUT = {
     RequestKind.CHAT: "messages",
     RequestKind.COMPLETION: "prompt",
     RequestKind.EMBEDDING: "input",
     RequestKind.RERANK: "query",
+    RequestKind.RESPONSE: "input",
 }
 NEVER_STREAMED = (RequestKind.EMBEDDING, RequestKind.RERANK)
 

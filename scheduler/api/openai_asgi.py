@@ -31,6 +31,7 @@ KINDS = {
     "/v1/completions": RequestKind.COMPLETION,
     "/v1/embeddings": RequestKind.EMBEDDING,
     "/v1/rerank": RequestKind.RERANK,
+    "/v1/responses": RequestKind.RESPONSE,
 }
 
 

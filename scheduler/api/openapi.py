@@ -8,6 +8,7 @@ from typing import Any
 from access.models import STREAM_PROGRESS
 
 from .. import reasons
+from ..models import RequestKind
 
 ERROR_CODES = {
     400: "Bad input: the body, a field or a parameter (`param` names it)",
@@ -132,10 +133,27 @@ SCHEMAS: dict[str, Any] = {
         },
         "additionalProperties": True,
     },
+    "ResponseRequest": {
+        "type": "object",
+        "description": "OpenAI's Responses API: `input` is text or an array of input items;"
+        " streamed, its events end with `response.completed`.",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {}}]},
+            "instructions": {"type": "string"},
+            "stream": {"type": "boolean"},
+            "max_output_tokens": {"type": "integer", "minimum": 1},
+            "temperature": {"type": "number"},
+            "top_p": {"type": "number"},
+            "priority": SAMPLING["priority"],
+        },
+        "additionalProperties": True,
+    },
     "OpenAIResponse": {
         "type": "object",
-        "description": "The server's answer in OpenAI's shape (chat.completion, text_completion"
-        " or list; for a rerank, results of index and relevance_score, best first).",
+        "description": "The server's answer in OpenAI's shape (chat.completion, text_completion,"
+        " response or list; for a rerank, results of index and relevance_score, best first).",
         "additionalProperties": True,
     },
     "Model": {
@@ -160,7 +178,7 @@ SCHEMAS: dict[str, Any] = {
         "description": "A request as the jobs API shows it (also a callback's body).",
         "properties": {
             "id": {"type": "string", "format": "uuid"},
-            "kind": {"type": "string", "enum": ["chat", "completion", "embedding", "rerank"]},
+            "kind": {"type": "string", "enum": RequestKind.values},
             "model": {"type": "string"},
             "priority": {"type": "string", "enum": ["interactive", "high", "normal", "background"]},
             "state": {
@@ -294,6 +312,7 @@ def paths() -> dict[str, Any]:
         "/v1/completions": inference("Completion", "CompletionRequest", True),
         "/v1/embeddings": inference("Embeddings", "EmbeddingRequest", False),
         "/v1/rerank": inference("Rerank", "RerankRequest", False),
+        "/v1/responses": inference("Response", "ResponseRequest", True),
         "/v1/models": {
             "get": {
                 "operationId": "models_list",

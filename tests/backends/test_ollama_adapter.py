@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import pytest
 
+from backends import responses_api
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.ollama import OllamaAdapter
 from tests.support.replay_server import Reply, Stream, ndjson
@@ -313,3 +314,59 @@ async def test_bad_request_keeps_the_message(server, adapter):
 async def test_health(server, adapter):
     server.on("GET", "/", Reply(200, "Ollama is running"))
     await adapter.health()
+
+
+async def test_a_response_goes_through_api_chat_and_comes_back_as_a_response(server, adapter):
+    """Ollama's own /v1/responses would reset the model's keep-alive and options: a
+    Responses API call is asked as a chat, with both, and its answer turned back."""
+    answer = {**FINAL, "message": {"role": "assistant", "content": "Hello!"}}
+    server.on("POST", "/api/chat", Reply(200, answer))
+    payload = {
+        "instructions": "Be brief.",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+        "max_output_tokens": 5,
+    }
+    result = await adapter.run(
+        InferenceCall("response", "llama3.2", payload, load_options=LOAD_OPTIONS)
+    )
+    assert server.body_of("POST", "/api/chat") == {
+        "model": "llama3.2",
+        "keep_alive": -1,
+        "stream": False,
+        "options": {"num_gpu": 99, "num_ctx": 8192, "num_predict": 5},
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+        ],
+    }
+    assert (result["object"], result["status"]) == ("response", "completed")
+    assert responses_api.output_text(result) == "Hello!"
+    assert result["usage"] == {"input_tokens": 26, "output_tokens": 2, "total_tokens": 28}
+
+
+async def test_a_streamed_response_ends_with_the_response_and_its_usage(server, adapter):
+    lines = ndjson(
+        {"model": "llama3.2", "message": {"role": "assistant", "content": "The"}, "done": False},
+        {"model": "llama3.2", "message": {"role": "assistant", "content": " sky"}, "done": False},
+        FINAL,
+    )
+    server.on("POST", "/api/chat", Stream(lines, "application/x-ndjson"))
+    call = InferenceCall("response", "llama3.2", {"input": "hi", "stream": True}, True)
+    events = [e async for e in adapter.stream(call)]
+    assert server.body_of("POST", "/api/chat")["messages"] == [{"role": "user", "content": "hi"}]
+    assert [e["type"] for e in events] == [
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.completed",
+    ]
+    done = events[-1]["response"]
+    assert responses_api.output_text(done) == "The sky"
+    assert done["usage"]["output_tokens"] == 2
+
+
+async def test_a_response_with_tools_is_refused_before_asking(server, adapter):
+    call = InferenceCall("response", "llama3.2", {"input": "hi", "tools": [{"type": "x"}]})
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(call)
+    assert raised.value.code == ErrorCode.BAD_REQUEST and "tools" in raised.value.message
+    assert server.calls() == []

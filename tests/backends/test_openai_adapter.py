@@ -233,3 +233,25 @@ async def test_a_base_url_with_a_path_keeps_it(server, adapter_on):
     assert await adapter.run(InferenceCall("chat", "m", CHAT)) == {"choices": []}
     assert [m.id for m in await adapter.list_models()] == ["m"]
     assert server.calls() == [("POST", "/llama/v1/chat/completions"), ("GET", "/llama/v1/models")]
+
+
+RESPONSE_EVENTS = [
+    {"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}},
+    {"type": "response.output_text.delta", "delta": "Hi"},
+    {"type": "response.completed", "response": {"id": "resp_1", "object": "response"}},
+]
+
+
+async def test_the_adapter_ends_a_response_stream_at_its_last_event(server, adapter_on):
+    """No [DONE]: the stream is over at `response.completed`; a failed response raises."""
+    server.on("POST", "/v1/responses", Stream(sse(*RESPONSE_EVENTS, done=False)))
+    call = InferenceCall("response", "m", {"input": "hi", "stream": True}, stream=True)
+    assert [e async for e in adapter_on(server.url).stream(call)] == RESPONSE_EVENTS
+    assert server.seen[-1].body["model"] == "m"
+
+    failed = {"type": "response.failed", "response": {"error": {"message": "out of memory"}}}
+    server.on("POST", "/v1/responses", Stream(sse(RESPONSE_EVENTS[0], failed, done=False)))
+    with pytest.raises(AdapterError) as raised:
+        async for _ in adapter_on(server.url).stream(call):
+            pass
+    assert (raised.value.code, raised.value.message) == (ErrorCode.LOAD_FAILED, "out of memory")

@@ -4,6 +4,7 @@ and the `llamacpp` kind's single-model mode (503 on every route while loading; s
 
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 from django.core.management import call_command
 
@@ -182,3 +183,36 @@ def test_rerank_through_the_real_server(single, switchyard):
     assert answer.json()["results"] == direct["results"]  # the same ranking, relayed
     assert len(direct["results"]) == 2
     assert Request.objects.get().state == State.COMPLETED
+
+
+def test_the_responses_api_through_the_real_server(single, switchyard):
+    """`POST /v1/responses` (OpenAI's Responses API), answered and streamed by the real
+    server through the scheduler, read with the OpenAI client: its stream ends with
+    `response.completed` (no [DONE] upstream), whose response is what is stored."""
+    llama = single(tiny_gguf.SMALL.name)
+    server = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
+    deploy(server, "tiny", tiny_gguf.SMALL.name)
+    live = switchyard()
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0)
+
+    answer = client.responses.create(model="tiny", input="Say something.", max_output_tokens=8)
+    assert_words(answer.output_text)
+    assert answer.usage.output_tokens > 0 and answer.usage.input_tokens > 0
+
+    stream = client.responses.create(
+        model="tiny",
+        input=[{"role": "user", "content": "Say something."}],
+        stream=True,
+        max_output_tokens=8,
+    )
+    seen = list(stream)
+    kinds = [event.type for event in seen]
+    assert "response.output_text.delta" in kinds and kinds[-1] == "response.completed"
+    deltas = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+    assert_words(deltas)
+    assert seen[-1].response.output_text == deltas
+
+    stored = Request.objects.filter(kind="response").order_by("created_at")
+    assert [r.state for r in stored] == [State.COMPLETED, State.COMPLETED]
+    assert [r.result["object"] for r in stored] == ["response", "response"]
+    assert stored[1].result["output"][0]["content"][0]["text"] == deltas
