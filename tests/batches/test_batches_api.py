@@ -170,3 +170,20 @@ def test_lists_are_paged_newest_first_after_an_id(live):
     with pytest.raises(openai.BadRequestError) as refused:
         c.files.list(limit=0)
     assert refused.value.body["param"] == "limit"
+
+
+def test_a_batch_of_responses(served):
+    """`/v1/responses` lines (OpenAI's Responses API) run as background responses."""
+    factories.deployment(factories.server("sim"), "m2")
+    c = client(served())
+    line = {"method": "POST", "url": "/v1/responses", "body": {"model": "m2", "input": "hi"}}
+    sent = jsonl(*({"custom_id": name, **line} for name in "ab"))
+    uploaded = c.files.create(file=("in.jsonl", sent), purpose="batch")
+    batch = c.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/responses", completion_window="24h"
+    )
+    eventually(lambda: c.batches.retrieve(batch.id).status == "completed")
+    done = c.batches.retrieve(batch.id)
+    answers = [json.loads(line) for line in c.files.content(done.output_file_id).text.splitlines()]
+    assert [a["response"]["body"]["object"] for a in answers] == ["response", "response"]
+    assert {r.kind for r in Request.objects.all()} == {"response"}
