@@ -356,7 +356,7 @@ class HttpAdapter(Adapter):
                 await read_to_end(messages)
                 return
         said = f" (the server's last words: {stray[-1]})" if stray else ""
-        raise AdapterError(ErrorCode.CONNECTION, f"the stream ended before its end{said}")
+        raise AdapterError(ErrorCode.CONNECTION, f"the stream was cut before its end marker{said}")
 
     # -- OpenAI-compatible inference -----------------------------------------------------
 
