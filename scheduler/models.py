@@ -12,6 +12,7 @@ class RequestKind(models.TextChoices):
     EMBEDDING = "embedding", "Embedding"
     RERANK = "rerank", "Rerank"
     RESPONSE = "response", "Response"  # OpenAI's Responses API
+    MESSAGE = "message", "Message"  # Anthropic's Messages API
 
 
 class Priority(models.IntegerChoices):

@@ -5,7 +5,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backends import responses_api
+from backends import messages_api, responses_api
 
 from .channel_hints import request_group, send
 
@@ -35,11 +35,13 @@ class Relay:
         usage = None
         finish = "stop"
         response = None  # a Responses API stream's: its last event carries it whole
+        message = messages_api.Message()  # an Anthropic Messages API stream's, event by event
         try:
             async for chunk in chunks:
                 self.queue(chunk)
                 last = chunk
                 response = responses_api.final(chunk) or response
+                message.add(chunk)
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
@@ -53,7 +55,7 @@ class Relay:
         finally:  # what came before an error reaches the caller before the error does
             if self.sender is not None:
                 await self.sender
-        return response or assemble(last, "".join(text), usage, finish)
+        return response or message.result() or assemble(last, "".join(text), usage, finish)
 
     def queue(self, chunk: dict[str, Any]) -> None:
         self.queued.append(chunk)
@@ -76,10 +78,11 @@ class Relay:
 
 
 def text_of(chunks: list[dict[str, Any]]) -> str:
-    """The text the chunks add to the answer (chat deltas, completion text, or a Responses
-    API stream's text deltas)."""
+    """The text the chunks add to the answer (chat deltas, completion text, or the text
+    deltas of a Responses or Anthropic Messages API stream)."""
     return "".join(
         responses_api.text_delta(chunk)
+        + messages_api.text_delta(chunk)
         + "".join(
             (choice.get("delta") or {}).get("content") or choice.get("text") or ""
             for choice in chunk.get("choices") or []

@@ -68,7 +68,7 @@ class LoadTarget:
 
 @dataclass(frozen=True, slots=True)
 class InferenceCall:
-    kind: str  # chat | completion | embedding | rerank | response
+    kind: str  # chat | completion | embedding | rerank | response | message
     server_model_id: str
     payload: dict[str, Any] = field(repr=False)  # the caller's prompt: never in a log line
     stream: bool = False

@@ -19,7 +19,7 @@ import certifi
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from .. import responses_api
+from .. import messages_api, responses_api
 from .base import Adapter, AdapterError, ErrorCode, InferenceCall, ServerModel
 
 NOT_FOUND_WORDS = ("not found", "no such model", "does not exist", "unknown model")
@@ -53,6 +53,7 @@ OPENAI_PATHS = {
     "embedding": "/v1/embeddings",
     "rerank": "/v1/rerank",  # llama-server's and vLLM's (Jina's and Cohere's shape)
     "response": "/v1/responses",  # OpenAI's Responses API
+    "message": "/v1/messages",  # Anthropic's Messages API
 }
 NEVER_STREAMED = ("embedding", "rerank")
 
@@ -332,9 +333,9 @@ class HttpAdapter(Adapter):
             yield event, "\n".join(data)
 
     async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-        """The JSON payloads of an OpenAI SSE stream, up to `[DONE]` (or a Responses API
-        stream's last event). An error event raises; a stream cut before its end is a lost
-        connection."""
+        """The JSON payloads of an OpenAI SSE stream, up to `[DONE]` (or the last event of a
+        Responses or Anthropic Messages API stream). An error event raises; a stream cut
+        before its end is a lost connection."""
         stray: list[str] = []
         messages = self.sse_messages(response, stray)
         async for _, data in messages:
@@ -352,7 +353,7 @@ class HttpAdapter(Adapter):
             if event.get("error") and not event.get("choices"):
                 raise error_from_event(event)
             yield event
-            if responses_api.final(event) is not None:
+            if responses_api.final(event) is not None or messages_api.ends(event):
                 await read_to_end(messages)
                 return
         said = f" (the server's last words: {stray[-1]})" if stray else ""

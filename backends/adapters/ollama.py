@@ -5,8 +5,8 @@ To keep the scheduler in charge, every call (the load and each inference) carrie
 `keep_alive` (default -1: stay until Switchyard unloads) and the same runner options
 (`num_ctx`...): a request with different options would make Ollama reload the model.
 That is why inference uses `/api/chat`, `/api/generate` and `/api/embed` (the `/v1` routes
-have no `keep_alive`), translated to and from the OpenAI shapes here; a Responses API call
-goes through `/api/chat` too (`responses_api.as_chat`).
+have no `keep_alive`), translated to and from the OpenAI shapes here; a Responses API or
+Anthropic Messages API call goes through `/api/chat` too (`via_chat`).
 
 Load options: `context_length` (or `num_ctx`), `keep_alive`, and `options` (any Modelfile
 parameter, e.g. `{"num_gpu": 99}`).
@@ -16,10 +16,9 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
-from .. import responses_api
+from . import via_chat
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
 from .http import HttpAdapter, error_from_event, read_to_end, wants_usage
 
@@ -245,20 +244,9 @@ class OllamaAdapter(HttpAdapter):
             body["think"] = p["reasoning_effort"]
         return "/api/chat", body
 
-    def as_chat_call(self, call: InferenceCall) -> InferenceCall:
-        """A response asked as a chat through `/api/chat` (Ollama's own `/v1/responses`
-        would reset the model's keep-alive and options), with its usage when streamed."""
-        try:
-            body = responses_api.as_chat(call.payload)
-        except ValueError as exc:
-            raise AdapterError(ErrorCode.BAD_REQUEST, str(exc)) from None
-        if call.stream:
-            body["stream_options"] = {"include_usage": True}
-        return replace(call, kind="chat", payload=body)
-
     async def run(self, call: InferenceCall) -> dict[str, Any]:
-        if call.kind == "response":
-            return responses_api.from_chat(await self.run(self.as_chat_call(call)))
+        if call.kind in via_chat.APIS:  # Ollama's own would reset keep-alive and options
+            return await via_chat.run(self, call)
         path, body = self.native_request(call)
         answer = await self.json("POST", path, json=body)
         model, created = call.server_model_id, int(time.time())
@@ -312,9 +300,8 @@ class OllamaAdapter(HttpAdapter):
         }
 
     async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
-        if call.kind == "response":
-            chat = self.stream(self.as_chat_call(call))
-            async for event in responses_api.events_from_chat(call.server_model_id, chat):
+        if call.kind in via_chat.APIS:
+            async for event in via_chat.stream(self, call):
                 yield event
             return
         if call.kind == "embedding":

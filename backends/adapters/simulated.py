@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .. import responses_api
+from . import via_chat
 from .base import (
     Adapter,
     AdapterError,
@@ -18,6 +18,7 @@ from .base import (
     ProgressCallback,
     ServerModel,
 )
+from .http import wants_usage
 
 # Tokens as a model streams them, each with the space before it: joined they read as text.
 REPLY_WORDS = ["This", " answer", " comes", " from", " a", " simulated", " server", ". "]
@@ -76,13 +77,12 @@ class SimulatedAdapter(Adapter):
 
     def _tokens(self, call: InferenceCall) -> int:
         return int(
-            call.payload.get("max_tokens")
-            or call.payload.get("max_completion_tokens")
-            or call.payload.get("max_output_tokens")
-            or 16
+            call.payload.get("max_tokens") or call.payload.get("max_completion_tokens") or 16
         )
 
     async def run(self, call: InferenceCall) -> dict[str, Any]:
+        if call.kind in via_chat.APIS:
+            return await via_chat.run(self, call)
         options = self._check_loaded(call)
         if call.kind == "embedding":
             return {
@@ -101,8 +101,6 @@ class SimulatedAdapter(Adapter):
             "completion_tokens": len(words),
             "total_tokens": 1 + len(words),
         }
-        if call.kind == "response":
-            return responses_api.response_object(call.server_model_id, text, 1, len(words))
         if call.kind == "completion":
             choice = {"index": 0, "text": text, "finish_reason": "stop"}
             return {
@@ -134,19 +132,16 @@ class SimulatedAdapter(Adapter):
             yield REPLY_WORDS[i % len(REPLY_WORDS)]
 
     async def stream(self, call: InferenceCall) -> AsyncIterator[dict[str, Any]]:
+        if call.kind in via_chat.APIS:
+            async for event in via_chat.stream(self, call):
+                yield event
+            return
         options = self._check_loaded(call)
         created = int(time.time())
-        if call.kind == "response":
-            words = []
-            async for word in self._words(call, options):
-                words.append(word)
-                yield {"type": responses_api.TEXT_DELTA, "delta": word}
-            text = "".join(words).rstrip()
-            done = responses_api.response_object(call.server_model_id, text, 1, len(words))
-            yield {"type": "response.completed", "response": done}
-            return
         one_id = answer_id(call.kind)  # every chunk of a stream carries its answer's id
+        words = 0
         async for word in self._words(call, options):
+            words += 1
             if call.kind == "completion":
                 choice = {"index": 0, "text": word, "finish_reason": None}
                 obj = "text_completion"
@@ -163,13 +158,16 @@ class SimulatedAdapter(Adapter):
         done = {"index": 0, "delta": {}, "finish_reason": "stop"}
         if call.kind == "completion":
             done = {"index": 0, "text": "", "finish_reason": "stop"}
-        yield {
+        head = {
             "id": one_id,
             "object": "chat.completion.chunk" if call.kind == "chat" else "text_completion",
             "created": created,
             "model": call.server_model_id,
-            "choices": [done],
         }
+        yield {**head, "choices": [done]}
+        if wants_usage(call):
+            usage = {"prompt_tokens": 1, "completion_tokens": words, "total_tokens": 1 + words}
+            yield {**head, "choices": [], "usage": usage}
 
 
 def rerank(model: str, payload: dict[str, Any]) -> dict[str, Any]:

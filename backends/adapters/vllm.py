@@ -10,12 +10,14 @@ requests (and older ones crash), so inference checks `/is_sleeping` first.
 from typing import Any
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
-from .http import HttpAdapter
+from .http import OPENAI_PATHS, HttpAdapter
 
 SLEEP_WAIT_S = 120.0
 
 
 class VLLMAdapter(HttpAdapter):
+    inference_paths = {k: v for k, v in OPENAI_PATHS.items() if k != "message"}  # none there
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.can_sleep = True  # until /is_sleeping turns out not to exist

@@ -129,12 +129,31 @@ def check(kind: str, body: dict[str, Any]) -> None:
         isinstance(body["input"], str) or (isinstance(body["input"], list) and body["input"])
     ):
         raise invalid_type("input", "input must be a string or a non-empty array of items")
+    elif kind == RequestKind.MESSAGE:
+        check_anthropic(body)
     elif kind == RequestKind.RERANK:
         if not isinstance(body["query"], str):
             raise invalid_type("query", "query must be a string")
         documents = body.get("documents")
         if not (isinstance(documents, list) and documents and _strings(documents)):
             raise invalid_type("documents", "documents must be a non-empty array of strings")
+
+
+def check_anthropic(body: dict[str, Any]) -> None:
+    """An Anthropic message's body: `messages` of user and assistant turns, each with text
+    or content blocks; `system` text or blocks."""
+    if "system" in body and not isinstance(body["system"], str | list):
+        raise invalid_type("system", "system must be a string or an array of content blocks")
+    for i, message in enumerate(body["messages"]):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid_type(where, f"{where} must be an object with a role and content")
+        if message.get("role") not in ("user", "assistant"):
+            raise invalid_value(f"{where}.role", f"{where}.role must be user or assistant")
+        if not isinstance(message.get("content"), str | list):
+            raise invalid_type(
+                f"{where}.content", f"{where}.content must be a string or an array of blocks"
+            )
 
 
 def check_message(i: int, message: Any) -> None:

@@ -16,11 +16,11 @@ from access import auth
 from access.limits import check_model
 from access.models import STREAM_PROGRESS
 from access.watch import watch_url
-from backends import responses_api
+from backends import messages_api, responses_api
 from backends.models import Model
 
 from .. import faults
-from ..models import WAITING_STATES, Request, State
+from ..models import WAITING_STATES, Request, RequestKind, State
 from ..pool_threads import in_pool_thread
 from ..reasons_shown import shown as shown_reason
 from ..streams import text_of
@@ -298,7 +298,7 @@ async def relay_sse(
             async for message in sub.messages(every_s):
                 if message and message["type"] == "stream.chunk":
                     if relayed.relay(message):
-                        yield "".join(f"data: {json.dumps(c)}\n\n" for c in message["chunks"])
+                        yield "".join(sse_event(c) for c in message["chunks"])
                     continue
                 if message is None:
                     request = await sub.current()
@@ -335,12 +335,24 @@ async def relay_sse(
 def ending(request: Request, relayed: "CatchUp") -> list[str]:
     """A finished request's last events: its error, or what of its text was not relayed."""
     if request.state != State.COMPLETED:
-        last = [f"data: {json.dumps(error_of(request).body())}\n\n"]
+        error = error_of(request).body()
+        if request.kind == RequestKind.MESSAGE:  # as Anthropic's clients read an error
+            said = error["error"]
+            error = {"type": "error", "error": {"type": said["type"], "message": said["message"]}}
+        last = [sse_event(error)]
     elif missed := relayed.ending(request.result, request.pk):
-        last = [f"data: {json.dumps(event)}\n\n" for event in missed]
+        last = [sse_event(event) for event in missed]
     else:
         last = []
     return [*last, "data: [DONE]\n\n"]
+
+
+def sse_event(chunk: dict) -> str:
+    """One SSE event, named by its type where it has one (the events of the Responses and
+    Anthropic Messages APIs: Anthropic's clients read named events only)."""
+    kind = chunk.get("type")
+    named = f"event: {kind}\n" if isinstance(kind, str) else ""
+    return f"{named}data: {json.dumps(chunk)}\n\n"
 
 
 async def waiting_state(request: Request) -> tuple[str, str]:
@@ -383,13 +395,15 @@ class CatchUp:
     def __init__(self) -> None:
         self.text = ""
         self.live = True
-        self.saw_end = False  # a Responses API stream's last event
+        self.saw_end = False  # a Responses or Messages API stream's last event
 
     def relay(self, message: dict) -> bool:
         """Whether `message`'s chunks go to the caller now (and count as seen)."""
         if self.live and message.get("at", len(self.text)) == len(self.text):
             self.text += text_of(message["chunks"])
-            self.saw_end |= any(responses_api.final(c) for c in message["chunks"])
+            self.saw_end |= any(
+                responses_api.final(c) or messages_api.ends(c) for c in message["chunks"]
+            )
             return True
         self.live = False
         return False
@@ -401,10 +415,13 @@ class CatchUp:
         second run said otherwise); none if it saw it all."""
         choice = ((result or {}).get("choices") or [{}])[0]
         is_chat = "message" in choice
-        if responses_api.is_response(result):
+        if responses_api.is_response(result) or messages_api.is_message(result):
             if self.saw_end:
                 return []
-            full = responses_api.output_text(result)
+            if responses_api.is_response(result):
+                full = responses_api.output_text(result)
+            else:
+                full = messages_api.message_text(result)
         else:
             full = (choice.get("message") or {}).get("content") if is_chat else choice.get("text")
             if not isinstance(full, str) or full == self.text:
@@ -421,6 +438,8 @@ class CatchUp:
             return [diverged.body()]
         if responses_api.is_response(result):
             return responses_api.ending(result, self.text)
+        if messages_api.is_message(result):
+            return messages_api.ending(result, self.text)
         part = {"index": 0, "finish_reason": choice.get("finish_reason")}
         rest = full[len(self.text) :]
         part |= {"delta": {"content": rest}} if is_chat else {"text": rest}

@@ -30,6 +30,7 @@ SERVED_BY = {
     RequestKind.EMBEDDING: (ModelType.EMBEDDING,),
     RequestKind.RERANK: (ModelType.RERANKING,),
     RequestKind.RESPONSE: (ModelType.LLM,),
+    RequestKind.MESSAGE: (ModelType.LLM,),
 }
 REQUIRED_INPUT = {
     RequestKind.CHAT: "messages",
@@ -37,6 +38,7 @@ REQUIRED_INPUT = {
     RequestKind.EMBEDDING: "input",
     RequestKind.RERANK: "query",
     RequestKind.RESPONSE: "input",
+    RequestKind.MESSAGE: "messages",
 }
 NEVER_STREAMED = (RequestKind.EMBEDDING, RequestKind.RERANK)
 
@@ -101,7 +103,9 @@ def validate_body(kind: str, body: Any) -> dict[str, Any]:
         raise ApiError(400, "you must provide a model parameter", param="model", code="missing")
     field = REQUIRED_INPUT[kind]
     value = body.get(field)
-    if kind == RequestKind.CHAT and (not isinstance(value, list) or not value):
+    if kind in (RequestKind.CHAT, RequestKind.MESSAGE) and (
+        not isinstance(value, list) or not value
+    ):
         raise ApiError(400, "messages must be a non-empty array", param=field, code="missing")
     if value is None or value == "" or value == []:
         raise ApiError(400, f"you must provide a {field} parameter", param=field, code="missing")

@@ -32,6 +32,7 @@ KINDS = {
     "/v1/embeddings": RequestKind.EMBEDDING,
     "/v1/rerank": RequestKind.RERANK,
     "/v1/responses": RequestKind.RESPONSE,
+    "/v1/messages": RequestKind.MESSAGE,
 }
 
 
@@ -47,7 +48,7 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         await send_reply(send, refused)
         return
     try:
-        api_key = await auth.acaller(header(scope, b"authorization"))
+        api_key = await auth.acaller(authorization(scope))
         raw = await read_body(receive)
     except ApiError as error:
         await send_reply(send, Reply.error(error))
@@ -90,6 +91,15 @@ async def read_body(receive) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+def authorization(scope: dict[str, Any]) -> str | None:
+    """The caller's key as `Authorization: Bearer`, or as Anthropic's clients send it
+    (`x-api-key`)."""
+    if (found := header(scope, b"authorization")) is not None:
+        return found
+    key = header(scope, b"x-api-key")
+    return f"Bearer {key}" if key is not None else None
 
 
 def header(scope: dict[str, Any], name: bytes) -> str | None:

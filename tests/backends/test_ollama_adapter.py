@@ -370,3 +370,41 @@ async def test_a_response_with_tools_is_refused_before_asking(server, adapter):
         await adapter.run(call)
     assert raised.value.code == ErrorCode.BAD_REQUEST and "tools" in raised.value.message
     assert server.calls() == []
+
+
+async def test_an_anthropic_message_goes_through_api_chat_too(server, adapter):
+    answer = {**FINAL, "message": {"role": "assistant", "content": "Hello!"}}
+    server.on("POST", "/api/chat", Reply(200, answer))
+    payload = {
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "max_tokens": 5,
+    }
+    result = await adapter.run(InferenceCall("message", "llama3.2", payload))
+    sent = server.body_of("POST", "/api/chat")
+    assert (sent["keep_alive"], sent["options"]) == (-1, {"num_predict": 5})
+    assert sent["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    assert (result["type"], result["stop_reason"]) == ("message", "end_turn")
+    assert result["content"] == [{"type": "text", "text": "Hello!"}]
+    assert result["usage"] == {"input_tokens": 26, "output_tokens": 2}
+
+    lines = ndjson(
+        {"model": "llama3.2", "message": {"role": "assistant", "content": "The"}, "done": False},
+        FINAL,
+    )
+    server.on("POST", "/api/chat", Stream(lines, "application/x-ndjson"))
+    call = InferenceCall("message", "llama3.2", {**payload, "stream": True}, True)
+    events = [e async for e in adapter.stream(call)]
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert events[2]["delta"] == {"type": "text_delta", "text": "The"}
+    assert events[4]["usage"] == {"input_tokens": 26, "output_tokens": 2}

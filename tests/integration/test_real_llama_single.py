@@ -4,6 +4,7 @@ and the `llamacpp` kind's single-model mode (503 on every route while loading; s
 
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import openai
 import pytest
 from django.core.management import call_command
@@ -216,3 +217,27 @@ def test_the_responses_api_through_the_real_server(single, switchyard):
     assert [r.state for r in stored] == [State.COMPLETED, State.COMPLETED]
     assert [r.result["object"] for r in stored] == ["response", "response"]
     assert stored[1].result["output"][0]["content"][0]["text"] == deltas
+
+
+def test_anthropics_messages_api_through_the_real_server(single, switchyard):
+    """`POST /v1/messages` (Anthropic's Messages API), as Claude Code and Anthropic's client
+    call it, answered and streamed by the real server through the scheduler."""
+    llama = single(tiny_gguf.SMALL.name)
+    server = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
+    deploy(server, "tiny", tiny_gguf.SMALL.name)
+    client = anthropic.Anthropic(base_url=switchyard().url, api_key="none", max_retries=0)
+    hi = [{"role": "user", "content": "Say something."}]
+
+    answer = client.messages.create(model="tiny", max_tokens=8, system="Be brief.", messages=hi)
+    assert_words(answer.content[0].text)
+    assert answer.usage.output_tokens == 8 and answer.stop_reason == "max_tokens"
+
+    with client.messages.stream(model="tiny", max_tokens=8, messages=hi) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert_words(text)
+    assert final.content[0].text == text and final.usage.output_tokens == 8
+    stored = Request.objects.filter(kind="message").order_by("created_at")
+    assert [r.state for r in stored] == [State.COMPLETED, State.COMPLETED]
+    assert stored[1].result["content"] == [{"type": "text", "text": text}]
+    assert stored[1].result["usage"]["output_tokens"] == 8

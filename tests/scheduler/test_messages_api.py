@@ -1,0 +1,157 @@
+"""`POST /v1/messages`, Anthropic's Messages API, for apps built on Anthropic's client
+(Claude Code and others pointed at local models): answered and streamed through the
+scheduler and read with the `anthropic` client, its key sent as `x-api-key`; a stream's
+events are named (Anthropic's client reads no others) and folded into the stored message;
+a caller that missed the end gets it; bad input is a 400 that stores nothing. The real
+llama-server's side is in tests/integration/test_real_llama_single.py."""
+
+import anthropic
+import httpx
+import pytest
+
+from access.models import ApiKey
+from backends import messages_api
+from scheduler.api.inference import CatchUp
+from scheduler.models import Request, State
+from scheduler.streams import text_of
+from tests import factories
+
+START = {
+    "type": "message_start",
+    "message": {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": "m",
+        "stop_reason": None,
+        "usage": {"input_tokens": 9, "output_tokens": 0},
+    },
+}
+EVENTS = [
+    START,
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " you"}},
+    {"type": "content_block_stop", "index": 0},
+    {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "tool_use", "id": "t1", "name": "look", "input": {}},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "input_json_delta", "partial_json": '{"city": '},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "input_json_delta", "partial_json": '"Oslo"}'},
+    },
+    {"type": "content_block_stop", "index": 1},
+    {
+        "type": "message_delta",
+        "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+        "usage": {"output_tokens": 5},
+    },
+    {"type": "message_stop"},
+]
+
+
+@pytest.fixture
+def live(served, make_key):
+    factories.deployment(factories.server("sim"), "m")
+    return served(SWITCHYARD_AUTH="required")
+
+
+@pytest.fixture
+def make_key(transactional_db):
+    def make(name: str = "app") -> str:
+        api_key, secret = ApiKey.generate(name)
+        api_key.save()
+        return secret
+
+    return make
+
+
+def client(live, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=live.url, api_key=key, max_retries=0)
+
+
+def test_a_message_answered_and_streamed_with_anthropics_client(live, make_key):
+    c = client(live, make_key())
+    hi = [{"role": "user", "content": "hi"}]
+    answer = c.messages.create(model="m", max_tokens=4, system="Be brief.", messages=hi)
+    assert answer.type == "message" and len(answer.content[0].text.split()) == 4
+    assert answer.usage.output_tokens == 4 and answer.stop_reason == "end_turn"
+
+    with c.messages.stream(model="m", max_tokens=3, messages=hi) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert len(text.split()) == 3 and final.content[0].text == text
+    stored = Request.objects.order_by("created_at")
+    assert [(r.kind, r.state) for r in stored] == [("message", State.COMPLETED)] * 2
+    assert messages_api.message_text(stored[1].result) == text
+    assert stored[1].result["usage"]["output_tokens"] == 3
+
+
+def test_the_key_is_required_as_anthropics_clients_send_it(live):
+    with pytest.raises(anthropic.AuthenticationError):
+        client(live, "sy-not.a-key").messages.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert not Request.objects.exists()
+
+
+def test_bad_input_is_a_400_that_stores_nothing(live, make_key):
+    headers = {"x-api-key": make_key()}
+    hi = [{"role": "user", "content": "hi"}]
+    bad = [
+        ({"model": "m"}, "messages", "missing"),
+        ({"model": "m", "messages": []}, "messages", "missing"),
+        (
+            {"model": "m", "messages": [{"role": "system", "content": "x"}]},
+            "messages[0].role",
+            None,
+        ),
+        ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content", None),
+        ({"model": "m", "messages": hi, "system": 5}, "system", "invalid_type"),
+        ({"model": "m", "messages": hi, "max_tokens": 0}, "max_tokens", "invalid_value"),
+    ]
+    for body, param, code in bad:
+        answer = httpx.post(f"{live.url}/v1/messages", json=body, headers=headers)
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == param and (code is None or error["code"] == code), error
+    assert not Request.objects.exists()
+
+
+def test_a_streams_events_fold_into_the_message_and_its_text():
+    folded = messages_api.Message()
+    for event in EVENTS:
+        folded.add(event)
+    message = folded.result()
+    assert message["content"] == [
+        {"type": "text", "text": "Hi you"},
+        {"type": "tool_use", "id": "t1", "name": "look", "input": {"city": "Oslo"}},
+    ]
+    assert (message["stop_reason"], message["usage"]) == (
+        "tool_use",
+        {"input_tokens": 9, "output_tokens": 5},
+    )
+    assert text_of(EVENTS) == "Hi you" == messages_api.message_text(message)
+
+
+def test_a_caller_that_missed_the_end_gets_the_rest_and_the_stop():
+    folded = messages_api.Message()
+    for event in EVENTS[:5]:
+        folded.add(event)
+    message = folded.result() | {"stop_reason": "end_turn"}
+    seen = CatchUp()
+    assert seen.relay({"chunks": EVENTS[:3], "at": 0})
+    rest = seen.ending(message, "r")
+    assert [e["type"] for e in rest] == ["content_block_delta", "message_delta", "message_stop"]
+    assert rest[0]["delta"]["text"] == " you" and rest[1]["delta"]["stop_reason"] == "end_turn"
+    assert seen.relay({"chunks": EVENTS[3:], "at": len("Hi")})
+    assert seen.ending(message, "r") == []
