@@ -161,11 +161,7 @@ class CancelQueued(APIView):
             ids[:MAX_CANCELS], f"cancelled by {caller.name}{said}", data["processing"]
         )
         remaining = rows.count() if len(ids) > MAX_CANCELS else 0
-        log.info(
-            "%d request(s) cancelled by %s (%s)%s",
-            cancelled,
-            caller.name,
-            ", ".join(f"{k}={v!r}" for k, v in request.data.items() if k != "reason"),
-            said,
-        )
+        asked = {k: f"{len(v)} ids" if k == "ids" else v for k, v in request.data.items()}
+        asked.pop("reason", None)
+        log.info("%d request(s) cancelled by %s (%s)%s", cancelled, caller.name, asked, said)
         return Response({"cancelled": cancelled, "remaining": remaining})
