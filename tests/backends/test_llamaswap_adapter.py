@@ -190,3 +190,15 @@ async def test_upstream_errors_pass_through(server, adapter):
 async def test_health(server, adapter):
     server.on("GET", "/health", Reply(200, "OK"))
     await adapter.health()
+
+
+async def test_a_streamed_response_keeps_its_typed_events(server, adapter):
+    """A Responses API stream's events have a type, not an id or object: they are the
+    model's output, not loading text."""
+    loading = {"choices": [{"delta": {"reasoning_content": "llama-swap loading model: qwen-7b"}}]}
+    delta = {"type": "response.output_text.delta", "delta": "Hi"}
+    done = {"type": "response.completed", "response": {"object": "response", "output": []}}
+    server.on("GET", "/running", running("ready"))
+    server.on("POST", "/v1/responses", Stream(sse(loading, delta, done, done=False)))
+    call = InferenceCall("response", "qwen-7b", {"input": "hi", "stream": True}, stream=True)
+    assert [c async for c in adapter.stream(call)] == [delta, done]

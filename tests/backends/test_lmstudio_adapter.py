@@ -379,3 +379,23 @@ async def test_a_rerank_is_refused_without_a_call(server, adapter):
         await adapter.run(call)
     assert err.value.code == ErrorCode.BAD_REQUEST
     assert not [c for c in server.calls() if c[1] == "/v1/rerank"]
+
+
+@pytest.mark.parametrize(
+    "kind, path, payload",
+    [
+        ("response", "/v1/responses", {"input": "hi"}),
+        ("message", "/v1/messages", {"messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)
+async def test_responses_and_anthropic_messages_go_to_lm_studios_own_routes(
+    server, adapter, kind, path, payload
+):
+    server.on("GET", "/api/v1/models", listing(GEMMA))
+    server.on("POST", path, Reply(200, {"id": "x"}))
+    assert await adapter.run(InferenceCall(kind, "google/gemma-4-26b-a4b", payload)) == {"id": "x"}
+    assert server.body_of("POST", path) == {
+        **payload,
+        "model": "google/gemma-4-26b-a4b",
+        "stream": False,
+    }

@@ -149,3 +149,12 @@ async def test_health_of_a_dead_engine(server, adapter):
     with pytest.raises(AdapterError) as raised:
         await adapter.health()
     assert raised.value.server_fault
+
+
+async def test_an_anthropic_message_is_refused_without_asking(server, adapter):
+    """vLLM has no Messages API: a message fails bad_request and nothing is sent."""
+    call = InferenceCall("message", "qwen", {"messages": [{"role": "user", "content": "hi"}]})
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(call)
+    assert raised.value.code == ErrorCode.BAD_REQUEST
+    assert ("POST", "/v1/messages") not in server.calls()
