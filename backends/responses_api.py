@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 ENDS = ("response.completed", "response.incomplete")  # the last event; it holds the response
-FAILS = ("response.failed", "error")
+FAILS = ("response.failed", "error")  # "error": an Anthropic Messages API stream's too
 TEXT_DELTA = "response.output_text.delta"
 
 
