@@ -1,3 +1,5 @@
+import logging
+
 from django.contrib import admin, messages
 from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
@@ -17,6 +19,8 @@ from .models import (
     unavailable_from,
 )
 from .secret_field import ServerForm
+
+log = logging.getLogger(__name__)
 
 
 def server_label(server: Server | None) -> str:
@@ -197,6 +201,7 @@ class DeploymentAdmin(admin.ModelAdmin):
     ]
     list_filter = [
         "state",
+        "enabled",
         "load_cause",
         "server",
         "server__kind",
@@ -228,7 +233,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "last_error_code",
         "worker",
     ]
-    actions = ["reset_failed"]
+    actions = ["reset_failed", "disable", "enable"]
 
     @admin.display(description="model", ordering="model__name")
     def model_column(self, deployment: Deployment) -> str:
@@ -243,10 +248,12 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_column(self, deployment: Deployment) -> str:
-        """A load under way says how far it is, as the dashboard's bar does."""
+        """A load under way says how far it is, as the dashboard's bar does; a disabled one
+        says so first."""
+        off = "" if deployment.enabled else "disabled, "
         load = load_progress(deployment, timezone.now())
         if load is None:
-            return deployment.get_state_display()
+            return off + deployment.get_state_display()
         if load["fraction"] is None:
             return f"loading, {load['elapsed_s']:.0f} s"
         about = "~" if load["estimated"] else ""
@@ -289,6 +296,26 @@ class DeploymentAdmin(admin.ModelAdmin):
             f"{deployment.load_failures} failed load{'s' if deployment.load_failures > 1 else ''}"
         )
         return f"{failed}: {deployment.last_error}" if deployment.last_error else failed
+
+    @admin.action(description="Disable: send nothing there, unload once idle")
+    def disable(self, request, queryset):
+        self.switch(request, queryset, False)
+
+    @admin.action(description="Enable: serve there again")
+    def enable(self, request, queryset):
+        self.switch(request, queryset, True)
+
+    def switch(self, request, queryset, enabled: bool) -> None:
+        changed = list(queryset.exclude(enabled=enabled).select_related("model", "server"))
+        Deployment.objects.filter(pk__in=[d.pk for d in changed]).update(enabled=enabled)
+        verb = "enabled" if enabled else "disabled"
+        for d in changed:
+            log.info("deployment %s %s in admin by %s", d, verb, request.user)
+        self.message_user(
+            request,
+            f"{len(changed)} deployment(s) {verb}; the worker acts on it at its next pass.",
+            messages.SUCCESS if changed else messages.WARNING,
+        )
 
     @admin.action(description="Reset failed deployments (allow loading again)")
     def reset_failed(self, request, queryset):

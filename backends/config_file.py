@@ -37,6 +37,7 @@ SERVER_FIELDS = (
 MODEL_FIELDS = ("type", "aliases", "load_timeout_s", "load_options")
 DEPLOYMENT_FIELDS = (
     "server_model_id",
+    "enabled",
     "size_mb",
     "device",
     "slots",

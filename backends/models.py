@@ -178,6 +178,11 @@ class Deployment(models.Model):
         " model, such as llama-server's --parallel or Ollama's OLLAMA_NUM_PARALLEL); empty: as"
         " many as the server's slots.",
     )
+    enabled = models.BooleanField(
+        default=True,
+        help_text="Off: no request is sent here and nothing loads it (its requests go to"
+        " another server, or wait); loaded, it is unloaded once idle.",
+    )
     pinned = models.BooleanField(default=False, help_text="Never evicted.")
     preload = models.BooleanField(default=False, help_text="Loaded when the worker starts.")
     keep_loaded_hours = models.CharField(

@@ -10,7 +10,7 @@ from django.db.models import Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
 
-from backends import responses_api
+from backends import messages_api, responses_api
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 from scheduler.reasons_shown import shown as shown_reason
@@ -236,10 +236,12 @@ def ahead_of(r: Request) -> Q:
 
 
 def answer_text(result: dict | None) -> str:
-    """The text of a finished chat, completion or response, for a glance (embeddings have
-    none)."""
+    """The text of a finished chat, completion, response or message, for a glance
+    (embeddings have none)."""
     if responses_api.is_response(result):
         return responses_api.output_text(result)
+    if messages_api.is_message(result):
+        return messages_api.message_text(result)
     choices = (result or {}).get("choices") or []
     if not choices or not isinstance(choices[0], dict):
         return ""

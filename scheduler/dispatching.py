@@ -83,7 +83,7 @@ class Dispatching:
                 continue
             loaded: dict[str, DeploymentView] = {}
             for d in here:
-                if d.state == "loaded":
+                if d.state == "loaded" and d.enabled:
                     loaded.setdefault(d.model, d)
             nexts = 0
             per_model: Counter[int] = Counter()  # no more for a model than its own slots

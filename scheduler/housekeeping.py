@@ -22,6 +22,9 @@ class Housekeeping:
         for d in list(self.deployments.values()):
             if not self.usable(d.server_id):
                 continue
+            if not d.enabled:
+                self.unload_disabled(d)
+                continue
             kept, change = self.keep_loaded_now(d)
             self.wake_at(change, f"keep-loaded hours of {d.model}")
             if d.state == "loaded" and d.idle_ttl_s is not None and not d.pinned and not kept:
@@ -71,6 +74,13 @@ class Housekeeping:
         if victim.preload or self.keep_loaded_now(victim)[0]:
             return False
         return self.may_evict_to_restore(victim)
+
+    def unload_disabled(self, d: DeploymentView) -> None:
+        """A disabled model leaves its server once its requests there have finished (none
+        are sent there any more), pinned or not."""
+        if d.state == "loaded" and not d.in_flight and not self.load_under_way(d.server_id):
+            self.decisions.append(Unload(d.id, "disabled by an operator"))
+            self.set_state(d, "unloading")
 
     def unload_if_idle(self, d: DeploymentView, wanted: set[str]) -> None:
         """Unload `d` once idle past its TTL, unless something waits for it or its model."""
@@ -129,7 +139,7 @@ class Housekeeping:
         restored: unloaded by us to make room (`displaced`: not by an operator, its idle TTL
         or the server itself), its model loaded nowhere, used within `restore_window_s` and,
         with an idle TTL, within that too (a restore must not undo the TTL's unload)."""
-        if d.state != "unloaded" or not d.displaced:
+        if d.state != "unloaded" or not d.displaced or not d.enabled:
             return None
         homes = [x for x in self.deployments.values() if x.model == d.model]
         if any(x.state in ("loading", "loaded") for x in homes):

@@ -175,13 +175,17 @@ class _Pass(Routing, Switching, Dispatching, Housekeeping):
         return server is not None and server.available(self.now) and server.health != "cooldown"
 
     def candidates(self, model: str, state: str | None = None) -> list[DeploymentView]:
-        """The usable deployments of `model` (in `state`), as the pass has them now."""
+        """The usable deployments of `model` (in `state`), as the pass has them now: enabled,
+        on a usable server."""
         key = (model, state)
         if key not in self.found:
             self.found[key] = [
                 d
                 for d in self.deployments.values()
-                if d.model == model and self.usable(d.server_id) and state in (None, d.state)
+                if d.model == model
+                and d.enabled
+                and self.usable(d.server_id)
+                and state in (None, d.state)
             ]
         return self.found[key]
 
@@ -267,6 +271,8 @@ class _Pass(Routing, Switching, Dispatching, Housekeeping):
                 self.requeue(r, "its deployment was removed")
             elif not self.usable(d.server_id):
                 self.requeue(r, f"server {self.servers[d.server_id].name} is unavailable")
+            elif not d.enabled:
+                self.requeue(r, f"{d.model} was disabled on {self.servers[d.server_id].name}")
             elif r.state == "needs_loading" and d.state == "loaded":
                 self.decisions.append(MarkReady(r.id))
                 self.set_request(r, state="ready")

@@ -37,9 +37,11 @@ class Routing:
             if d.model != model:
                 continue
             s = self.servers[d.server_id]
-            down = down or not self.usable(s.id)
+            down = down or not self.usable(s.id) or not d.enabled
             since = f" since {s.unavailable_since:%H:%M:%S}" if s.unavailable_since else ""
-            if not s.enabled:
+            if not d.enabled:
+                reasons.append(f"{model} is disabled on {s.name}")
+            elif not s.enabled:
                 reasons.append(f"{s.name} is disabled{since}")
             elif s.health == "down":
                 reasons.append(f"{s.name} is down{since}")

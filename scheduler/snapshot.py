@@ -68,6 +68,8 @@ class DeploymentView:
     """When its load under way started (a wait reason says how far it is)."""
     avg_inference_s: float | None = None
     """The measured average run time of a request here (None before one ended)."""
+    enabled: bool = True
+    """Off (an operator's choice): nothing routed or loaded here; unloaded once idle."""
 
     @property
     def occupies_room(self) -> bool:

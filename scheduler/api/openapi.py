@@ -150,10 +150,38 @@ SCHEMAS: dict[str, Any] = {
         },
         "additionalProperties": True,
     },
+    "MessageRequest": {
+        "type": "object",
+        "description": "Anthropic's Messages API (the key may come as `x-api-key`); streamed,"
+        " its named events end with `message_stop`.",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["role", "content"],
+                    "properties": {
+                        "role": {"type": "string", "enum": ["user", "assistant"]},
+                        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {}}]},
+                    },
+                },
+            },
+            "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": {}}]},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "stream": {"type": "boolean"},
+            "temperature": {"type": "number"},
+            "priority": SAMPLING["priority"],
+        },
+        "additionalProperties": True,
+    },
     "OpenAIResponse": {
         "type": "object",
         "description": "The server's answer in OpenAI's shape (chat.completion, text_completion,"
-        " response or list; for a rerank, results of index and relevance_score, best first).",
+        " response or list; for a rerank, results of index and relevance_score, best first;"
+        " for /v1/messages, Anthropic's message).",
         "additionalProperties": True,
     },
     "Model": {
@@ -313,6 +341,7 @@ def paths() -> dict[str, Any]:
         "/v1/embeddings": inference("Embeddings", "EmbeddingRequest", False),
         "/v1/rerank": inference("Rerank", "RerankRequest", False),
         "/v1/responses": inference("Response", "ResponseRequest", True),
+        "/v1/messages": inference("Message", "MessageRequest", True),
         "/v1/models": {
             "get": {
                 "operationId": "models_list",

@@ -43,6 +43,9 @@ class DeploymentOut(serializers.Serializer):
         help_text="The options the load in place or under way was asked with (an operator's"
         " load), over the deployment's own load options."
     )
+    enabled = serializers.BooleanField(
+        help_text="False: an operator disabled it; nothing is sent to it or loads it."
+    )
     pinned = serializers.BooleanField()
     keep_loaded_hours = serializers.CharField(
         help_text="When it is kept loaded, in SWITCHYARD_TIME_ZONE (empty: never)."
@@ -155,6 +158,7 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "in_flight": d.in_flight,
                 "slots": d.slots,
                 "load_overrides": d.load_overrides,
+                "enabled": d.enabled,
                 "pinned": d.pinned,
                 "keep_loaded_hours": d.keep_loaded_hours,
                 "last_error": d.last_error,
@@ -255,6 +259,8 @@ def conflict(message: str, code: str) -> ApiError:
 
 def asked_load(server: Server, data: dict, by: str) -> Intent:
     d = deployment_of(server, data["model"])
+    if not d.enabled:
+        raise conflict(f"{d} is disabled: enable it first.", "model_disabled")
     if d.state in (DS.LOADED, DS.LOADING):
         raise conflict(f"{d} is already {d.state}.", f"already_{d.state}")
     return record(server, Intent.Action.LOAD, by, d, options=data.get("options") or {})

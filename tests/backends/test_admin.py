@@ -37,6 +37,7 @@ FILTERS = {
     "model": ["type=embedding", "q=nomic", "deployments__server__id__exact=1"],
     "deployment": [
         "state=failed",
+        "enabled__exact=0",
         "load_cause=restore",
         "server__kind=simulated",
         "model__type=llm",
@@ -158,6 +159,24 @@ def test_reset_failed_resets_only_failed_deployments(admin_client, fleet):
     failed.refresh_from_db()
     assert (failed.state, failed.load_failures) == ("unloaded", 0)
     assert Deployment.objects.get(pk=loaded.pk).state == "loaded"
+
+
+def test_deployments_are_disabled_and_enabled_again(admin_client, fleet, caplog):
+    caplog.set_level("INFO", logger="backends.admin")
+    ids = list(Deployment.objects.order_by("pk").values_list("pk", flat=True))
+    page = act(admin_client, changelist("deployment"), "disable", ids[:2])
+    assert "2 deployment(s) disabled; the worker acts on it at its next pass." in page
+    assert list(Deployment.objects.order_by("pk").values_list("enabled", flat=True)) == [
+        False,
+        False,
+        True,
+    ]
+    listed = admin_client.get(changelist("deployment") + "?enabled__exact=0").content.decode()
+    assert "disabled, Loaded" in listed
+    assert "deployment qwen3-8b@sim-1 disabled in admin by admin" in caplog.text
+    page = act(admin_client, changelist("deployment"), "enable", ids)
+    assert "2 deployment(s) enabled" in page
+    assert Deployment.objects.filter(enabled=True).count() == 3
 
 
 def test_a_server_can_be_added_by_bare_host_name(admin_client):

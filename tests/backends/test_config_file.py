@@ -409,3 +409,18 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 def test_empty_file_is_an_error(tmp_path):
     assert "expected a mapping" in error_of(write(tmp_path, ""))
+
+
+def test_a_deployment_is_disabled_in_the_file_and_exported_so(tmp_path):
+    apply(write(tmp_path, YAML))
+    off = YAML.replace(
+        "      - model: nomic-embed\n", "      - model: nomic-embed\n        enabled: false\n"
+    )
+    assert "updated 1: deployment nomic-embed@gpu-1" in apply(write(tmp_path, off))
+    assert list(Deployment.objects.filter(enabled=False).values_list("model__name", flat=True)) == [
+        "nomic-embed"
+    ]
+    nomic = export()["servers"][0]["deployments"][0]
+    assert (nomic["model"], nomic["enabled"]) == ("nomic-embed", False)
+    assert "enabled" not in export()["servers"][0]["deployments"][1]  # the default: left out
+    assert "nothing changed" in apply(write(tmp_path, off))

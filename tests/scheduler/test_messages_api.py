@@ -11,6 +11,7 @@ import pytest
 
 from access.models import ApiKey
 from backends import messages_api
+from dashboard.state import answer_text
 from scheduler.api.inference import CatchUp
 from scheduler.models import Request, State
 from scheduler.streams import text_of
@@ -141,6 +142,7 @@ def test_a_streams_events_fold_into_the_message_and_its_text():
         {"input_tokens": 9, "output_tokens": 5},
     )
     assert text_of(EVENTS) == "Hi you" == messages_api.message_text(message)
+    assert answer_text(message) == "Hi you"  # as the dashboard and the watch page show it
 
 
 def test_a_caller_that_missed_the_end_gets_the_rest_and_the_stop():

@@ -44,6 +44,7 @@ def test_refusals(client):
     srv = factories.server("gpu-1")
     factories.deployment(srv, "a", state="loaded", in_flight=1, slots=2)
     factories.deployment(srv, "b")
+    factories.deployment(srv, "off", enabled=False)
     assert client.get("/api/v1/servers").status_code == 401
     users = get_user_model()
     client.force_login(users.objects.create_user("app", password="x" * 12))
@@ -58,6 +59,7 @@ def test_refusals(client):
     assert post("/api/v1/servers/nope/drain") == (404, "server_not_found")
     assert post("/api/v1/servers/gpu-1/load", {"model": "zzz"}) == (404, "model_not_deployed")
     assert post("/api/v1/servers/gpu-1/load", {"model": "a"}) == (409, "already_loaded")
+    assert post("/api/v1/servers/gpu-1/load", {"model": "off"}) == (409, "model_disabled")
     assert post("/api/v1/servers/gpu-1/load", {}) == (400, "invalid")
     assert post("/api/v1/servers/gpu-1/unload", {"model": "b"}) == (404, "model_not_loaded")
     assert post("/api/v1/servers/gpu-1/unload", {"model": "a", "force": False}) == (
@@ -73,8 +75,13 @@ def test_refusals(client):
     listed = client.get("/api/v1/servers").json()["data"][0]
     assert listed["intents"][0]["id"] == r.json()["id"]
     assert [
-        (d["model"], d["state"], d["in_flight"], d["slots"]) for d in listed["deployments"]
-    ] == [("a", "loaded", 1, 2), ("b", "unloaded", 0, None)]
+        (d["model"], d["state"], d["in_flight"], d["slots"], d["enabled"])
+        for d in listed["deployments"]
+    ] == [
+        ("a", "loaded", 1, 2, True),
+        ("b", "unloaded", 0, None, True),
+        ("off", "unloaded", 0, None, False),
+    ]
 
 
 def until_done(live, headers, intent_id: int) -> dict:
