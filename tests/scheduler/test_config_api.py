@@ -142,3 +142,18 @@ def test_only_operators_may_read_or_apply(client, db):
         assert send(client, FILE, headers).status_code == status
         assert client.get("/api/v1/config", headers=headers).status_code == status
     assert rows() == [[], [], [], []]
+
+
+def test_one_deployment_disabled_by_a_file_that_names_only_it(client, ops):
+    """What docs/operating.md shows: a body naming one deployment changes only that one."""
+    send(client, FILE, ops)
+    before = rows()
+    body = {
+        "servers": [{"name": "gpu-1", "deployments": [{"model": "qwen3-8b", "enabled": False}]}]
+    }
+    answer = send(client, body, ops, "application/json").json()
+    assert answer["updated"] == ["deployment qwen3-8b@gpu-1"]
+    assert Deployment.objects.get().enabled is False
+    assert [r for r in rows() if r is not before[2]][:2] == before[
+        :2
+    ]  # servers, models as they were
