@@ -44,6 +44,14 @@ def required() -> bool:
     return settings.SWITCHYARD_AUTH != "off"
 
 
+def authorization(header: str | None, x_api_key: str | None) -> str | None:
+    """The caller's key as an `Authorization` header: that header if sent, else the key as
+    Anthropic's clients send it (`x-api-key`), for the inference paths and `/v1/models`."""
+    if header is not None or x_api_key is None:
+        return header
+    return f"Bearer {x_api_key}"
+
+
 def bearer(header: str | None) -> str | None:
     if not header:
         return None

@@ -454,11 +454,15 @@ class CatchUp:
         ]
 
 
+def key_of(http: HttpRequest) -> str | None:
+    return auth.authorization(http.headers.get("Authorization"), http.headers.get("x-api-key"))
+
+
 @require_GET
 async def list_models(http: HttpRequest) -> HttpResponse:
     """The models the caller may use (all, for a key with no list of models)."""
     try:
-        api_key = await auth.acaller(http.headers.get("Authorization"))
+        api_key = await auth.acaller(key_of(http))
     except ApiError as error:
         return error.as_json_response()
     data = []
@@ -475,7 +479,7 @@ async def retrieve_model(http: HttpRequest, name: str) -> HttpResponse:
     `model_not_allowed` for a model the key may not use (whether or not it exists), else
     404 `model_not_found` for one that does not exist."""
     try:
-        api_key = await auth.acaller(http.headers.get("Authorization"))
+        api_key = await auth.acaller(key_of(http))
         await in_pool_thread(check_model)(api_key, name, intake.names_of)
         model = await in_pool_thread(intake.find_model)(name)
         if model is None:

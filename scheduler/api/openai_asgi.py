@@ -48,7 +48,9 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         await send_reply(send, refused)
         return
     try:
-        api_key = await auth.acaller(authorization(scope))
+        api_key = await auth.acaller(
+            auth.authorization(header(scope, b"authorization"), header(scope, b"x-api-key"))
+        )
         raw = await read_body(receive)
     except ApiError as error:
         await send_reply(send, Reply.error(error))
@@ -91,15 +93,6 @@ async def read_body(receive) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
-
-
-def authorization(scope: dict[str, Any]) -> str | None:
-    """The caller's key as `Authorization: Bearer`, or as Anthropic's clients send it
-    (`x-api-key`)."""
-    if (found := header(scope, b"authorization")) is not None:
-        return found
-    key = header(scope, b"x-api-key")
-    return f"Bearer {key}" if key is not None else None
 
 
 def header(scope: dict[str, Any], name: bytes) -> str | None:

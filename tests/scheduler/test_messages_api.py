@@ -97,12 +97,17 @@ def test_a_message_answered_and_streamed_with_anthropics_client(live, make_key):
     assert stored[1].result["usage"]["output_tokens"] == 3
 
 
-def test_the_key_is_required_as_anthropics_clients_send_it(live):
+def test_the_key_is_required_as_anthropics_clients_send_it(live, make_key):
     with pytest.raises(anthropic.AuthenticationError):
         client(live, "sy-not.a-key").messages.create(
             model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
         )
     assert not Request.objects.exists()
+    # The models too, as those clients ask for them.
+    models = httpx.get(f"{live.url}/v1/models", headers={"x-api-key": make_key()})
+    assert [m["id"] for m in models.json()["data"]] == ["m"]
+    refused = httpx.get(f"{live.url}/v1/models", headers={"x-api-key": "sy-not.a-key"})
+    assert refused.status_code == 401
 
 
 def test_bad_input_is_a_400_that_stores_nothing(live, make_key):
