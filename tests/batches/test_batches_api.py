@@ -187,3 +187,20 @@ def test_a_batch_of_responses(served):
     answers = [json.loads(line) for line in c.files.content(done.output_file_id).text.splitlines()]
     assert [a["response"]["body"]["object"] for a in answers] == ["response", "response"]
     assert {r.kind for r in Request.objects.all()} == {"response"}
+
+
+def test_a_batch_of_anthropic_messages(served):
+    """`/v1/messages` lines (Anthropic's Messages API) run as background messages."""
+    factories.deployment(factories.server("sim"), "m3")
+    c = client(served())
+    body = {"model": "m3", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    line = {"method": "POST", "url": "/v1/messages", "body": body}
+    uploaded = c.files.create(file=("in.jsonl", jsonl({"custom_id": "a", **line})), purpose="batch")
+    batch = c.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/messages", completion_window="24h"
+    )
+    eventually(lambda: c.batches.retrieve(batch.id).status == "completed")
+    done = c.batches.retrieve(batch.id)
+    [answer] = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+    assert answer["response"]["body"]["type"] == "message"
+    assert Request.objects.get().kind == "message"
