@@ -10,11 +10,11 @@ from django.db.models import Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
 
-from backends import messages_api, responses_api
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 from scheduler.reasons_shown import shown as shown_reason
 from scheduler.snapshot import unused_restore
+from scheduler.streams import answer_text
 
 from . import charts, forecast
 from .models import EtaCheck
@@ -235,22 +235,6 @@ def ahead_of(r: Request) -> Q:
     )
 
 
-def answer_text(result: dict | None) -> str:
-    """The text of a finished chat, completion, response or message, for a glance
-    (embeddings have none)."""
-    if responses_api.is_response(result):
-        return responses_api.output_text(result)
-    if messages_api.is_message(result):
-        return messages_api.message_text(result)
-    choices = (result or {}).get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        return ""
-    first = choices[0]
-    message = first.get("message")
-    text = message.get("content") if isinstance(message, dict) else first.get("text")
-    return text if isinstance(text, str) else ""
-
-
 def request_detail(
     request_id, now: datetime | None = None, answer_chars: int = 2000
 ) -> dict | None:
@@ -286,7 +270,7 @@ def request_detail(
         "finished_at": iso(r.finished_at),
         "attempts": r.attempts,
         "error": r.error,
-        "answer": answer_text(r.result)[:answer_chars],
+        "answer": (answer_text(r.result) or "")[:answer_chars],
         # For staff to hand to the caller: the page it can follow without a login.
         "watch_url": reverse("watch-live", args=[token_for(r.pk)]),
         "stream": r.stream,

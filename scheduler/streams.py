@@ -1,5 +1,6 @@
 """Streamed output travels from the worker to the waiting API view over the channel layer
-(a group per request); the assembled result is stored on the row."""
+(a group per request); the assembled result is stored on the row. `Relay` is the worker's
+side; `CatchUp` the view's, which sends at the end what its caller never saw."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -7,6 +8,7 @@ from typing import Any
 
 from backends import messages_api, responses_api
 
+from .api.errors import ApiError
 from .channel_hints import request_group, send
 
 
@@ -106,3 +108,79 @@ def assemble(last: dict[str, Any], text: str, usage: dict | None, finish: str) -
         "choices": [choice],
         "usage": usage,
     }
+
+
+class CatchUp:
+    """The text relayed so far, to send at the end what the caller never saw. A message
+    that does not begin where the relayed text ends (one was lost with Redis, or another
+    worker ran the request again) stops the live relay: the rest comes with the end."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.live = True
+        self.saw_end = False  # a Responses or Messages API stream's last event
+
+    def relay(self, message: dict) -> bool:
+        """Whether `message`'s chunks go to the caller now (and count as seen)."""
+        if self.live and message.get("at", len(self.text)) == len(self.text):
+            self.text += text_of(message["chunks"])
+            self.saw_end |= any(
+                responses_api.final(c) or messages_api.ends(c) for c in message["chunks"]
+            )
+            return True
+        self.live = False
+        return False
+
+    def ending(self, result: dict | None, request_id) -> list[dict[str, Any]]:
+        """The events that complete what the caller saw of `result`: a chunk with the rest
+        of its text (for a Responses or Messages API stream, then its last events, unless
+        seen); an error if what it saw is not how the answer begins (the request ran twice
+        and the second run said otherwise); none if it saw it all."""
+        typed = responses_api.is_response(result) or messages_api.is_message(result)
+        full = answer_text(result)
+        if full is None or (self.saw_end if typed else full == self.text):
+            return []
+        if not full.startswith(self.text):
+            diverged = ApiError(
+                502,
+                f"Request {request_id} was run again after its worker stopped, and its answer"
+                f" differs from the part already streamed; GET /api/v1/requests/{request_id}"
+                " has the whole answer.",
+                type="server_error",
+                code="stream_diverged",
+            )
+            return [diverged.body()]
+        if responses_api.is_response(result):
+            return responses_api.ending(result, self.text)
+        if messages_api.is_message(result):
+            return messages_api.ending(result, self.text)
+        choice = result["choices"][0]
+        is_chat = "message" in choice
+        part = {"index": 0, "finish_reason": choice.get("finish_reason")}
+        rest = full[len(self.text) :]
+        part |= {"delta": {"content": rest}} if is_chat else {"text": rest}
+        return [
+            {
+                "id": result.get("id", ""),
+                "object": "chat.completion.chunk" if is_chat else "text_completion",
+                "created": result.get("created", 0),
+                "model": result.get("model", ""),
+                "choices": [part],
+            }
+        ]
+
+
+def answer_text(result: dict | None) -> str | None:
+    """The text of a finished chat, completion, response or message; None for an answer
+    that has none (embeddings, reranks)."""
+    if responses_api.is_response(result):
+        return responses_api.output_text(result)
+    if messages_api.is_message(result):
+        return messages_api.message_text(result)
+    choices = (result or {}).get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    first = choices[0]
+    message = first.get("message")
+    text = message.get("content") if isinstance(message, dict) else first.get("text")
+    return text if isinstance(text, str) else None

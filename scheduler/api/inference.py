@@ -16,14 +16,13 @@ from access import auth
 from access.limits import check_model
 from access.models import STREAM_PROGRESS
 from access.watch import watch_url
-from backends import messages_api, responses_api
 from backends.models import Model
 
 from .. import faults
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..pool_threads import in_pool_thread
 from ..reasons_shown import shown as shown_reason
-from ..streams import text_of
+from ..streams import CatchUp
 from . import idempotency, intake, recovery
 from .errors import ApiError, too_deep
 from .waiting import (
@@ -385,73 +384,6 @@ def progress_chunk(request: Request, line: str) -> dict:
         "model": request.model_name,
         "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
     }
-
-
-class CatchUp:
-    """The text relayed so far, to send at the end what the caller never saw. A message
-    that does not begin where the relayed text ends (one was lost with Redis, or another
-    worker ran the request again) stops the live relay: the rest comes with the end."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.live = True
-        self.saw_end = False  # a Responses or Messages API stream's last event
-
-    def relay(self, message: dict) -> bool:
-        """Whether `message`'s chunks go to the caller now (and count as seen)."""
-        if self.live and message.get("at", len(self.text)) == len(self.text):
-            self.text += text_of(message["chunks"])
-            self.saw_end |= any(
-                responses_api.final(c) or messages_api.ends(c) for c in message["chunks"]
-            )
-            return True
-        self.live = False
-        return False
-
-    def ending(self, result: dict | None, request_id) -> list[dict]:
-        """The events that complete what the caller saw of `result`: a chunk with the rest
-        of its text (for a Responses API stream, then its last event, unless seen); an
-        error if what it saw is not how the answer begins (the request ran twice and the
-        second run said otherwise); none if it saw it all."""
-        choice = ((result or {}).get("choices") or [{}])[0]
-        is_chat = "message" in choice
-        if responses_api.is_response(result) or messages_api.is_message(result):
-            if self.saw_end:
-                return []
-            if responses_api.is_response(result):
-                full = responses_api.output_text(result)
-            else:
-                full = messages_api.message_text(result)
-        else:
-            full = (choice.get("message") or {}).get("content") if is_chat else choice.get("text")
-            if not isinstance(full, str) or full == self.text:
-                return []
-        if not full.startswith(self.text):
-            diverged = ApiError(
-                502,
-                f"Request {request_id} was run again after its worker stopped, and its answer"
-                f" differs from the part already streamed; GET /api/v1/requests/{request_id}"
-                " has the whole answer.",
-                type="server_error",
-                code="stream_diverged",
-            )
-            return [diverged.body()]
-        if responses_api.is_response(result):
-            return responses_api.ending(result, self.text)
-        if messages_api.is_message(result):
-            return messages_api.ending(result, self.text)
-        part = {"index": 0, "finish_reason": choice.get("finish_reason")}
-        rest = full[len(self.text) :]
-        part |= {"delta": {"content": rest}} if is_chat else {"text": rest}
-        return [
-            {
-                "id": result.get("id", ""),
-                "object": "chat.completion.chunk" if is_chat else "text_completion",
-                "created": result.get("created", 0),
-                "model": result.get("model", ""),
-                "choices": [part],
-            }
-        ]
 
 
 def key_of(http: HttpRequest) -> str | None:

@@ -12,8 +12,9 @@ from django.db import connection
 
 from scheduler import faults
 from scheduler.api import openai_asgi, recovery
-from scheduler.api.inference import CatchUp, Reply
+from scheduler.api.inference import Reply
 from scheduler.models import Request
+from scheduler.streams import CatchUp
 from tests import factories
 
 BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}

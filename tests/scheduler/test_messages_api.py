@@ -11,10 +11,8 @@ import pytest
 
 from access.models import ApiKey
 from backends import messages_api
-from dashboard.state import answer_text
-from scheduler.api.inference import CatchUp
 from scheduler.models import Request, State
-from scheduler.streams import text_of
+from scheduler.streams import CatchUp, answer_text, text_of
 from tests import factories
 
 START = {

@@ -14,10 +14,8 @@ from django.utils import timezone
 from access import usage
 from access.models import ApiKey
 from backends import responses_api
-from dashboard.state import answer_text
-from scheduler.api.inference import CatchUp
 from scheduler.models import Request, State
-from scheduler.streams import text_of
+from scheduler.streams import CatchUp, answer_text, text_of
 from tests import factories
 
 DELTA = responses_api.TEXT_DELTA
