@@ -13,6 +13,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -178,6 +179,14 @@ def team_named(name: str) -> Team:
     return found
 
 
+def in_team(rows: QuerySet, team: str | None, field: str = "team") -> QuerySet:
+    """`?team=research`: the rows of that team's keys (404 for no such team); `?team=`: of
+    keys in no team; no `team`: all."""
+    if team is None:
+        return rows
+    return rows.filter(**{field: team_named(team) if team else None})
+
+
 def changed(data: dict) -> str:
     """What a change set, for the log: `revoked=True, team=None`."""
     return ", ".join(f"{k}={v!r}" for k, v in data.items())
@@ -202,9 +211,7 @@ class KeyList(APIView):
     )
     def get(self, request: DrfRequest) -> Response:
         operator_of(request)
-        rows = ApiKey.objects.select_related("team")
-        if (team := request.query_params.get("team")) is not None:
-            rows = rows.filter(team=team_named(team)) if team else rows.filter(team=None)
+        rows = in_team(ApiKey.objects.select_related("team"), request.query_params.get("team"))
         order = ("name", "prefix")
         return Response(
             listing.page(rows, request.query_params, order, keys_body, listing.MAX_LIMIT)

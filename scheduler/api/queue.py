@@ -24,7 +24,7 @@ from . import listing
 from .callers import StaffSession, operator_of
 from .errors import ApiError
 from .jobs import RequestSummary
-from .keys import ERRORS, checked, key_named, team_named
+from .keys import ERRORS, checked, in_team, key_named
 
 log = logging.getLogger(__name__)
 NOT_ENDED = [*WAITING_STATES, State.PROCESSING]
@@ -46,11 +46,7 @@ def whose(rows: QuerySet, params) -> QuerySet:
     them: an unknown one is a 404, not an empty list."""
     if key := params.get("key"):
         rows = rows.filter(api_key=key_named(key))
-    if (team := params.get("team")) is not None:
-        rows = (
-            rows.filter(api_key__team=team_named(team)) if team else rows.filter(api_key__team=None)
-        )
-    return rows
+    return in_team(rows, params.get("team"), "api_key__team")
 
 
 def queue_body(found: list[Request]) -> list[dict[str, Any]]:
