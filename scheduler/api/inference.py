@@ -392,13 +392,14 @@ def key_of(http: HttpRequest) -> str | None:
 
 @require_GET
 async def list_models(http: HttpRequest) -> HttpResponse:
-    """The models the caller may use (all, for a key with no list of models)."""
+    """The models the caller may use (all, for a key with no list of models) that some
+    server has a deployment of: a model no server serves is refused, so it is not offered."""
     try:
         api_key = await auth.acaller(key_of(http))
     except ApiError as error:
         return error.as_json_response()
     data = []
-    async for model in Model.objects.order_by("name"):
+    async for model in Model.objects.filter(deployments__isnull=False).distinct().order_by("name"):
         names = [model.name, *(model.aliases or [])]
         if may_use(api_key, names):
             data += [model_object(name, model) for name in names]
@@ -409,13 +410,18 @@ async def list_models(http: HttpRequest) -> HttpResponse:
 async def retrieve_model(http: HttpRequest, name: str) -> HttpResponse:
     """One model, by name or alias, as `GET /v1/models` lists it. As for a request: 403
     `model_not_allowed` for a model the key may not use (whether or not it exists), else
-    404 `model_not_found` for one that does not exist."""
+    404 `model_not_found` for one that does not exist, and 404 `model_not_deployed` for one
+    no server has a deployment of (which `GET /v1/models` does not list)."""
     try:
         api_key = await auth.acaller(key_of(http))
         await in_pool_thread(check_model)(api_key, name, intake.names_of)
         model = await in_pool_thread(intake.find_model)(name)
         if model is None:
             raise intake.model_not_found(name)
+        if not await model.deployments.aexists():
+            raise ApiError(
+                404, f"no server has a deployment of {model.name}", code="model_not_deployed"
+            )
     except ApiError as error:
         return error.as_json_response()
     return JsonResponse(model_object(name, model))

@@ -95,6 +95,23 @@ def test_models_lists_names_and_aliases(live):
     assert ids == ["qwen", "q"]
 
 
+def test_a_model_no_server_serves_is_neither_listed_nor_found(live):
+    """A request for it is refused (404 `model_not_deployed`), so it is not offered: left
+    behind by a removed server (the demo's models after `apply_config --prune` of a file
+    with no `models` list), or not deployed yet."""
+    factories.model("homeless", aliases=["h"])
+    c = client(live)
+    assert [m.id for m in c.models.list()] == ["qwen", "q"]
+    for name in ["homeless", "h"]:
+        with pytest.raises(openai.NotFoundError) as err:
+            c.models.retrieve(name)
+        assert err.value.body["code"] == "model_not_deployed"
+        assert "no server has a deployment of homeless" in err.value.body["message"]
+    factories.deployment(Server.objects.get(name="up"), "homeless")
+    assert [m.id for m in c.models.list()] == ["homeless", "h", "qwen", "q"]
+    assert c.models.retrieve("h").id == "h"
+
+
 def test_one_model_by_name_or_alias_as_the_list_shows_it(live):
     c = client(live)
     for name in ["qwen", "q"]:
@@ -104,7 +121,7 @@ def test_one_model_by_name_or_alias_as_the_list_shows_it(live):
         c.models.retrieve("nope")
     assert err.value.body["code"] == "model_not_found"
     # Names with slashes and colons, as Hugging Face and Ollama write them.
-    factories.model("org/qwen3:8b")
+    factories.deployment(Server.objects.get(name="up"), "org/qwen3:8b")
     assert c.models.retrieve("org/qwen3:8b").id == "org/qwen3:8b"
 
 
