@@ -131,6 +131,14 @@ def as_chat(payload: dict[str, Any]) -> dict[str, Any]:
     return {**body, "model": payload.get("model"), "messages": messages}
 
 
+def word_count(payload: dict[str, Any]) -> int:
+    """The words of a message's system text and turns: the simulated server's count of its
+    tokens (a real server counts with the model's tokenizer)."""
+    texts = [_text(payload.get("system"))]
+    texts += [_text(m.get("content")) for m in payload.get("messages") or [] if isinstance(m, dict)]
+    return sum(len(text.split()) for text in texts)
+
+
 def message_object(
     model: str, text: str, input_tokens: int, output_tokens: int, stop_reason: str | None
 ) -> dict[str, Any]:

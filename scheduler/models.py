@@ -13,6 +13,7 @@ class RequestKind(models.TextChoices):
     RERANK = "rerank", "Rerank"
     RESPONSE = "response", "Response"  # OpenAI's Responses API
     MESSAGE = "message", "Message"  # Anthropic's Messages API
+    COUNT_TOKENS = "count_tokens", "Token count"  # Anthropic's count of a message's tokens
 
 
 class Priority(models.IntegerChoices):

@@ -55,7 +55,10 @@ OPENAI_PATHS = {
     "response": "/v1/responses",  # OpenAI's Responses API
     "message": "/v1/messages",  # Anthropic's Messages API
 }
-NEVER_STREAMED = ("embedding", "rerank")
+# Anthropic's count of a message's tokens: llama-server's; the other kinds' references
+# list no such route (Ollama, LM Studio, llama-swap, vLLM, Lemonade).
+COUNT_TOKENS_PATHS = {**OPENAI_PATHS, "count_tokens": "/v1/messages/count_tokens"}
+NEVER_STREAMED = ("embedding", "rerank", "count_tokens")
 
 
 @functools.cache
@@ -366,7 +369,7 @@ class HttpAdapter(Adapter):
             return self.inference_paths[call.kind]
         except KeyError:
             raise AdapterError(
-                ErrorCode.BAD_REQUEST, f"unsupported call kind {call.kind}"
+                ErrorCode.BAD_REQUEST, f"this kind of server does not take {call.kind} calls"
             ) from None
 
     def inference_body(self, call: InferenceCall) -> dict[str, Any]:

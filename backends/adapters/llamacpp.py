@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .base import AdapterError, ErrorCode, LoadTarget, ProgressCallback, ServerModel
-from .http import HttpAdapter
+from .http import COUNT_TOKENS_PATHS, HttpAdapter
 
 ROUTER_STATES = {"loaded": "loaded", "loading": "loading", "downloading": "loading"}
 STATUS_EVENTS = ("model_status", "status_change")
@@ -73,6 +73,7 @@ class LlamaCppAdapter(HttpAdapter):
     # after every answer it relays from a model's process, without `Connection: close` when
     # asked for keep-alive: calls one at a time failed every other time on the pooled one.
     connection_per_call = True
+    inference_paths = COUNT_TOKENS_PATHS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

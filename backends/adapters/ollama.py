@@ -236,7 +236,7 @@ class OllamaAdapter(HttpAdapter):
                 body["suffix"] = p["suffix"]
             return "/api/generate", body
         if call.kind != "chat":
-            raise AdapterError(ErrorCode.BAD_REQUEST, f"unsupported call kind {call.kind}")
+            raise AdapterError(ErrorCode.BAD_REQUEST, f"Ollama does not take {call.kind} calls")
         body["messages"] = ollama_messages(p.get("messages", []))
         if p.get("tools"):
             body["tools"] = p["tools"]

@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
-from .http import NEVER_STREAMED, HttpAdapter
+from .http import COUNT_TOKENS_PATHS, NEVER_STREAMED, HttpAdapter
 
 
 class OpenAIAdapter(HttpAdapter):
@@ -12,6 +12,8 @@ class OpenAIAdapter(HttpAdapter):
     # Often a single-model llama-server, which closes the connection after a streamed
     # answer without saying so (see `LlamaCppAdapter`).
     connection_per_call = True
+    # Sent on to the server, which answers it if it is a llama-server.
+    inference_paths = COUNT_TOKENS_PATHS
 
     async def list_models(self) -> list[ServerModel]:
         body = await self.json("GET", "/v1/models")

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .. import messages_api
 from . import via_chat
 from .base import (
     Adapter,
@@ -93,6 +94,8 @@ class SimulatedAdapter(Adapter):
             }
         if call.kind == "rerank":
             return rerank(call.server_model_id, call.payload)
+        if call.kind == "count_tokens":
+            return {"input_tokens": messages_api.word_count(call.payload)}
         words = [w async for w in self._words(call, options)]
         text = "".join(words).rstrip()
         created = int(time.time())

@@ -129,7 +129,7 @@ def check(kind: str, body: dict[str, Any]) -> None:
         isinstance(body["input"], str) or (isinstance(body["input"], list) and body["input"])
     ):
         raise invalid_type("input", "input must be a string or a non-empty array of items")
-    elif kind == RequestKind.MESSAGE:
+    elif kind in (RequestKind.MESSAGE, RequestKind.COUNT_TOKENS):
         check_anthropic(body)
     elif kind == RequestKind.RERANK:
         if not isinstance(body["query"], str):

@@ -31,6 +31,7 @@ SERVED_BY = {
     RequestKind.RERANK: (ModelType.RERANKING,),
     RequestKind.RESPONSE: (ModelType.LLM,),
     RequestKind.MESSAGE: (ModelType.LLM,),
+    RequestKind.COUNT_TOKENS: (ModelType.LLM,),
 }
 REQUIRED_INPUT = {
     RequestKind.CHAT: "messages",
@@ -39,8 +40,9 @@ REQUIRED_INPUT = {
     RequestKind.RERANK: "query",
     RequestKind.RESPONSE: "input",
     RequestKind.MESSAGE: "messages",
+    RequestKind.COUNT_TOKENS: "messages",
 }
-NEVER_STREAMED = (RequestKind.EMBEDDING, RequestKind.RERANK)
+NEVER_STREAMED = (RequestKind.EMBEDDING, RequestKind.RERANK, RequestKind.COUNT_TOKENS)
 
 
 def find_model(name: str) -> Model | None:

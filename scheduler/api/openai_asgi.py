@@ -33,6 +33,7 @@ KINDS = {
     "/v1/rerank": RequestKind.RERANK,
     "/v1/responses": RequestKind.RESPONSE,
     "/v1/messages": RequestKind.MESSAGE,
+    "/v1/messages/count_tokens": RequestKind.COUNT_TOKENS,
 }
 
 

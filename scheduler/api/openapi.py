@@ -181,7 +181,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "description": "The server's answer in OpenAI's shape (chat.completion, text_completion,"
         " response or list; for a rerank, results of index and relevance_score, best first;"
-        " for /v1/messages, Anthropic's message).",
+        " for /v1/messages, Anthropic's message; for its count_tokens, input_tokens).",
         "additionalProperties": True,
     },
     "Model": {
@@ -342,6 +342,7 @@ def paths() -> dict[str, Any]:
         "/v1/rerank": inference("Rerank", "RerankRequest", False),
         "/v1/responses": inference("Response", "ResponseRequest", True),
         "/v1/messages": inference("Message", "MessageRequest", True),
+        "/v1/messages/count_tokens": inference("Message token count", "MessageRequest", False),
         "/v1/models": {
             "get": {
                 "operationId": "models_list",

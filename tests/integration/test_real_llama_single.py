@@ -241,3 +241,10 @@ def test_anthropics_messages_api_through_the_real_server(single, switchyard):
     assert [r.state for r in stored] == [State.COMPLETED, State.COMPLETED]
     assert stored[1].result["content"] == [{"type": "text", "text": text}]
     assert stored[1].result["usage"]["output_tokens"] == 8
+
+    # Its tokens counted (Claude Code asks at start): the server's own count, as asked of it.
+    counted = client.messages.count_tokens(model="tiny", system="Be brief.", messages=hi)
+    body = {"model": tiny_gguf.SMALL.name, "system": "Be brief.", "messages": hi}
+    direct = llama.api("POST", "/v1/messages/count_tokens", json=body).json()
+    assert counted.input_tokens == direct["input_tokens"] > 0
+    assert Request.objects.get(kind="count_tokens").state == State.COMPLETED

@@ -5,10 +5,13 @@ events are named (Anthropic's client reads no others) and folded into the stored
 a caller that missed the end gets it; bad input is a 400 that stores nothing. The real
 llama-server's side is in tests/integration/test_real_llama_single.py."""
 
+from datetime import UTC, datetime, timedelta
+
 import anthropic
 import httpx
 import pytest
 
+from access import usage
 from access.models import ApiKey
 from backends import messages_api
 from scheduler.models import Request, State
@@ -106,6 +109,36 @@ def test_the_key_is_required_as_anthropics_clients_send_it(live, make_key):
     assert [m["id"] for m in models.json()["data"]] == ["m"]
     refused = httpx.get(f"{live.url}/v1/models", headers={"x-api-key": "sy-not.a-key"})
     assert refused.status_code == 401
+
+
+def test_a_messages_tokens_counted_through_the_scheduler(live, make_key):
+    """`POST /v1/messages/count_tokens` (Claude Code asks it at start, with `?beta=true`): a
+    request like any other, sent to a server that has the model; the simulated one counts
+    words. It is no usage: nothing was generated and its tokens are not spent."""
+    c = client(live, make_key())
+    counted = c.messages.count_tokens(
+        model="m", system="Be brief.", messages=[{"role": "user", "content": "hi there"}]
+    )
+    assert counted.input_tokens == 4
+    answer = httpx.post(
+        f"{live.url}/v1/messages/count_tokens?beta=true",
+        headers={"x-api-key": make_key("claude")},
+        json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "a b c"}]},
+    )
+    assert answer.status_code == 200 and answer.json() == {"input_tokens": 3}  # never streamed
+    stored = Request.objects.order_by("created_at")
+    assert [(r.kind, r.state) for r in stored] == [("count_tokens", State.COMPLETED)] * 2
+    assert [r.stream for r in stored] == [False, False]
+    today = datetime.now(UTC).date()
+    report = usage.report(today - timedelta(days=1), today, by=("key",))
+    assert [(row["requests"], row["prompt_tokens"]) for row in report] == [(1, 0), (1, 0)]
+    refused = httpx.post(
+        f"{live.url}/v1/messages/count_tokens",
+        headers={"x-api-key": make_key()},
+        json={"model": "m", "messages": [{"role": "system", "content": "x"}]},
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[0].role"
+    assert Request.objects.count() == 2
 
 
 def test_bad_input_is_a_400_that_stores_nothing(live, make_key):
