@@ -8,15 +8,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest
 from django.utils import timezone
-from django.views.decorators.http import require_GET
 
 from access import auth
-from access.limits import check_model
 from access.models import STREAM_PROGRESS
 from access.watch import watch_url
-from backends.models import Model
 
 from .. import faults
 from ..models import WAITING_STATES, Request, RequestKind, State
@@ -388,56 +385,3 @@ def progress_chunk(request: Request, line: str) -> dict:
 
 def key_of(http: HttpRequest) -> str | None:
     return auth.authorization(http.headers.get("Authorization"), http.headers.get("x-api-key"))
-
-
-@require_GET
-async def list_models(http: HttpRequest) -> HttpResponse:
-    """The models the caller may use (all, for a key with no list of models) that some
-    server has a deployment of: a model no server serves is refused, so it is not offered."""
-    try:
-        api_key = await auth.acaller(key_of(http))
-    except ApiError as error:
-        return error.as_json_response()
-    data = []
-    async for model in Model.objects.filter(deployments__isnull=False).distinct().order_by("name"):
-        names = [model.name, *(model.aliases or [])]
-        if may_use(api_key, names):
-            data += [model_object(name, model) for name in names]
-    return JsonResponse({"object": "list", "data": data})
-
-
-@require_GET
-async def retrieve_model(http: HttpRequest, name: str) -> HttpResponse:
-    """One model, by name or alias, as `GET /v1/models` lists it. As for a request: 403
-    `model_not_allowed` for a model the key may not use (whether or not it exists), else
-    404 `model_not_found` for one that does not exist, and 404 `model_not_deployed` for one
-    no server has a deployment of (which `GET /v1/models` does not list)."""
-    try:
-        api_key = await auth.acaller(key_of(http))
-        await in_pool_thread(check_model)(api_key, name, intake.names_of)
-        model = await in_pool_thread(intake.find_model)(name)
-        if model is None:
-            raise intake.model_not_found(name)
-        if not await model.deployments.aexists():
-            raise ApiError(
-                404, f"no server has a deployment of {model.name}", code="model_not_deployed"
-            )
-    except ApiError as error:
-        return error.as_json_response()
-    return JsonResponse(model_object(name, model))
-
-
-def may_use(api_key, names: list[str]) -> bool:
-    """A key may use a model if it may use one of its names (any key, with keys off)."""
-    return api_key is None or any(api_key.allows_model(n) for n in names)
-
-
-def model_object(name: str, model: Model) -> dict:
-    """A model as OpenAI's API shows one, with its type (llm, embedding, reranking)."""
-    return {
-        "id": name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "switchyard",
-        "type": model.type,
-    }

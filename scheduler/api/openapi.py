@@ -347,6 +347,8 @@ def paths() -> dict[str, Any]:
             "get": {
                 "operationId": "models_list",
                 "summary": "Every model by name and alias",
+                "description": "In Anthropic's shape (LLMs only) for a call with an"
+                " `anthropic-version` header.",
                 "tags": ["inference"],
                 "responses": {"200": json_body(ref("ModelList")), **errors(405)},
             }

@@ -1,12 +1,12 @@
 from django.urls import path
 
-from . import config, inference, jobs, keys, queue, servers, usage
+from . import config, jobs, keys, model_list, queue, servers, usage
 
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
-    path("v1/models", inference.list_models, name="models"),
+    path("v1/models", model_list.list_models, name="models"),
     # Model names may hold slashes and colons (org/model, qwen3:8b).
-    path("v1/models/<path:name>", inference.retrieve_model, name="model"),
+    path("v1/models/<path:name>", model_list.retrieve_model, name="model"),
     path("api/v1/requests", jobs.RequestList.as_view(), name="request-list"),
     path("api/v1/requests/<uuid:request_id>", jobs.request_detail, name="request-detail"),
     path("api/v1/queue", queue.Queue.as_view(), name="queue"),

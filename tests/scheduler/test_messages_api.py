@@ -14,6 +14,7 @@ import pytest
 from access import usage
 from access.models import ApiKey
 from backends import messages_api
+from backends.models import Model, ModelType
 from scheduler.models import Request, State
 from scheduler.streams import CatchUp, answer_text, text_of
 from tests import factories
@@ -139,6 +140,31 @@ def test_a_messages_tokens_counted_through_the_scheduler(live, make_key):
     )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[0].role"
     assert Request.objects.count() == 2
+
+
+def test_anthropics_client_lists_the_llms_in_its_own_shape(live, make_key):
+    """Anthropic's clients send `anthropic-version`: the list and one model come in
+    Anthropic's shape, LLMs only (a message cannot ask an embedding model); OpenAI's
+    clients still see every type in OpenAI's."""
+    factories.deployment(factories.server("sim2"), "emb")
+    Model.objects.filter(name="emb").update(type=ModelType.EMBEDDING)
+    Model.objects.filter(name="m").update(aliases=["mm"])
+    key = make_key()
+    page = client(live, key).models.list()
+    assert [(m.id, m.type, m.display_name) for m in page.data] == [
+        ("m", "model", "m"),
+        ("mm", "model", "mm"),
+    ]
+    assert (page.has_more, page.first_id, page.last_id) == (False, "m", "mm")
+    assert page.data[0].created_at.year == 1970
+    one = client(live, key).models.retrieve("mm")
+    assert (one.id, one.type) == ("mm", "model")
+    openai_shape = httpx.get(f"{live.url}/v1/models", headers={"x-api-key": key}).json()
+    assert [(m["id"], m["type"]) for m in openai_shape["data"]] == [
+        ("emb", "embedding"),
+        ("m", "llm"),
+        ("mm", "llm"),
+    ]
 
 
 def test_bad_input_is_a_400_that_stores_nothing(live, make_key):

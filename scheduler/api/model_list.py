@@ -1,0 +1,85 @@
+"""`GET /v1/models` and `GET /v1/models/{name}`: the models a caller may ask for, by name and
+alias, in OpenAI's shape, or in Anthropic's for Anthropic's clients (which send
+`anthropic-version` on every call)."""
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+
+from access import auth
+from access.limits import check_model
+from backends.models import Model, ModelType
+
+from ..pool_threads import in_pool_thread
+from . import intake
+from .errors import ApiError
+from .inference import key_of
+
+EPOCH = "1970-01-01T00:00:00Z"  # Anthropic's `created_at`: Switchyard knows no release date
+
+
+@require_GET
+async def list_models(http: HttpRequest) -> HttpResponse:
+    """The models the caller may use (all, for a key with no list of models) that some
+    server has a deployment of: a model no server serves is refused, so it is not offered.
+    Anthropic's clients are shown the LLMs only (all that a message can ask)."""
+    try:
+        api_key = await auth.acaller(key_of(http))
+    except ApiError as error:
+        return error.as_json_response()
+    anthropic = for_anthropic(http)
+    served = Model.objects.filter(deployments__isnull=False).distinct().order_by("name")
+    if anthropic:
+        served = served.filter(type=ModelType.LLM)
+    data = []
+    async for model in served:
+        names = [model.name, *(model.aliases or [])]
+        if may_use(api_key, names):
+            data += [model_object(name, model, anthropic) for name in names]
+    if anthropic:
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return JsonResponse({"data": data, "has_more": False, "first_id": first, "last_id": last})
+    return JsonResponse({"object": "list", "data": data})
+
+
+@require_GET
+async def retrieve_model(http: HttpRequest, name: str) -> HttpResponse:
+    """One model, by name or alias, as `GET /v1/models` lists it. As for a request: 403
+    `model_not_allowed` for a model the key may not use (whether or not it exists), else
+    404 `model_not_found` for one that does not exist, and 404 `model_not_deployed` for one
+    no server has a deployment of (which `GET /v1/models` does not list)."""
+    try:
+        api_key = await auth.acaller(key_of(http))
+        await in_pool_thread(check_model)(api_key, name, intake.names_of)
+        model = await in_pool_thread(intake.find_model)(name)
+        if model is None:
+            raise intake.model_not_found(name)
+        if not await model.deployments.aexists():
+            raise ApiError(
+                404, f"no server has a deployment of {model.name}", code="model_not_deployed"
+            )
+    except ApiError as error:
+        return error.as_json_response()
+    return JsonResponse(model_object(name, model, for_anthropic(http)))
+
+
+def for_anthropic(http: HttpRequest) -> bool:
+    return "anthropic-version" in http.headers
+
+
+def may_use(api_key, names: list[str]) -> bool:
+    """A key may use a model if it may use one of its names (any key, with keys off)."""
+    return api_key is None or any(api_key.allows_model(n) for n in names)
+
+
+def model_object(name: str, model: Model, anthropic: bool = False) -> dict:
+    """A model as OpenAI's API shows one, with its type (llm, embedding, reranking), or as
+    Anthropic's does."""
+    if anthropic:
+        return {"type": "model", "id": name, "display_name": name, "created_at": EPOCH}
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "switchyard",
+        "type": model.type,
+    }
