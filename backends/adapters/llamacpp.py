@@ -10,7 +10,9 @@ router (b11434) names only the first event of a load `model_status`; progress, `
 `unloaded` (and a failed load: `unloaded` with exit code 1) all come as `status_change`.
 Inference is sent with `?autoload=false`, so a request never starts a load: an unloaded
 model answers "model is not loaded". The router takes no per-load options; context size and
-the like are the model's preset arguments on the server.
+the like are the model's preset arguments on the server. Started with `--slot-save-path`, its
+models' prompt caches are saved before Switchyard unloads them and restored when they are
+loaded again (`llamacpp_slots`).
 """
 
 import asyncio
@@ -20,6 +22,7 @@ from typing import Any
 
 from .base import AdapterError, ErrorCode, LoadTarget, ProgressCallback, ServerModel
 from .http import COUNT_TOKENS_PATHS, HttpAdapter
+from .llamacpp_slots import PromptCaches
 
 ROUTER_STATES = {"loaded": "loaded", "loading": "loading", "downloading": "loading"}
 STATUS_EVENTS = ("model_status", "status_change")
@@ -79,6 +82,7 @@ class LlamaCppAdapter(HttpAdapter):
         super().__init__(*args, **kwargs)
         self.router: bool | None = None  # learnt from the first listing
         self.listed: list[dict[str, Any]] = []  # the last listing a single-model server gave
+        self.prompt_caches = PromptCaches()  # router mode, with --slot-save-path
 
     async def entries(self) -> list[dict[str, Any]]:
         try:
@@ -162,8 +166,9 @@ class LlamaCppAdapter(HttpAdapter):
             # else may have ended before (a tiny model loads in a fraction of a second).
             if router_state(await self.find(entry["id"])) in ("loaded", "sleeping"):
                 progress(1.0)
-                return
-            await self.follow_load(events, entry["id"], progress)
+            else:
+                await self.follow_load(events, entry["id"], progress)
+        await self.prompt_caches.restore(self, entry["id"])
 
     async def single_ready(self) -> bool:
         state, _ = await self.single_state()
@@ -208,11 +213,14 @@ class LlamaCppAdapter(HttpAdapter):
         )
 
     async def unload(self, server_model_id: str) -> None:
-        model_id = (await self.find(server_model_id))["id"]
+        entry = await self.find(server_model_id)
+        model_id = entry["id"]
         if not self.router:
             raise AdapterError(
                 ErrorCode.BAD_REQUEST, "a single-model llama-server cannot unload its model"
             )
+        if router_state(entry) == "loaded":
+            await self.prompt_caches.save(self, model_id)
         # The unload call returns at once; the child exits after its requests end (at most
         # the preset's stop-timeout). Its `unloaded` event says when, without polling.
         async with self.open_stream("GET", "/models/sse", timeout=UNLOAD_WAIT_S) as events:

@@ -205,8 +205,10 @@ async def test_router_load_of_an_unknown_model(server, adapter):
 
 
 async def test_router_unload_waits_for_the_child_to_exit(server, adapter):
-    """The call returns at once; the child's `unloaded` event says when it is gone."""
+    """The call returns at once; the child's `unloaded` event says when it is gone. First,
+    its slots are asked for a prompt to save (none here: see test_llamacpp_slots.py)."""
     server.on("GET", "/v1/models", router({"value": "loaded", "args": ARGS}, {}))
+    server.on("GET", "/slots", Reply(200, [{"id": 0, "n_ctx": 4096}]))
     server.on("POST", "/models/unload", Reply(200, {"success": True}))
     events = [status_event("unloaded", exit_code=0)]
     server.on(
@@ -218,6 +220,7 @@ async def test_router_unload_waits_for_the_child_to_exit(server, adapter):
     assert server.body_of("POST", "/models/unload") == {"model": GEMMA}
     assert server.calls() == [
         ("GET", "/v1/models"),
+        ("GET", "/slots"),
         ("GET", "/models/sse"),
         ("POST", "/models/unload"),
         ("GET", "/v1/models"),
