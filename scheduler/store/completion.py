@@ -12,7 +12,7 @@ from backends.adapters.base import AdapterError, ErrorCode
 from backends.models import Deployment, DeploymentState
 
 from .. import sql, wakeup
-from ..models import WAITING_STATES, Request, State
+from ..models import WAITING_STATES, Request, RequestKind, State
 from ..retry import backoff_s
 from ..transitions import Transition, end_later, move, move_all
 from .dispatch import Sending, ServeJob, dispatch_all
@@ -41,6 +41,13 @@ def _release(
         statement += f" AND {only_if[0]}"
         params += only_if[1]
     sql.write_later(sql.prepared(statement), params)
+
+
+def run_s(answer: "Answer") -> float | None:
+    """The inference time an answer adds to its deployment's moving average: none for a
+    token count, which takes milliseconds and would pull the run time the ETAs and the
+    parallel loads price a generation at far below one."""
+    return None if answer.job.call.kind == RequestKind.COUNT_TOKENS else answer.seconds
 
 
 class PlannedSend(NamedTuple):
@@ -101,7 +108,7 @@ def requests_completed(
                 ),
                 notify_origin=notify_origin and not a.job.call.stream,
             )
-            _release(a.job.deployment_id, a.seconds, only_if=end.condition)
+            _release(a.job.deployment_id, run_s(a), only_if=end.condition)
             ends.append(end)
         if sends:
             sql.send_held_writes()

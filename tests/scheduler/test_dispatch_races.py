@@ -187,6 +187,26 @@ def test_the_first_measurements_start_the_moving_average():
     assert d.in_flight == 0 and d.avg_inference_s == pytest.approx(0.8 * 2 + 0.2 * 4)
 
 
+def test_a_token_count_is_no_measurement_of_a_run():
+    """Anthropic's count of a message's tokens takes milliseconds on the model's server: it
+    frees its slot but leaves the run time of the model's generations as it was."""
+    w = Worker.objects.create(host="a", pid=1)
+    d = factories.deployment(
+        factories.server("s1", slots=2), "m1", state=DS.LOADED, avg_inference_s=5.0
+    )
+    counts = factories.request("m1", state=State.READY, deployment=d, kind="count_tokens")
+    chat = factories.request("m1", state=State.READY, deployment=d)
+    jobs = store.dispatch_all([(counts.pk, d.pk), (chat.pk, d.pk)], w.pk)
+    assert [job.call.kind for job in jobs] == ["count_tokens", "chat"]
+
+    store.requests_completed([store.Answer(jobs[0], {"input_tokens": 9}, 0.004)])
+    d.refresh_from_db()
+    assert d.in_flight == 1 and d.avg_inference_s == 5.0
+    store.requests_completed([store.Answer(jobs[1], {}, 10.0)])
+    d.refresh_from_db()
+    assert d.in_flight == 0 and d.avg_inference_s == pytest.approx(0.8 * 5 + 0.2 * 10)
+
+
 def test_a_completion_after_a_take_over_writes_and_announces_nothing(monkeypatch):
     """A completion is written in one round trip, its trace row and the deployment's books
     each on the condition that its end was made: a request that another worker now holds
