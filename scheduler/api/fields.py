@@ -140,16 +140,17 @@ def check(kind: str, body: dict[str, Any]) -> None:
 
 
 def check_anthropic(body: dict[str, Any]) -> None:
-    """An Anthropic message's body: `messages` of user and assistant turns, each with text
-    or content blocks; `system` text or blocks."""
+    """An Anthropic message's body: `messages` of user and assistant turns (and system ones,
+    which Claude Code sends mid-conversation under Anthropic's `mid-conversation-system`
+    beta), each with text or content blocks; `system` text or blocks."""
     if "system" in body and not isinstance(body["system"], str | list):
         raise invalid_type("system", "system must be a string or an array of content blocks")
     for i, message in enumerate(body["messages"]):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise invalid_type(where, f"{where} must be an object with a role and content")
-        if message.get("role") not in ("user", "assistant"):
-            raise invalid_value(f"{where}.role", f"{where}.role must be user or assistant")
+        if message.get("role") not in ("user", "assistant", "system"):
+            raise invalid_value(f"{where}.role", f"{where}.role must be user, assistant or system")
         if not isinstance(message.get("content"), str | list):
             raise invalid_type(
                 f"{where}.content", f"{where}.content must be a string or an array of blocks"

@@ -112,6 +112,23 @@ def test_the_key_is_required_as_anthropics_clients_send_it(live, make_key):
     assert refused.status_code == 401
 
 
+def test_a_system_turn_mid_conversation_is_taken(live, make_key):
+    """Claude Code sends system turns among the messages (Anthropic's
+    `mid-conversation-system` beta): taken, and asked of the server as they came."""
+    turns = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "system", "content": "Available agent types: claude."},
+    ]
+    headers = {"x-api-key": make_key(), "anthropic-beta": "mid-conversation-system-2026-04-07"}
+    answer = httpx.post(
+        f"{live.url}/v1/messages?beta=true",
+        headers=headers,
+        json={"model": "m", "max_tokens": 2, "messages": turns},
+    )
+    assert answer.status_code == 200, answer.text
+    assert Request.objects.get().payload["messages"] == turns
+
+
 def test_a_messages_tokens_counted_through_the_scheduler(live, make_key):
     """`POST /v1/messages/count_tokens` (Claude Code asks it at start, with `?beta=true`): a
     request like any other, sent to a server that has the model; the simulated one counts
@@ -136,7 +153,7 @@ def test_a_messages_tokens_counted_through_the_scheduler(live, make_key):
     refused = httpx.post(
         f"{live.url}/v1/messages/count_tokens",
         headers={"x-api-key": make_key()},
-        json={"model": "m", "messages": [{"role": "system", "content": "x"}]},
+        json={"model": "m", "messages": [{"role": "tool", "content": "x"}]},
     )
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[0].role"
     assert Request.objects.count() == 2
@@ -174,7 +191,7 @@ def test_bad_input_is_a_400_that_stores_nothing(live, make_key):
         ({"model": "m"}, "messages", "missing"),
         ({"model": "m", "messages": []}, "messages", "missing"),
         (
-            {"model": "m", "messages": [{"role": "system", "content": "x"}]},
+            {"model": "m", "messages": [{"role": "tool", "content": "x"}]},
             "messages[0].role",
             None,
         ),
