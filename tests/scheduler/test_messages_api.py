@@ -130,7 +130,7 @@ def test_a_system_turn_mid_conversation_is_taken(live, make_key):
 
 
 def test_a_messages_tokens_counted_through_the_scheduler(live, make_key):
-    """`POST /v1/messages/count_tokens` (Claude Code asks it at start, with `?beta=true`): a
+    """`POST /v1/messages/count_tokens` (Anthropic's clients add `?beta=true`): a
     request like any other, sent to a server that has the model; the simulated one counts
     words. It is no usage: nothing was generated and its tokens are not spent."""
     c = client(live, make_key())
