@@ -1,5 +1,7 @@
 """What each API key used, by day (UTC): requests ended, prompt and completion tokens (the
-servers' `usage`; a Responses API answer's input and output tokens), processing seconds.
+servers' `usage`; a Responses API answer's input and output tokens; an Anthropic message's
+too, with the prompt tokens it read from or wrote to the server's prompt cache), processing
+seconds.
 
 Counted from the requests themselves, so the hot path writes nothing more: the finished
 requests still kept are summed when asked, and a request's usage moves into `KeyUsage` in
@@ -21,13 +23,25 @@ FIELDS = ("requests", "prompt_tokens", "completion_tokens", "processing_s")
 Usage = dict[tuple[int, date], dict[str, float]]
 
 
-def _tokens(name: str, responses_name: str) -> Coalesce:
-    """A count from a result's `usage`, as a chat completion names it or as a Responses API
-    response does (`input_tokens`, `output_tokens`)."""
-    return Coalesce(
-        Cast(KT(f"result__usage__{name}"), BigIntegerField()),
-        Cast(KT(f"result__usage__{responses_name}"), BigIntegerField()),
+def _count(name: str) -> Cast:
+    return Cast(KT(f"result__usage__{name}"), BigIntegerField())
+
+
+def _completion_tokens() -> Coalesce:
+    """As a chat completion names them, or a Responses API response and a message do."""
+    return Coalesce(_count("completion_tokens"), _count("output_tokens"))
+
+
+def _prompt_tokens() -> Coalesce:
+    """As a chat completion names them, or a Responses API response and a message do. A
+    message's `input_tokens` leave out those read from or written to the prompt cache,
+    counted beside them (Claude Code's prompt on llama-server: 1 input token, 15,740 read
+    from the cache); a chat's `prompt_tokens` and a response's `input_tokens` hold them, so
+    they are added back: a prompt counts the same whichever API asked it."""
+    cached = Coalesce(_count("cache_read_input_tokens"), 0) + Coalesce(
+        _count("cache_creation_input_tokens"), 0
     )
+    return Coalesce(_count("prompt_tokens"), _count("input_tokens") + cached)
 
 
 def _sums(requests) -> Usage:
@@ -37,8 +51,8 @@ def _sums(requests) -> Usage:
         .values("api_key", "day")
         .annotate(
             requests=Count("id"),
-            prompt_tokens=Sum(_tokens("prompt_tokens", "input_tokens"), default=0),
-            completion_tokens=Sum(_tokens("completion_tokens", "output_tokens"), default=0),
+            prompt_tokens=Sum(_prompt_tokens(), default=0),
+            completion_tokens=Sum(_completion_tokens(), default=0),
             processing=Sum(
                 ExpressionWrapper(
                     F("finished_at") - Coalesce("started_at", "finished_at"),

@@ -126,3 +126,34 @@ def test_text_tokens_and_the_dashboards_answer_of_a_response(db):
     )
     figures = usage.usage(alice.pk)[alice.pk, now.date()]
     assert (figures["prompt_tokens"], figures["completion_tokens"]) == (9, 2)
+
+
+def test_a_messages_prompt_counts_what_came_from_the_prompt_cache(db):
+    """Anthropic's `input_tokens` leave out the cached part of the prompt (Claude Code's
+    16,000-token prompt on llama-server: 1 input token), which a chat's `prompt_tokens`
+    hold: both count in the key's prompt tokens, as the same prompt asked as a chat would."""
+    alice, _ = ApiKey.generate("alice")
+    alice.save()
+    now = timezone.now()
+    results = [
+        {
+            "type": "message",
+            "usage": {"input_tokens": 1, "cache_read_input_tokens": 15740, "output_tokens": 16},
+        },
+        {
+            "type": "message",
+            "usage": {"input_tokens": 5, "cache_creation_input_tokens": 20, "output_tokens": 1},
+        },
+        {"type": "message", "usage": {"input_tokens": 7, "output_tokens": 2}},
+        {"object": "chat.completion", "usage": {"prompt_tokens": 15741, "completion_tokens": 3}},
+    ]
+    for result in results:
+        r = factories.request("m", kind="message", api_key=alice)
+        Request.objects.filter(pk=r.pk).update(
+            state=State.COMPLETED, started_at=now, finished_at=now, result=result
+        )
+    figures = usage.usage(alice.pk)[alice.pk, now.date()]
+    assert (figures["prompt_tokens"], figures["completion_tokens"]) == (
+        15741 + 25 + 7 + 15741,
+        16 + 1 + 2 + 3,
+    )
