@@ -6,9 +6,11 @@ is then not processed again after every swap.
 
 Best effort, never in the way: a save or restore that fails is logged and the unload or
 load goes on. A server started without `--slot-save-path` answers 501; it is asked once,
-then left alone. Which slots were saved is kept in memory, so a worker that restarts (or
-another worker that takes the server over) restores nothing the first time; the files stay
-on the server's disk, one per model and slot, each overwritten by the next save.
+then left alone. The files stay on the server's disk, one per model and slot, each
+overwritten by that slot's next save; every slot of a model saved once is restored at each
+of its loads (a restored cache nobody used, evicted again, is not lost). Which slots have a
+file is kept in memory, so a worker that restarts (or another worker that takes the server
+over) restores nothing until it has saved them itself.
 """
 
 import hashlib
@@ -40,7 +42,7 @@ def holds_prompt(slot: dict[str, Any]) -> bool:
 class PromptCaches:
     def __init__(self) -> None:
         self.supported: bool | None = None  # None until the server has answered a save
-        self.saved: dict[str, list[int]] = {}  # model id → its slots saved at its unload
+        self.saved: dict[str, set[int]] = {}  # model id → its slots with a saved file
 
     async def save(self, adapter: "HttpAdapter", model_id: str) -> None:
         """Save the slots of `model_id` (loaded, idle: about to be unloaded) that hold a
@@ -69,7 +71,7 @@ class PromptCaches:
                 continue
             self.supported = True
             saved.append(slot["id"])
-        self.saved[model_id] = saved
+        self.saved.setdefault(model_id, set()).update(saved)
         if saved:
             log.info("saved the prompt caches of %s (slots %s) before its unload", model_id, saved)
 
@@ -82,9 +84,9 @@ class PromptCaches:
         )
 
     async def restore(self, adapter: "HttpAdapter", model_id: str) -> None:
-        """Restore the slots saved at `model_id`'s last unload into the model just loaded."""
+        """Restore the slots of `model_id` saved at its unloads into the model just loaded."""
         restored = []
-        for slot in self.saved.pop(model_id, []):
+        for slot in sorted(self.saved.get(model_id, ())):
             try:
                 await self.slot_action(adapter, model_id, slot, "restore")
             except AdapterError as error:

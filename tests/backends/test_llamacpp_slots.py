@@ -58,8 +58,31 @@ async def test_saved_before_the_unload_and_restored_after_the_load(server, adapt
         ("/slots/2", ["restore"], file_name(MODEL, 2)),
     ]
     assert server.requests_to("POST", "/slots/0")[0].body["model"] == MODEL
-    await caches.restore(adapter, MODEL)  # restored once: the next load starts afresh
-    assert len(posts(server)) == 4
+
+
+async def test_a_restored_cache_nobody_used_is_restored_again(server, adapter):
+    """Loaded, restored, evicted before any request used it (its slots then hold no
+    prompt, so nothing is saved): its files are still its latest caches, and the next load
+    restores them again. A slot saved later is restored beside them."""
+    server.on("GET", "/slots", Reply(200, SLOTS[:2]), Reply(200, SLOTS[1:2]), Reply(200, SLOTS))
+    for slot in (0, 2):
+        server.on("POST", f"/slots/{slot}", OK)
+    caches = PromptCaches()
+    await caches.save(adapter, MODEL)
+    await caches.restore(adapter, MODEL)
+    await caches.save(adapter, MODEL)  # nothing holds a prompt: nothing saved
+    await caches.restore(adapter, MODEL)
+    await caches.save(adapter, MODEL)  # slots 0 and 2 hold prompts
+    await caches.restore(adapter, MODEL)
+    assert [p[:2] for p in posts(server)] == [
+        ("/slots/0", ["save"]),
+        ("/slots/0", ["restore"]),
+        ("/slots/0", ["restore"]),
+        ("/slots/0", ["save"]),
+        ("/slots/2", ["save"]),
+        ("/slots/0", ["restore"]),
+        ("/slots/2", ["restore"]),
+    ]
 
 
 async def test_a_server_without_a_slot_save_path_is_asked_once(server, adapter):
