@@ -25,6 +25,10 @@ class SyncReport:
     created_deployments: list[str] = field(default_factory=list)
     filled: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # Deployments whose name the server does not list: a typo in the configuration, a model
+    # removed from the server, or a name Switchyard will never see loaded (Ollama's
+    # `llama3.2` is listed `llama3.2:latest`). Loads of them fail.
+    not_listed: list[str] = field(default_factory=list)
     listed: int = 0
     error: str = ""
 
@@ -37,6 +41,7 @@ class SyncReport:
             ("new models", self.created_models),
             ("filled", self.filled),
             ("skipped", self.skipped),
+            ("not listed by the server", self.not_listed),
         ):
             if names:
                 parts.append(f"{label}: {', '.join(names)}")
@@ -113,6 +118,10 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
         known[item.id] = deployment
         deployed.add(model.pk)
         report.created_deployments.append(str(deployment))
+    names = {item.id for item in listed}
+    report.not_listed = sorted(
+        f"{d} ({d.server_model_id})" for d in known.values() if d.server_model_id not in names
+    )
 
 
 def sync_server(server: Server) -> SyncReport:

@@ -174,6 +174,18 @@ def test_sizes_fill_only_empty_facts_and_unknown_types_are_llms(server):
     assert Model.objects.get(name="odd").type == "llm"
 
 
+def test_deployments_the_server_does_not_list_are_named(server):
+    """A typo in the configuration, or a model removed from the server: named in the report
+    (and in the command's output), left as they are."""
+    factories.deployment(server, "qwen", server_model_id="qwen3-8b")
+    factories.deployment(server, "typo", server_model_id="qwen3-8B")
+    out = StringIO()
+    call_command("sync_models", "up", stdout=out)
+    assert "not listed by the server: typo@up (qwen3-8B)" in out.getvalue()
+    assert Deployment.objects.filter(model__name="typo").exists()
+    assert sync_server(server).not_listed == ["typo@up (qwen3-8B)"]  # qwen is listed
+
+
 def test_unreachable_server_reports_and_creates_nothing():
     down = factories.server("down", kind="openai", base_url=f"http://127.0.0.1:{free_port()}")
 
