@@ -25,9 +25,8 @@ class SyncReport:
     created_deployments: list[str] = field(default_factory=list)
     filled: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    # Deployments whose name the server does not list: a typo in the configuration, a model
-    # removed from the server, or a name Switchyard will never see loaded (Ollama's
-    # `llama3.2` is listed `llama3.2:latest`). Loads of them fail.
+    # Deployments whose name the server does not list: a typo in the configuration or a
+    # model removed from the server. Loads of them fail.
     not_listed: list[str] = field(default_factory=list)
     listed: int = 0
     error: str = ""
@@ -50,8 +49,9 @@ class SyncReport:
         return "; ".join(parts)
 
 
-async def _list(server: Server) -> list[ServerModel]:
+async def _list(server: Server, spelled: list[str]) -> list[ServerModel]:
     adapter = adapter_for(server)
+    adapter.spell(spelled)
     try:
         listed = await adapter.list_models()
         slots = await adapter.model_slots(listed)
@@ -61,8 +61,10 @@ async def _list(server: Server) -> list[ServerModel]:
 
 
 def listed_models(server: Server) -> list[ServerModel]:
-    """What the server lists right now (raises AdapterError or ValueError for unknown kinds)."""
-    return async_to_sync(_list)(server)
+    """What the server lists right now, named as its deployments name them (raises
+    AdapterError or ValueError for unknown kinds)."""
+    spelled = list(server.deployments.values_list("server_model_id", flat=True))
+    return async_to_sync(_list)(server, spelled)
 
 
 def _public_names() -> dict[str, Model]:

@@ -4,7 +4,7 @@ Every method may raise `AdapterError`. Its `code` is one of `ErrorCode`, which i
 policy and the runtime act on; `message` keeps the server's own words for the trace.
 """
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -112,6 +112,11 @@ class Adapter:
 
     async def health(self) -> None:
         await self.list_models()
+
+    def spell(self, server_model_ids: Iterable[str]) -> None:
+        """How the deployments name this server's models, for kinds whose listing names
+        them otherwise (Ollama adds `:latest`), so that `list_models` names them as the
+        deployments do."""
 
     async def model_slots(self, listed: list[ServerModel]) -> dict[str, int]:
         """Slots of listed models that `list_models` could not say without a call per model

@@ -15,7 +15,7 @@ parameter, e.g. `{"num_gpu": 99}`).
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from . import via_chat
@@ -146,6 +146,10 @@ class OllamaAdapter(HttpAdapter):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.spelled: dict[str, str] = {}  # full name → how deployments spell it
+
+    def spell(self, server_model_ids: Iterable[str]) -> None:
+        for server_model_id in server_model_ids:
+            self.name(server_model_id)
 
     def name(self, server_model_id: str) -> str:
         full = full_name(server_model_id)

@@ -108,11 +108,12 @@ class Effects:
 
     async def adapter(self, server_id: int) -> Adapter:
         if server_id not in self.adapters:
-            server = await in_database_thread(store.server_by_id)(server_id)
+            server, spelled = await in_database_thread(store.server_for_adapter)(server_id)
             # Tasks that start together (a status sync, a first call) all come here: one
             # builds the adapter, the others use it (one replaced would never be closed).
             if server_id not in self.adapters:
-                self.adapters[server_id] = adapter_for(server)
+                self.adapters[server_id] = adapter = adapter_for(server)
+                adapter.spell(spelled)
                 self.built_from[server_id] = settings_of(server)
         return self.adapters[server_id]
 

@@ -39,8 +39,8 @@ from .health import (
     open_breaker,
     probe_result,
     recheck_deployment,
-    server_by_id,
     server_failed,
+    server_for_adapter,
     server_succeeded,
 )
 from .knobs import knob, policy_config
@@ -107,7 +107,7 @@ __all__ = [
     "request_failed",
     "requests_completed",
     "send_on_arrival",
-    "server_by_id",
+    "server_for_adapter",
     "server_of_deployment",
     "server_failed",
     "server_succeeded",

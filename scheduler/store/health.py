@@ -164,5 +164,7 @@ def all_servers() -> list[Server]:
     return list(Server.objects.all())
 
 
-def server_by_id(server_id: int) -> Server:
-    return Server.objects.get(pk=server_id)
+def server_for_adapter(server_id: int) -> tuple[Server, list[str]]:
+    """The server, and how its deployments name its models (`Adapter.spell`)."""
+    server = Server.objects.get(pk=server_id)
+    return server, list(server.deployments.values_list("server_model_id", flat=True))

@@ -186,6 +186,24 @@ def test_deployments_the_server_does_not_list_are_named(server):
     assert sync_server(server).not_listed == ["typo@up (qwen3-8B)"]  # qwen is listed
 
 
+def test_ollama_names_deployments_as_they_spell_them():
+    """Ollama lists `llama3.2` as `llama3.2:latest`: a deployment spelled without the tag is
+    the model listed, neither created again nor reported missing."""
+    ollama = ReplayServer()
+    tags = {"models": [{"name": "llama3.2:latest"}, {"name": "qwen3:8b"}]}
+    ollama.on("GET", "/api/tags", Reply(200, tags))
+    ollama.on("GET", "/api/ps", Reply(200, {"models": [{"name": "llama3.2:latest"}]}))
+    with ollama:
+        server = factories.server("laptop", kind="ollama", base_url=ollama.url)
+        factories.deployment(server, "llama", server_model_id="llama3.2")
+        report = sync_server(server)
+    assert (report.created_deployments, report.not_listed) == (["qwen3:8b@laptop"], [])
+    assert sorted(server.deployments.values_list("server_model_id", flat=True)) == [
+        "llama3.2",
+        "qwen3:8b",
+    ]
+
+
 def test_unreachable_server_reports_and_creates_nothing():
     down = factories.server("down", kind="openai", base_url=f"http://127.0.0.1:{free_port()}")
 

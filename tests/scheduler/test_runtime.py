@@ -329,7 +329,7 @@ async def test_a_pass_that_only_routes_and_sends_goes_to_the_database_thread_onc
         trips.clear()
         routed_and_sent = await rt.step()
         # The serve tasks, started before the pass's commit returns, build their adapter.
-        assert [t for t in trips if t != "server_by_id"] == ["plan_and_write"]
+        assert [t for t in trips if t != "server_for_adapter"] == ["plan_and_write"]
         assert len(routed_and_sent) == 4  # each request: its Route and its Dispatch
         assert {d.request_id for d in routed_and_sent} == {r.pk for r in sent}
 
