@@ -120,6 +120,8 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
         known[item.id] = deployment
         deployed.add(model.pk)
         report.created_deployments.append(str(deployment))
+    if server.is_simulated:
+        return  # it lists what is loaded in the worker's process, not what it has
     names = {item.id for item in listed}
     report.not_listed = sorted(
         f"{d} ({d.server_model_id})" for d in known.values() if d.server_model_id not in names

@@ -184,6 +184,10 @@ def test_deployments_the_server_does_not_list_are_named(server):
     assert "not listed by the server: typo@up (qwen3-8B)" in out.getvalue()
     assert Deployment.objects.filter(model__name="typo").exists()
     assert sync_server(server).not_listed == ["typo@up (qwen3-8B)"]  # qwen is listed
+    # A simulated server lists only what its process has loaded: nothing is said of it.
+    demo = factories.server("sim")
+    factories.deployment(demo, "m")
+    assert sync_server(demo).not_listed == []
 
 
 def test_ollama_names_deployments_as_they_spell_them():
