@@ -164,7 +164,7 @@ SCHEMAS: dict[str, Any] = {
                     "type": "object",
                     "required": ["role", "content"],
                     "properties": {
-                        "role": {"type": "string", "enum": ["user", "assistant"]},
+                        "role": {"type": "string", "enum": ["user", "assistant", "system"]},
                         "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {}}]},
                     },
                 },
