@@ -85,6 +85,16 @@ def run_left_s(r: Request, now: datetime) -> float | None:
     return seconds(max(d.avg_inference_s - (now - r.started_at).total_seconds(), 0.0))
 
 
+def eta_of(r: Request, position: int | None, now: datetime) -> float | None:
+    """Seconds until a waiting request is sent (the forecast, within the first
+    `forecast.LINE_READ` of the line, `position` its place), or until a running one ends;
+    None otherwise, or when nothing has shown how long it takes."""
+    if r.state in WAITING_STATES and position is not None and position <= forecast.LINE_READ:
+        # 50 rows more: requests of worse classes that aged ahead of it go first too.
+        return seconds(forecast.head(now, position + 50).etas.get(r.pk))
+    return run_left_s(r, now)
+
+
 def is_restore(d: Deployment) -> bool:
     """Loading, or loaded and unused, because an idle server restores it (nobody asked)."""
     loading = d.state == DeploymentState.LOADING and d.load_cause == LoadCause.RESTORE
@@ -247,14 +257,11 @@ def request_detail(
     )
     if r is None:
         return None
-    position = waiting_total = eta = None
+    position = waiting_total = None
     if r.state in WAITING_STATES:
         position = Request.objects.filter(ahead_of(r)).count() + 1
         waiting_total = Request.objects.filter(state__in=WAITING_STATES).count()
-        if position <= forecast.LINE_READ:
-            eta = seconds(forecast.head(now, position + 50).etas.get(r.pk))
-    elif r.state == State.PROCESSING and r.deployment is not None:
-        eta = run_left_s(r, now)
+    eta = eta_of(r, position, now)
     check = EtaCheck.objects.filter(request_id=r.pk).first()
     return {
         **request_row(r, now, ahead=position - 1 if position else None),

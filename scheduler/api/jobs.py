@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from access import auth
 from access.models import ApiKey
 from access.watch import watch_url
+from dashboard.state import eta_of
 
 from ..models import Request, RequestKind
 from ..reasons_shown import shown as shown_reason
@@ -70,6 +71,7 @@ class RequestSerializer(serializers.ModelSerializer):
     priority = serializers.CharField(source="priority_name")
     server = serializers.CharField(source="server.name", default=None)
     position = serializers.SerializerMethodField()
+    eta_s = serializers.SerializerMethodField()
     reason = serializers.SerializerMethodField()
     watch_url = serializers.SerializerMethodField()
     trace = TraceSerializer(source="traces", many=True)
@@ -83,6 +85,7 @@ class RequestSerializer(serializers.ModelSerializer):
             "priority",
             "state",
             "position",
+            "eta_s",
             "reason",
             "watch_url",
             "server",
@@ -103,6 +106,12 @@ class RequestSerializer(serializers.ModelSerializer):
         if not hasattr(obj, "position_in_line"):
             obj.position_in_line = intake.position_in_line(obj)
         return obj.position_in_line
+
+    def get_eta_s(self, obj: Request) -> float | None:
+        """Seconds until it is sent to a server while it waits, or until it ends while it
+        runs, as the watch page forecasts them; null once ended or when nothing has shown
+        yet how long its model takes."""
+        return eta_of(obj, self.get_position(obj), timezone.now())
 
     def get_reason(self, obj: Request) -> dict | None:
         """Why it waits (scheduler/reasons.py); a tail not yet seen by a pass: its place."""

@@ -227,6 +227,12 @@ SCHEMAS: dict[str, Any] = {
                 "nullable": True,
                 "description": "1-based, while waiting",
             },
+            "eta_s": {
+                "type": "number",
+                "nullable": True,
+                "description": "Seconds until it is sent to a server while it waits (the first"
+                " 1,000 in line), or until it is expected to end while it runs; null once ended.",
+            },
             "reason": {
                 "type": "object",
                 "nullable": True,
