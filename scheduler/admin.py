@@ -7,6 +7,7 @@ from django.utils import timezone
 from django.utils.text import Truncator
 
 from backends.admin import server_label
+from dashboard.state import caller as caller_of
 
 from .models import Request, State, Trace, Worker
 from .reasons_shown import shown
@@ -53,9 +54,9 @@ class RequestAdmin(ReadOnlyAdmin):
         "priority",
         "state",
         "why",
-        "api_key",
+        "caller",
         "server_column",
-        "created_at",
+        "created",
         "waited",
         "took",
         "attempts",
@@ -77,13 +78,22 @@ class RequestAdmin(ReadOnlyAdmin):
     # has no index over finished requests, and sorted the whole table on every page.
     ordering = ["-created_at"]
     show_full_result_count = False  # a filtered page counts its rows, not the table's too
-    list_select_related = ["server", "api_key"]
+    list_select_related = ["server", "api_key__team"]
     inlines = [TraceInline]
     actions = ["cancel"]
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: Request) -> str:
         return str(obj.pk)[:8]
+
+    @admin.display(description="caller", ordering="api_key__name")
+    def caller(self, obj: Request) -> str:
+        """The key's name, and its team's: its prefix is on the request's own page."""
+        return caller_of(obj) or "-"
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: Request) -> str:
+        return timezone.localtime(obj.created_at).strftime("%b %d %H:%M:%S")
 
     @admin.display(description="waited")
     def waited(self, obj: Request) -> str:

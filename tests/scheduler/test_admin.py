@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from access.models import ApiKey, Team
 from backends.models import Deployment
 from scheduler.models import Request, State, Trace, Worker
 from tests import factories
@@ -148,7 +149,12 @@ def test_list_pages_do_not_query_per_row(admin_client, django_assert_max_num_que
         for i in range(start, start + n):
             srv = factories.server(f"s-{i}", kind="simulated" if i % 2 else "openai")
             worker = Worker.objects.create(host=f"h-{i}", pid=i)
-            row = factories.request(f"m-{i}", server=srv, worker=worker, state="processing")
+            key, _ = ApiKey.generate(f"app-{i}")
+            key.team = Team.objects.create(name=f"team-{i}")
+            key.save()
+            row = factories.request(
+                f"m-{i}", server=srv, worker=worker, state="processing", api_key=key
+            )
             Trace.objects.create(request=row, to_state="processing", server=srv.name, reason="x")
 
     add_rows(1, 0)
@@ -157,6 +163,21 @@ def test_list_pages_do_not_query_per_row(admin_client, django_assert_max_num_que
     add_rows(20, 1)
     with django_assert_max_num_queries(len(one_row)):
         assert admin_client.get(changelist(name)).status_code == 200
+
+
+def test_request_list_names_each_caller_and_its_team(admin_client):
+    research = Team.objects.create(name="research")
+    alice, _ = ApiKey.generate("alice")
+    alice.team = research
+    alice.save()
+    bob, _ = ApiKey.generate("bob")
+    bob.save()
+    for key in (alice, bob, None):
+        factories.request("qwen3-8b", api_key=key)
+    page = admin_client.get(changelist("request")).content.decode()
+    assert '<td class="field-caller">alice (research)</td>' in page
+    assert '<td class="field-caller">bob</td>' in page
+    assert '<td class="field-caller">-</td>' in page
 
 
 def test_request_list_says_why_each_waits_and_how_each_failed(admin_client):
