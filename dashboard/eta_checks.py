@@ -95,3 +95,14 @@ def accuracy_of(request_ids: list, using: str = "default") -> Accuracy:
     for given_s, error_s in rows.values_list("given_s", "error_s"):
         result.add(given_s, given_s + error_s)
     return result
+
+
+def left_s(request_id, now: datetime) -> float | None:
+    """Seconds until a waiting request is sent, as this task last forecast them for it,
+    counted down since (one read by key, for what is said on every waiting stream); None
+    before a forecast reached it."""
+    found = EtaCheck.objects.filter(request_id=request_id).values_list("last_at", "last_s").first()
+    if found is None:
+        return None
+    last_at, last_s = found
+    return max(last_s - (now - last_at).total_seconds(), 0.0)

@@ -12,6 +12,7 @@ from django.conf import settings
 from backends.models import Deployment, Server
 from scheduler.eta import Host, Place, Waiter, forecast, line_order
 from scheduler.models import WAITING_STATES, Request, State
+from scheduler.reasons import not_before
 
 from .models import RunStat
 
@@ -80,6 +81,12 @@ def expected_runs() -> dict[tuple[int, int], float]:
     }
 
 
+def held_s(reason: dict | None, now: datetime) -> float:
+    """Seconds until its stored reason lets it go (a hold, a retry's backoff), else 0."""
+    until = not_before(reason)
+    return max((until - now).total_seconds(), 0.0) if until else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class Line:
     """The head of the line in the policy's order, with each one's place and ETA."""
@@ -108,7 +115,13 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
     hosts, places = hosts_and_places(now)
     runs = expected_runs()
     line = [
-        Waiter(r.pk, r.model_id, r.deployment_id, runs.get((r.model_id, r.priority)))
+        Waiter(
+            r.pk,
+            r.model_id,
+            r.deployment_id,
+            runs.get((r.model_id, r.priority)),
+            held_s(r.reason, now),
+        )
         for r in requests
     ]
     parallel = settings.SWITCHYARD["PARALLEL_LOAD_QUEUE"]

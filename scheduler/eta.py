@@ -54,6 +54,9 @@ class Waiter:
     model: Hashable
     deployment_id: int | None = None
     run_s: float | None = None  # its expected run, if known better than its model's
+    # Seconds until the policy lets it go at the earliest (a hold's end, a retry's backoff),
+    # as its reason says: only the policy knows its holds.
+    not_before_s: float = 0.0
 
 
 def line_order(priority: int, waited_s: float, aging_step_s: float) -> int:
@@ -132,7 +135,7 @@ def forecast(
         best = None
         for p in options:
             server = servers[p.server_id]
-            plan = _ready(p, server, ready_at, work, places, unload_s)
+            plan = _ready(p, server, ready_at, work, places, unload_s, w.not_before_s)
             if plan is None:
                 continue
             start = max(plan[0], server.backlog)
@@ -152,7 +155,7 @@ def forecast(
         run_s = p.run_s if w.run_s is None else w.run_s
         work[p.id] = max(work[p.id], ready) + run_s / server.host.slots
         server.backlog = start + run_s / server.host.slots
-        queues[p.server_id].append((rank, w.id, run_s, ready_at[p.id]))
+        queues[p.server_id].append((rank, w.id, run_s, ready))
         queued[p.id] += 1
     for server_id, queue in queues.items():
         _send(servers[server_id], queue, etas)
@@ -166,14 +169,23 @@ def _room(p: Place, servers: dict, places: dict) -> bool:
     return len(same) < server.host.capacity.get(p.model_type, 1)
 
 
-def _ready(p: Place, server: _Server, ready_at: dict, work: dict, places: dict, unload_s):
-    """(ready, victim): when `p` can serve (after a load if it needs one, evicting the
-    least recently used of its type once its work is done), or None if it cannot."""
+def _ready(
+    p: Place,
+    server: _Server,
+    ready_at: dict,
+    work: dict,
+    places: dict,
+    unload_s: float,
+    not_before_s: float = 0.0,
+):
+    """(ready, victim): when `p` can serve a request held until `not_before_s` (after a
+    load if it needs one, begun once the hold ends, evicting the least recently used of its
+    type once its work is done), or None if it cannot."""
     if p.id in ready_at:
-        return ready_at[p.id], None
+        return max(ready_at[p.id], not_before_s), None
     same = [v for v in server.resident if places[v].model_type == p.model_type]
     victim = None
-    begin = server.load_free
+    begin = max(server.load_free, not_before_s)
     if len(same) >= server.host.capacity.get(p.model_type, 1):
         if not same:
             return None  # the server holds no model of this type

@@ -84,6 +84,18 @@ def live_text(
     return f"waiting for the load of {details.get('model')} on {details.get('server')}, {progress}"
 
 
+NOT_BEFORE = (HELD, NO_ROOM, RETRY)  # kinds whose `until` is when it may go at the earliest
+
+
+def not_before(stored: Mapping[str, Any] | None) -> datetime | None:
+    """When a stored reason (`Reason.as_json`) says its request may go at the earliest: a
+    hold's end, a load's next chance, a retry's backoff; None when it says nothing of it."""
+    if not stored or stored.get("kind") not in NOT_BEFORE:
+        return None
+    until = (stored.get("details") or {}).get("until")
+    return datetime.fromisoformat(until) if until else None
+
+
 def clock(at: datetime) -> str:
     return f"{at:%H:%M:%S}"
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from access import auth
 from access.models import STREAM_PROGRESS
 from access.watch import watch_url
+from dashboard import eta_checks
 
 from .. import faults
 from ..models import WAITING_STATES, Request, RequestKind, State
@@ -282,7 +283,7 @@ async def relay_sse(
     finished = False
     relayed = CatchUp()
     relayed.live = live
-    said = ""  # the last progress shown
+    said: tuple[str, str] | None = None  # where and why, as the last progress line said
     try:
         yield f": queued as {request_id}\n\n"
         try:
@@ -302,13 +303,16 @@ async def relay_sse(
                         yield ": waiting, the database is not answering\n\n"
                         continue
                     if not request.is_terminal:
-                        where, why = await waiting_state(request)
-                        yield f": waiting, {request.state}, {where}{f': {why}' if why else ''}\n\n"
-                        # Until the model speaks: then the thinking is its own.
-                        line = progress_line(where, why) if progress and not relayed.text else ""
-                        if line and line != said:
-                            said = line
-                            yield f"data: {json.dumps(progress_chunk(request, line))}\n\n"
+                        waiting = await waiting_state(request)
+                        yield waiting.comment(request.state)
+                        # Until the model speaks: then the thinking is its own. A line
+                        # each time where or why changes: not for the ETA counting down.
+                        changed = (waiting.where, waiting.why) != said
+                        if progress and not relayed.text and changed:
+                            said = (waiting.where, waiting.why)
+                            if line := waiting.progress_line():
+                                chunk = progress_chunk(request, line)
+                                yield f"data: {json.dumps(chunk)}\n\n"
                         continue
                 else:
                     request = await finished_after(sub, message)
@@ -351,23 +355,53 @@ def sse_event(chunk: dict) -> str:
     return f"{named}data: {json.dumps(chunk)}\n\n"
 
 
-async def waiting_state(request: Request) -> tuple[str, str]:
-    """Where a request not yet ended is (`position 3`, or `processing`) and why it waits
-    (its reason's text, or "")."""
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What a stream says of a request not yet ended: where it is (`position 3`, or
+    `processing`), when it is sent (`sent in ~12 s`, or ""), and why it waits (or "")."""
+
+    where: str
+    when: str
+    why: str
+
+    def tail(self) -> str:
+        return (f", {self.when}" if self.when else "") + (f": {self.why}" if self.why else "")
+
+    def comment(self, state: str) -> str:
+        return f": waiting, {state}, {self.where}{self.tail()}\n\n"
+
+    def progress_line(self) -> str:
+        """The wait as a chat app shows it; none once at the server."""
+        if self.where == "processing":
+            return ""
+        return f"Switchyard: waiting, {self.where} in line{self.tail()}.\n"
+
+
+def place_and_eta(request: Request) -> tuple[int | None, float | None]:
+    """Its place in line and the seconds until it is sent (the worker's last forecast for
+    it, counted down); None for either when not waiting or not yet forecast."""
+    position = intake.position_in_line(request)
+    return position, eta_checks.left_s(request.pk, timezone.now()) if position else None
+
+
+async def waiting_state(request: Request) -> Waiting:
     try:
-        position = await in_pool_thread(intake.position_in_line)(request)
+        position, eta = await in_pool_thread(place_and_eta)(request)
     except faults.DATABASE_FAULTS:
-        position = None
-    where = f"position {position}" if position else "processing"
+        position = eta = None
     why = shown_reason(request.reason, request.state, timezone.now())
-    return where, why["text"] if why else ""
+    return Waiting(
+        f"position {position}" if position else "processing",
+        sent_in(eta),
+        why["text"] if why else "",
+    )
 
 
-def progress_line(where: str, why: str) -> str:
-    """The wait as a chat app shows it, a line per change; none once at the server."""
-    if where == "processing":
+def sent_in(eta_s: float | None) -> str:
+    """An ETA as a stream says it: past its time, "any moment", as the dashboard says."""
+    if eta_s is None:
         return ""
-    return f"Switchyard: waiting, {where} in line{f': {why}' if why else ''}.\n"
+    return "sent any moment" if eta_s < 0.5 else f"sent in ~{eta_s:.0f} s"
 
 
 def progress_chunk(request: Request, line: str) -> dict:

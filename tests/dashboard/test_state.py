@@ -286,6 +286,30 @@ def test_the_recently_finished_are_read_without_reading_every_finished_request()
     assert entries_read() - before < 1000  # not the 50,000
 
 
+def test_a_held_request_is_forecast_past_its_hold_and_one_failing_soon_is_not():
+    """Only the policy knows its holds: the forecast reads when one ends from the request's
+    stored reason. A no-server reason's time is when it fails, not when it goes."""
+    srv = factories.server("sim", slots=2)
+    d = factories.deployment(srv, "m", state=DeploymentState.LOADED, avg_inference_s=1.0)
+    until = (NOW + timedelta(seconds=30)).isoformat()
+    held = factories.request(
+        "m",
+        state=State.READY,
+        server=srv,
+        deployment=d,
+        reason={"kind": "held", "text": "held: …", "details": {"until": until}},
+    )
+    failing = factories.request(
+        "m",
+        state=State.READY,
+        server=srv,
+        deployment=d,
+        reason={"kind": "no_server", "text": "no server …", "details": {"until": until}},
+    )
+    assert state.request_detail(held.pk, NOW)["eta_s"] == 30.0
+    assert state.request_detail(failing.pk, NOW)["eta_s"] == 0.0
+
+
 def test_a_finished_request_shows_its_answer_and_no_place():
     r = factories.request(
         "m",

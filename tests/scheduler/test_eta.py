@@ -48,6 +48,25 @@ def test_a_waiters_own_expected_run_counts_for_those_behind_it():
     assert etas == {1: 0.0, 2: 30.0}
 
 
+def test_a_held_request_is_not_sent_before_its_hold_ends_and_others_go_meanwhile():
+    """The policy holds a request (its reason says until when): a free slot does not send
+    it sooner, and the request behind it takes the slot."""
+    line = [Waiter("held", "a", not_before_s=7.0), Waiter("next", "a")]
+    etas = forecast([Host(1)], [place(1, 1, "a")], line)
+    assert etas == {"held": 7.0, "next": 0.0}
+
+
+def test_a_held_switch_loads_once_the_hold_ends():
+    places = [place(1, 1, "a", idle_s=5.0), place(2, 1, "b", state="unloaded", load_s=8.0)]
+    line = [Waiter("b1", "b", not_before_s=20.0)]
+    assert forecast([Host(1)], places, line, unload_s=1.0) == {"b1": 20.0 + 1.0 + 8.0}
+
+
+def test_a_hold_that_ends_before_the_model_is_ready_changes_nothing():
+    places = [place(1, 1, "a", state="loading", load_left_s=6.0)]
+    assert forecast([Host(1)], places, [Waiter("x", "a", not_before_s=2.0)]) == {"x": 6.0}
+
+
 def test_aging_moves_a_request_up_one_class_per_step():
     assert line_order(3, 299.0, 150.0) == 2
     assert line_order(3, 1000.0, 150.0) == 0
