@@ -44,6 +44,14 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# Reached over HTTPS through a reverse proxy that sets X-Forwarded-Proto itself: the login's
+# cookies go over HTTPS only, and Django knows which requests came over HTTPS. The proxy
+# redirects plain HTTP (a probe of /healthz on the machine itself may stay plain).
+if env.bool("BEHIND_TLS_PROXY", default=False):
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env.int("HSTS_SECONDS", default=0)
+    SILENCED_SYSTEM_CHECKS = ["security.W008"]  # Django's own redirect: the proxy's job
 
 INSTALLED_APPS = [
     "daphne",

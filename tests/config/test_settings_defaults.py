@@ -1,5 +1,6 @@
-"""Secure by default: DEBUG is off unless set, and a missing SECRET_KEY is generated once,
-readable by its owner only, and shared by the processes of one checkout."""
+"""Secure by default: DEBUG is off unless set, a missing SECRET_KEY is generated once,
+readable by its owner only, and shared by the processes of one checkout, and behind a TLS
+proxy the login's cookies go over HTTPS only."""
 
 import os
 import shutil
@@ -13,14 +14,19 @@ ROOT = Path(__file__).resolve().parents[2]
 PRINT = "from django.conf import settings; print(settings.DEBUG, settings.SECRET_KEY)"
 
 
-def settings_in(project: Path, **env: str) -> tuple[str, str]:
+def printed(project: Path, code: str, **env: str) -> list[str]:
+    """What `code` prints with the project's settings loaded, in a process of its own."""
     clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
     clean.update(DJANGO_SETTINGS_MODULE="config.settings", PYTHONPATH=str(project), **env)
     out = subprocess.run(
-        [sys.executable, "-c", PRINT], cwd=project, env=clean, capture_output=True, text=True
+        [sys.executable, "-c", code], cwd=project, env=clean, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    debug, key = out.stdout.split()
+    return out.stdout.split()
+
+
+def settings_in(project: Path, **env: str) -> tuple[str, str]:
+    debug, key = printed(project, PRINT, **env)
     return debug, key
 
 
@@ -52,6 +58,21 @@ def test_debug_and_the_key_come_from_the_environment(tmp_path) -> None:
 
     assert settings_in(project, DEBUG="true", SECRET_KEY="k" * 50) == ("True", "k" * 50)
     assert not (project / ".secret_key").exists()
+
+
+COOKIES = (
+    "from django.conf import settings as s;"
+    " print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_PROXY_SSL_HEADER,"
+    " s.SECURE_HSTS_SECONDS)"
+)
+
+
+def test_behind_a_tls_proxy_the_logins_cookies_go_over_https_only(tmp_path) -> None:
+    project = a_project(tmp_path)
+
+    assert printed(project, COOKIES) == ["False", "False", "None", "0"]
+    behind = printed(project, COOKIES, BEHIND_TLS_PROXY="on", HSTS_SECONDS="3600")
+    assert behind == ["True", "True", "('HTTP_X_FORWARDED_PROTO',", "'https')", "3600"]
 
 
 def test_a_first_run_without_collectstatic_starts_without_a_warning():
