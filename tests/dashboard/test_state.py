@@ -292,19 +292,15 @@ def test_a_held_request_is_forecast_past_its_hold_and_one_failing_soon_is_not():
     srv = factories.server("sim", slots=2)
     d = factories.deployment(srv, "m", state=DeploymentState.LOADED, avg_inference_s=1.0)
     until = (NOW + timedelta(seconds=30)).isoformat()
-    held = factories.request(
-        "m",
-        state=State.READY,
-        server=srv,
-        deployment=d,
-        reason={"kind": "held", "text": "held: …", "details": {"until": until}},
-    )
-    failing = factories.request(
-        "m",
-        state=State.READY,
-        server=srv,
-        deployment=d,
-        reason={"kind": "no_server", "text": "no server …", "details": {"until": until}},
+    held, failing = (
+        factories.request(
+            "m",
+            state=State.READY,
+            server=srv,
+            deployment=d,
+            reason={"kind": kind, "text": "…", "details": {"until": until}},
+        )
+        for kind in ("held", "no_server")
     )
     assert state.request_detail(held.pk, NOW)["eta_s"] == 30.0
     assert state.request_detail(failing.pk, NOW)["eta_s"] == 0.0
