@@ -20,7 +20,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from config import daphne_requests, urls  # noqa: E402, F401
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from scheduler import health  # noqa: E402
-from scheduler.api import gate, openai_asgi  # noqa: E402
+from scheduler.api import gate, ollama_api, openai_asgi  # noqa: E402
 from scheduler.api.errors import json_errors  # noqa: E402
 from scheduler.api.inference import Reply  # noqa: E402
 
@@ -46,9 +46,9 @@ api_asgi_app = ApiHandler()
 
 async def http(scope, receive, send) -> None:
     path = scope["path"]
-    if path in openai_asgi.KINDS:
+    if path in openai_asgi.KINDS or path in ollama_api.PATHS:
         app = openai_asgi.app
-    elif path.startswith(API_PREFIXES) or path in health.PATHS:
+    elif path.startswith(API_PREFIXES) or path in health.PATHS or path in ollama_api.LISTING:
         app = api_asgi_app
     else:
         app = django_asgi_app

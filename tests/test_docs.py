@@ -9,6 +9,7 @@ import pytest
 from django.urls import Resolver404, resolve
 
 from dashboard.routing import websocket_urlpatterns
+from scheduler.api import ollama_api
 from scheduler.api.openai_asgi import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def test_every_link_and_anchor_leads_somewhere(doc: Path) -> None:
 
 def served(path: str) -> bool:
     path = re.sub(r"<[^>]+>|\{[^}]+\}", str(uuid.uuid4()), path.split("?")[0])
-    if path in KINDS:
+    if path in KINDS or path in ollama_api.PATHS:
         return True
     if path.startswith("/ws/"):
         return any(p.pattern.match(path.removeprefix("/")) for p in websocket_urlpatterns)

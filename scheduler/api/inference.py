@@ -89,6 +89,7 @@ class Reply:
     events: AsyncIterator[str] | None = None
     # Work the caller need not wait for: done once the reply has gone (or failed to).
     then: Callable[[], Awaitable[None]] | None = None
+    media_type: str = "text/event-stream"  # of `events`
 
     @classmethod
     def error(cls, error: ApiError, request_id=None) -> "Reply":

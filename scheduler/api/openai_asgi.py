@@ -1,4 +1,5 @@
-"""The three inference endpoints as a bare ASGI app, served in front of Django.
+"""The inference endpoints as a bare ASGI app, served in front of Django (Ollama's too,
+translated: `ollama_api`).
 
 Every inference call comes through these paths, and Django's request handling cost more
 web-process CPU than all of Switchyard's own work for a call (about 2 ms a request on a
@@ -20,7 +21,7 @@ from access import auth
 from .. import faults
 from ..models import RequestKind
 from ..pool_threads import in_pool_thread
-from . import recovery
+from . import ollama_api, recovery
 from .errors import ApiError, request_too_large
 from .inference import Reply, answer, run_detached
 
@@ -39,14 +40,17 @@ KINDS = {
 
 async def app(scope: dict[str, Any], receive, send) -> None:
     """Answer the call; should the caller hang up first, stop (and `answer` cancels the
-    request it was waiting for)."""
+    request it was waiting for). Ollama's paths are translated in and out
+    (`ollama_api`)."""
+    path = scope["path"]
+    ollama = ollama_api.shape_of(path) if path in ollama_api.PATHS else None
     if scope["method"] != "POST":
         error = ApiError(
             405, f"{scope['method']} is not allowed here; use POST.", code="method_not_allowed"
         )
         refused = Reply.error(error)
         refused.headers["Allow"] = "POST"
-        await send_reply(send, refused)
+        await send_reply(send, refused, ollama)
         return
     try:
         api_key = await auth.acaller(
@@ -54,20 +58,27 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         )
         raw = await read_body(receive)
     except ApiError as error:
-        await send_reply(send, Reply.error(error))
+        await send_reply(send, Reply.error(error), ollama)
         return
     except faults.DATABASE_FAULTS as exc:  # finding the caller's key: nothing is stored yet
         log.warning("finding the caller's key failed: %s", exc)
         await in_pool_thread(faults.check_pool)()
-        await send_reply(send, Reply.error(recovery.unavailable("The database")))
+        await send_reply(send, Reply.error(recovery.unavailable("The database")), ollama)
         return
     if raw is None:
         return
-    kind, priority = KINDS[scope["path"]], header(scope, b"x-priority")
+    kind = KINDS.get(path, RequestKind.CHAT)
+    if ollama is not None:
+        try:
+            kind, raw, ollama = ollama_api.translate(path, raw)
+        except ApiError as error:
+            await send_reply(send, Reply.error(error), ollama)
+            return
+    priority = header(scope, b"x-priority")
     idempotency_key = header(scope, b"idempotency-key")
     progress = header(scope, b"x-switchyard-progress")
     replying = asyncio.create_task(
-        reply(kind, raw, priority, send, api_key, idempotency_key, progress)
+        reply(kind, raw, priority, send, api_key, idempotency_key, progress, ollama)
     )
     hang_up = asyncio.create_task(receive())  # all that can come now is http.disconnect
     try:
@@ -108,13 +119,14 @@ async def reply(
     api_key=None,
     idempotency_key=None,
     progress: str | None = None,
+    ollama: dict | None = None,
 ) -> None:
     try:
         found = await answer(kind, raw, priority, api_key, idempotency_key, progress)
     except Exception as exc:
         found = Reply.error(failed(exc, f"answering a {kind} request"))
     try:
-        await send_reply(send, found)
+        await send_reply(send, found, ollama)
     finally:
         if found.then is not None:
             # In a task of its own: daphne reports the caller gone as soon as the answer
@@ -122,7 +134,11 @@ async def reply(
             run_detached(found.then())
 
 
-async def send_reply(send, found: Reply) -> None:
+async def send_reply(send, found: Reply, ollama: dict | None = None) -> None:
+    """Send `found`; for a call to Ollama's API (`ollama`: `ollama_api.shape_of` the call),
+    in Ollama's shape."""
+    if ollama is not None:
+        found = ollama_api.reply(ollama, found)
     headers = dict(found.headers)
     if found.events is None:
         body = json.dumps(found.body).encode()
@@ -135,7 +151,7 @@ async def send_reply(send, found: Reply) -> None:
     # run even if the caller leaves during the first send.
     async with contextlib.aclosing(found.events) as events:
         first = await anext(events)
-        await send(start(found.status, "text/event-stream", headers))
+        await send(start(found.status, found.media_type, headers))
         await send(part(first.encode(), more=True))
         try:
             async for event in events:
@@ -144,6 +160,8 @@ async def send_reply(send, found: Reply) -> None:
             request_id = headers.get("X-Request-Id")
             error = failed(exc, f"relaying request {request_id}")
             ended = f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
+            if ollama is not None:
+                ended = json.dumps(ollama_api.error_body(error.body())) + "\n"
             with contextlib.suppress(Exception):
                 await send(part(ended.encode(), more=True))
     await send(part(b""))
