@@ -49,17 +49,23 @@ async def retrieve_model(http: HttpRequest, name: str) -> HttpResponse:
     no server has a deployment of (which `GET /v1/models` does not list)."""
     try:
         api_key = await auth.acaller(key_of(http))
-        await in_pool_thread(check_model)(api_key, name, intake.names_of)
-        model = await in_pool_thread(intake.find_model)(name)
-        if model is None:
-            raise intake.model_not_found(name)
-        if not await model.deployments.aexists():
-            raise ApiError(
-                404, f"no server has a deployment of {model.name}", code="model_not_deployed"
-            )
+        model = await deployed_model(api_key, name)
     except ApiError as error:
         return error.as_json_response()
     return JsonResponse(model_object(name, model, for_anthropic(http)))
+
+
+async def deployed_model(api_key, name: str) -> Model:
+    """The model `name` (or alias) names, if the key may use it and a server has it."""
+    await in_pool_thread(check_model)(api_key, name, intake.names_of)
+    model = await in_pool_thread(intake.find_model)(name)
+    if model is None:
+        raise intake.model_not_found(name)
+    if not await model.deployments.aexists():
+        raise ApiError(
+            404, f"no server has a deployment of {model.name}", code="model_not_deployed"
+        )
+    return model
 
 
 def for_anthropic(http: HttpRequest) -> bool:

@@ -1,5 +1,6 @@
 """Ollama's own API in front of the same line: `POST /api/chat`, `/api/generate` and
-`/api/embed`, `GET /api/tags` and `/api/version`, for apps written for Ollama.
+`/api/embed`; `GET /api/tags`, `/api/ps` and `/api/version`, `POST /api/show`; for apps
+written for Ollama.
 
 A call is translated into the OpenAI request it means (a chat, a completion for a `raw`
 generate, an embedding) and stored, queued and served like any other; its answer is
@@ -14,17 +15,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
 from access import auth
-from backends.models import Model
+from backends.models import Deployment, DeploymentState, Model
 
 from ..models import RequestKind
+from . import model_list
 from .errors import ApiError
-from .inference import Reply, key_of
+from .inference import Reply, key_of, parse_json
 
 PATHS = ("/api/chat", "/api/generate", "/api/embed")  # served by the bare ASGI app
-LISTING = ("/api/tags", "/api/version")  # served by Django, as the rest of the API
+LISTING = ("/api/tags", "/api/ps", "/api/show", "/api/version")  # by Django, as the rest
 VERSION = "0.12.0"  # the Ollama API these calls follow; clients check it before using features
 NDJSON = "application/x-ndjson"
 UNREADABLE = (AttributeError, KeyError, TypeError, ValueError)  # an answer of another shape
@@ -347,37 +349,85 @@ def last(shape: dict, said: dict) -> dict:
     return {"message": message, **done}
 
 
-# -- listing -------------------------------------------------------------------------------
+# -- listing ---------------------------------------------------------------------------------
+
+DETAILS = {"format": "", "family": "", "families": None, "parameter_size": ""}
+CAPABILITIES = {"llm": ["completion"], "embedding": ["embedding"], "reranking": []}
+
+
+def ollama_error(error: ApiError) -> JsonResponse:
+    return JsonResponse(error_body(error.body()), status=error.status, headers=error.headers())
 
 
 @require_GET
 async def tags(http: HttpRequest) -> HttpResponse:
     """`GET /api/tags`: the models the caller may use that some server has a deployment of,
-    by name and alias, as `GET /v1/models` lists them, in Ollama's shape."""
-    from .model_list import may_use  # model_list imports inference, as this module does
-
+    by name and alias, as `GET /v1/models` lists them."""
     try:
         api_key = await auth.acaller(key_of(http))
     except ApiError as error:
-        return JsonResponse(error_body(error.body()), status=error.status)
+        return ollama_error(error)
     served = Model.objects.filter(deployments__isnull=False).distinct().order_by("name")
     models = []
     async for model in served:
         names = [model.name, *(model.aliases or [])]
-        if may_use(api_key, names):
-            models += [tag(name, model) for name in names]
+        if model_list.may_use(api_key, names):
+            models += [described(name, model.type) for name in names]
     return JsonResponse({"models": models})
 
 
-def tag(name: str, model: Model) -> dict:
+@require_GET
+async def ps(http: HttpRequest) -> HttpResponse:
+    """`GET /api/ps`: the models loaded now on some server, that the caller may use."""
+    try:
+        api_key = await auth.acaller(key_of(http))
+    except ApiError as error:
+        return ollama_error(error)
+    loaded = Deployment.objects.filter(state=DeploymentState.LOADED).select_related("model")
+    found: dict[str, dict] = {}
+    async for d in loaded.order_by("model__name"):
+        names = [d.model.name, *(d.model.aliases or [])]
+        if d.model.name not in found and model_list.may_use(api_key, names):
+            size = (d.size_mb or 0) * 1024 * 1024
+            running = {"expires_at": None, "size_vram": size}  # none: Switchyard decides
+            found[d.model.name] = {**described(d.model.name, d.model.type, size), **running}
+    return JsonResponse({"models": list(found.values())})
+
+
+@require_POST
+async def show(http: HttpRequest) -> HttpResponse:
+    """`POST /api/show` `{"model"}`: what a model can do (`completion`, `embedding`), as
+    retrieving it from `/v1/models` finds it."""
+    try:
+        api_key = await auth.acaller(key_of(http))
+        body = parse_json(http.body)
+        name = (body.get("model") or body.get("name")) if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            raise refuse("model must be a model's name", "model")
+        model = await model_list.deployed_model(api_key, name)
+    except ApiError as error:
+        return ollama_error(error)
+    return JsonResponse(
+        {
+            "modelfile": "",
+            "parameters": "",
+            "template": "",
+            "details": DETAILS,
+            "model_info": {},
+            "capabilities": CAPABILITIES.get(model.type, []),
+        }
+    )
+
+
+def described(name: str, model_type: str, size: int = 0) -> dict:
     return {
         "name": name,
         "model": name,
         "modified_at": "1970-01-01T00:00:00Z",  # Switchyard knows no date for a model
-        "size": 0,
+        "size": size,
         "digest": "",
-        "details": {"format": "", "family": "", "families": None, "parameter_size": ""},
-        "type": model.type,
+        "details": DETAILS,
+        "type": model_type,
     }
 
 

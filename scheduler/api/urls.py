@@ -8,6 +8,8 @@ urlpatterns = [
     # Model names may hold slashes and colons (org/model, qwen3:8b).
     path("v1/models/<path:name>", model_list.retrieve_model, name="model"),
     path("api/tags", ollama_api.tags, name="ollama-tags"),
+    path("api/ps", ollama_api.ps, name="ollama-ps"),
+    path("api/show", ollama_api.show, name="ollama-show"),
     path("api/version", ollama_api.version, name="ollama-version"),
     path("api/v1/requests", jobs.RequestList.as_view(), name="request-list"),
     path("api/v1/requests/<uuid:request_id>", jobs.request_detail, name="request-detail"),

@@ -125,9 +125,15 @@ def test_embed_answers_every_input_in_order(live, upstream):
     assert sent(upstream)["body"] == {"model": "embed-upstream", "input": "hello"}
 
 
-def test_tags_and_version_list_what_may_be_asked(live):
+def test_tags_ps_show_and_version_say_what_may_be_asked(live):
     names = [m.model for m in client(live).list().models]
     assert names == ["nomic", "qwen", "qwen3:8b"]
+    assert [m.model for m in client(live).ps().models] == ["nomic", "qwen"]  # loaded now
+    assert client(live).show("qwen3:8b").capabilities == ["completion"]
+    assert client(live).show("nomic").capabilities == ["embedding"]
+    with pytest.raises(ollama.ResponseError) as unknown:
+        client(live).show("nope")
+    assert unknown.value.status_code == 404
     assert httpx.get(f"{live.url}/api/version").json() == {"version": "0.12.0"}
 
 
@@ -156,6 +162,9 @@ def test_keys_are_asked_for_as_on_every_path(served, transactional_db, upstream)
     assert refused.value.status_code == 401
     with pytest.raises(ollama.ResponseError):
         client(live).list()
+    with pytest.raises(ollama.ResponseError):
+        client(live).ps()
     keyed = client(live, Authorization=f"Bearer {secret}")
     assert keyed.chat(model="qwen", messages=[{"role": "user", "content": "hi"}], stream=False)
     assert [m.model for m in keyed.list().models] == ["qwen"]
+    assert [m.model for m in keyed.ps().models] == ["qwen"]
