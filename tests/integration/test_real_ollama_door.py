@@ -31,6 +31,7 @@ def test_an_app_written_for_ollama_chats_generates_and_embeds(router, switchyard
     client = ollama.Client(host=live.url, timeout=300)
 
     assert {"tiny", "large", "embed"} <= {m.model for m in client.list().models}
+    assert client.show("tiny").capabilities == ["completion"]
     answer = client.chat(model="tiny", messages=HI, options={"num_predict": 8})
     assert_words(answer.message.content)
     assert (answer.done, answer.eval_count) == (True, 8)
@@ -47,4 +48,5 @@ def test_an_app_written_for_ollama_chats_generates_and_embeds(router, switchyard
 
     vectors = client.embed(model="embed", input=["hello", "world"]).embeddings
     assert [len(v) for v in vectors] == [tiny_gguf.SMALL.dim] * 2
+    assert "embed" in {m.model for m in client.ps().models}  # as the worker saw it loaded
     assert set(Request.objects.values_list("state", flat=True)) == {State.COMPLETED}
