@@ -87,6 +87,7 @@ def translate(path: str, raw: bytes) -> tuple[str, bytes, dict]:
         if body.get("tools"):
             out["tools"] = body["tools"]
     out.update(sampling(body.get("options")))
+    out.update(thinking(body.get("think")))
     if (response_format := format_of(body.get("format"))) is not None:
         out["response_format"] = response_format
     if stream:
@@ -105,6 +106,19 @@ def sampling(options: Any) -> dict:
     if isinstance(limit, int | float) and limit < 0:
         del out["max_tokens"]  # Ollama's -1: until the model stops
     return out
+
+
+def thinking(think: Any) -> dict:
+    """Ollama's `think`: true or false turns a thinking model's thinking on or off (the
+    chat template's `enable_thinking`, as llama-server and vLLM take it); "low", "medium" or
+    "high" is a reasoning effort (gpt-oss)."""
+    if think is None:
+        return {}
+    if isinstance(think, bool):
+        return {"chat_template_kwargs": {"enable_thinking": think}}
+    if think in ("low", "medium", "high"):
+        return {"reasoning_effort": think}
+    raise refuse('think must be true, false, "low", "medium" or "high"', "think")
 
 
 def format_of(value: Any) -> dict | None:

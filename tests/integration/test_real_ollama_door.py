@@ -32,7 +32,7 @@ def test_an_app_written_for_ollama_chats_generates_and_embeds(router, switchyard
 
     assert {"tiny", "large", "embed"} <= {m.model for m in client.list().models}
     assert client.show("tiny").capabilities == ["completion"]
-    answer = client.chat(model="tiny", messages=HI, options={"num_predict": 8})
+    answer = client.chat(model="tiny", messages=HI, options={"num_predict": 8}, think=False)
     assert_words(answer.message.content)
     assert (answer.done, answer.eval_count) == (True, 8)
 

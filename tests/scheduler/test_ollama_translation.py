@@ -80,12 +80,20 @@ def test_a_schema_format_asks_for_that_schema_and_minus_one_tokens_for_no_limit(
     assert body["stream_options"] == {"include_usage": True}
 
 
+def test_think_turns_thinking_on_or_off_or_sets_an_effort():
+    on = translated("/api/chat", {"model": "m", "messages": [], "think": False})[1]
+    assert on["chat_template_kwargs"] == {"enable_thinking": False}
+    effort = translated("/api/generate", {"model": "m", "prompt": "hi", "think": "high"})[1]
+    assert effort["reasoning_effort"] == "high" and "chat_template_kwargs" not in effort
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
         ({"model": "m", "messages": [], "options": [1]}, "options"),
         ({"model": "m", "messages": [{"role": "user", "images": "x"}]}, "messages[0].images"),
         ({"model": "m", "messages": [], "format": "yaml"}, "format"),
+        ({"model": "m", "messages": [], "think": "very"}, "think"),
         (
             {"model": "m", "messages": [{"role": "assistant", "tool_calls": {"a": 1}}]},
             "messages[0].tool_calls",
@@ -160,7 +168,8 @@ def test_an_answer_of_another_shape_is_a_clear_error_not_a_crash():
     assert "cannot give" in out[-1]["error"]
 
 
-KEYS = ["model", "messages", "options", "format", "stream", "prompt", "system", "raw", "input"]
+KEYS = ["model", "messages", "options", "format", "stream", "prompt", "system", "raw"]
+KEYS += ["input", "think"]
 INNER = ["role", "content", "images", "tool_calls", "function", "arguments", "num_predict"]
 LEAF = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4)
 VALUE = st.recursive(
