@@ -269,7 +269,8 @@ def reply(shape: dict, found: Reply) -> Reply:
         try:
             body = answer_body(shape, found.body)
         except UNREADABLE:
-            body = {"error": f"the server's answer is not one Ollama's API can give: {found.body}"}
+            shown = json.dumps(found.body)[:200]
+            body = {"error": f"the server's answer is not one Ollama's API can give: {shown}"}
             return Reply(502, found.headers, body, then=found.then)
         if not shape["stream"]:
             return Reply(found.status, found.headers, body, then=found.then)
@@ -302,7 +303,9 @@ async def lines(shape: dict, events: AsyncIterator[str]) -> AsyncIterator[str]:
                     chunk = json.loads(data)
                     line = error_body(chunk) if "error" in chunk else chunk_line(shape, chunk, said)
                 except UNREADABLE:
-                    line = {"error": f"the server sent a chunk Ollama's API cannot give: {data}"}
+                    line = {
+                        "error": f"the server sent a chunk Ollama's API cannot give: {data[:200]}"
+                    }
                 if line is not None:
                     yield json.dumps(line) + "\n"
                 if line is not None and "error" in line:
