@@ -224,10 +224,11 @@ def test_an_unload_behind_switchyards_back_is_seen_by_status_sync(router, switch
 
 def test_a_model_unloaded_mid_stream_ends_the_stream_with_an_error_event(router, switchyard):
     """The router cuts the stream (a bare `proxy error` line, no [DONE]) once the child's
-    stop-timeout has passed: the caller gets an error event, then [DONE]."""
+    stop-timeout has passed: the caller gets an error event, then [DONE]. The stream is
+    long enough to outlast that timeout (400 tokens once ended within it, on a fast VM)."""
     server = discovered(router)
     live = switchyard()
-    body = {"model": "large", "prompt": "Once", "max_tokens": 400}
+    body = {"model": "large", "prompt": "Once", "max_tokens": 3000}
     with live.stream("/v1/completions", body) as response:
         lines = response.iter_lines()
         first = []
