@@ -27,18 +27,28 @@ async def list_models(http: HttpRequest) -> HttpResponse:
     except ApiError as error:
         return error.as_json_response()
     anthropic = for_anthropic(http)
-    served = Model.objects.filter(deployments__isnull=False).distinct().order_by("name")
-    if anthropic:
-        served = served.filter(type=ModelType.LLM)
-    data = []
-    async for model in served:
-        names = [model.name, *(model.aliases or [])]
-        if may_use(api_key, names):
-            data += [model_object(name, model, anthropic) for name in names]
+    data = [
+        model_object(name, model, anthropic)
+        for name, model in await offered(api_key, llm_only=anthropic)
+    ]
     if anthropic:
         first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
         return JsonResponse({"data": data, "has_more": False, "first_id": first, "last_id": last})
     return JsonResponse({"object": "list", "data": data})
+
+
+async def offered(api_key, llm_only: bool = False) -> list[tuple[str, Model]]:
+    """Each name and alias, with its model, of the models the key may use (all, for a key
+    with no list of models) that some server has a deployment of, by name."""
+    served = Model.objects.filter(deployments__isnull=False).distinct().order_by("name")
+    if llm_only:
+        served = served.filter(type=ModelType.LLM)
+    found = []
+    async for model in served:
+        names = [model.name, *(model.aliases or [])]
+        if may_use(api_key, names):
+            found += [(name, model) for name in names]
+    return found
 
 
 @require_GET

@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from access import auth
-from backends.models import Deployment, DeploymentState, Model
+from backends.models import Deployment, DeploymentState
 
 from ..models import RequestKind
 from . import model_list
@@ -384,13 +384,8 @@ async def tags(http: HttpRequest) -> HttpResponse:
         api_key = await auth.acaller(key_of(http))
     except ApiError as error:
         return ollama_error(error)
-    served = Model.objects.filter(deployments__isnull=False).distinct().order_by("name")
-    models = []
-    async for model in served:
-        names = [model.name, *(model.aliases or [])]
-        if model_list.may_use(api_key, names):
-            models += [described(name, model.type) for name in names]
-    return JsonResponse({"models": models})
+    offered = await model_list.offered(api_key)
+    return JsonResponse({"models": [described(name, model.type) for name, model in offered]})
 
 
 @require_GET

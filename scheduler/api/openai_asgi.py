@@ -67,8 +67,9 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         return
     if raw is None:
         return
-    kind = KINDS.get(path, RequestKind.CHAT)
-    if ollama is not None:
+    if ollama is None:
+        kind = KINDS[path]
+    else:
         try:
             kind, raw, ollama = ollama_api.translate(path, raw)
         except ApiError as error:
