@@ -155,7 +155,16 @@ class ServerAdmin(admin.ModelAdmin):
 
 @admin.register(Model)
 class ModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "type", "alias_list", "load_timeout_s", "deployment_count", "servers"]
+    list_display = [
+        "name",
+        "type",
+        "alias_list",
+        "takes",
+        "context_length",
+        "load_timeout_s",
+        "deployment_count",
+        "servers",
+    ]
     list_filter = ["type", "deployments__server"]
     search_fields = ["name", "aliases"]
 
@@ -171,6 +180,12 @@ class ModelAdmin(admin.ModelAdmin):
     @admin.display(description="aliases")
     def alias_list(self, model: Model) -> str:
         return ", ".join(model.aliases or []) or "-"
+
+    @admin.display(description="takes besides text")
+    def takes(self, model: Model) -> str:
+        if model.capabilities is None:
+            return "unknown" if model.type == "llm" else "-"
+        return ", ".join(model.capabilities) or "text only"
 
     @admin.display(description="deployments", ordering="n_deployments")
     def deployment_count(self, model: Model) -> int:

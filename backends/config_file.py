@@ -34,7 +34,14 @@ SERVER_FIELDS = (
     "max_reranking",
     "memory_mb",
 )
-MODEL_FIELDS = ("type", "aliases", "load_timeout_s", "load_options")
+MODEL_FIELDS = (
+    "type",
+    "aliases",
+    "load_timeout_s",
+    "load_options",
+    "capabilities",
+    "context_length",
+)
 DEPLOYMENT_FIELDS = (
     "server_model_id",
     "enabled",

@@ -2,7 +2,8 @@
 
 Discovery only adds: an operator's models and deployments are never deleted or overwritten.
 What it writes on an existing deployment are facts the operator left empty: its size, and
-how many requests of it the server serves at once (its `slots`).
+how many requests of it the server serves at once (its `slots`); and on a model, what it
+takes besides text (its `capabilities`) where nobody has said so.
 """
 
 from dataclasses import dataclass, field, replace
@@ -80,6 +81,17 @@ def _model_type(listed: ServerModel) -> str:
     return listed.type if listed.type in ModelType.values else ModelType.LLM
 
 
+def _fill_capabilities(model: Model, listed: ServerModel, report: SyncReport) -> None:
+    """A model's capabilities, when nobody has said them yet, as the first server that says
+    them does (an operator's list, even an empty one, stays)."""
+    if model.capabilities is not None or listed.capabilities is None or model.type != "llm":
+        return
+    model.capabilities = list(listed.capabilities)
+    model.save(update_fields=["capabilities"])
+    shown = ", ".join(model.capabilities) or "none"
+    report.filled.append(f"{model.name} (capabilities: {shown})")
+
+
 @transaction.atomic
 def record(server: Server, listed: list[ServerModel], report: SyncReport) -> None:
     """Add what is missing for `listed` on `server`; fill only empty facts on what exists."""
@@ -90,6 +102,7 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
     for item in listed:
         existing = known.get(item.id)
         if existing is not None:
+            _fill_capabilities(existing.model, item, report)
             facts = {"size_mb": item.size_mb, "slots": item.slots}
             empty = [n for n, value in facts.items() if value and getattr(existing, n) is None]
             if empty:
@@ -110,6 +123,7 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
             # The operator already put this model on this server under another server name.
             report.skipped.append(f"{item.id} ({model.name} is already deployed here)")
             continue
+        _fill_capabilities(model, item, report)
         deployment = Deployment.objects.create(
             server=server,
             model=model,

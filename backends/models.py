@@ -10,6 +10,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from . import keep_loaded
+from .adapters.base import CAPABILITIES
 
 
 def validate_keep_loaded_hours(text: str) -> None:
@@ -17,6 +18,17 @@ def validate_keep_loaded_hours(text: str) -> None:
         keep_loaded.parse(text)
     except ValueError as error:
         raise ValidationError(str(error)) from error
+
+
+def validate_capabilities(value) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list) or not all(c in CAPABILITIES for c in value):
+        raise ValidationError(
+            f"{value!r}: expected a list of {', '.join(CAPABILITIES)} (or empty: none of them)"
+        )
+    if len(set(value)) != len(value):
+        raise ValidationError(f"{value!r} names a capability twice")
 
 
 def validate_base_url(url: str) -> None:
@@ -142,6 +154,20 @@ class Model(models.Model):
     load_timeout_s = models.PositiveIntegerField(default=150)
     load_options = models.JSONField(
         default=dict, blank=True, help_text="Defaults for every deployment, e.g. context size."
+    )
+    capabilities = models.JSONField(
+        null=True,
+        blank=True,
+        default=None,
+        validators=[validate_capabilities],
+        help_text='What it takes besides text, e.g. ["tools", "vision", "thinking"]; [] for none'
+        " of them; empty: unknown (discovery fills it where a server says).",
+    )
+    context_length = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Tokens of context a request may use on any of its servers; empty: unknown.",
     )
 
     class Meta:

@@ -45,6 +45,10 @@ class AdapterError(Exception):
         return self.code in (ErrorCode.CONNECTION, ErrorCode.SERVER_ERROR)
 
 
+CAPABILITIES = ("tools", "vision", "thinking")
+"""What an LLM may be known to take besides text: tool calls, images, a thinking switch."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServerModel:
     """One model as the server lists it."""
@@ -56,6 +60,8 @@ class ServerModel:
     slots: int | None = None
     """Requests of it the server serves at once, where the server says (llama-server, LM
     Studio, llama-swap over a llama-server)."""
+    capabilities: tuple[str, ...] | None = None
+    """Which of `CAPABILITIES` it has, where the server says (LM Studio, Ollama)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,15 @@ from typing import Any
 
 import httpx
 
-from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
+from .base import (
+    CAPABILITIES,
+    AdapterError,
+    ErrorCode,
+    InferenceCall,
+    LoadTarget,
+    ProgressCallback,
+    ServerModel,
+)
 from .http import OPENAI_PATHS, HttpAdapter, classify
 
 # Load fields of `POST /api/v1/models/load`; the engine-specific ones only apply to LLMs.
@@ -28,6 +36,26 @@ LLM_LOAD_FIELDS = ("eval_batch_size", "flash_attention", "num_experts", "offload
 V0_TYPES = {"llm": "llm", "vlm": "llm", "embeddings": "embedding"}
 # Status for the `type` of an `error` event in the native chat stream, for `classify`.
 CHAT_ERROR_STATUS = {"invalid_request": 400, "model_not_found": 404}
+
+
+def v1_capabilities(said: Any) -> tuple[str, ...] | None:
+    """An LLM's `capabilities` in the 0.4 listing (`vision`, `trained_for_tool_use`,
+    `reasoning`); None where it has none (embedding models)."""
+    if not isinstance(said, dict):
+        return None
+    found = {"tools": said.get("trained_for_tool_use"), "vision": said.get("vision")}
+    found["thinking"] = said.get("reasoning")
+    return tuple(name for name in CAPABILITIES if found[name])
+
+
+def v0_capabilities(entry: dict[str, Any]) -> tuple[str, ...] | None:
+    """0.3.x says images by the type `vlm` and tools by `capabilities: ["tool_use"]` (from
+    0.3.16); an older entry that says neither says nothing."""
+    said = entry.get("capabilities")
+    if entry.get("type") != "vlm" and not isinstance(said, list):
+        return None
+    tools = isinstance(said, list) and "tool_use" in said
+    return (("tools",) if tools else ()) + (("vision",) if entry.get("type") == "vlm" else ())
 
 
 class LMStudioAdapter(HttpAdapter):
@@ -66,6 +94,7 @@ class LMStudioAdapter(HttpAdapter):
                 type="embedding" if m.get("type") == "embedding" else "llm",
                 size_mb=size // 2**20 if size else None,
                 slots=parallel(loaded),
+                capabilities=v1_capabilities(m.get("capabilities")),
             )
             found.append((model, instances))
         return found
@@ -79,6 +108,7 @@ class LMStudioAdapter(HttpAdapter):
                 id=m["id"],
                 state="loaded" if loaded else "unloaded",
                 type=V0_TYPES.get(m.get("type"), "llm"),
+                capabilities=v0_capabilities(m),
             )
             found.append((model, [m["id"]] if loaded else []))
         return found

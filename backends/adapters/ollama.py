@@ -19,7 +19,15 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from . import via_chat
-from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
+from .base import (
+    CAPABILITIES,
+    AdapterError,
+    ErrorCode,
+    InferenceCall,
+    LoadTarget,
+    ProgressCallback,
+    ServerModel,
+)
 from .http import HttpAdapter, error_from_event, read_to_end, wants_usage
 
 # OpenAI sampling fields → Ollama runner options.
@@ -39,6 +47,14 @@ UNLOAD_WAIT_S = 60.0
 def full_name(name: str) -> str:
     """`llama3.2` ≡ `llama3.2:latest`: Ollama reports names with their tag."""
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def known_capabilities(said: Any) -> tuple[str, ...] | None:
+    """Ollama lists `capabilities` (`completion`, `tools`, `vision`, `thinking`, …) from 0.7;
+    an older server says nothing."""
+    if not isinstance(said, list):
+        return None
+    return tuple(name for name in CAPABILITIES if name in said)
 
 
 def runner_options(load_options: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +185,7 @@ class OllamaAdapter(HttpAdapter):
                     state="loaded" if full in running else "unloaded",
                     type="embedding" if "embedding" in capabilities else "llm",
                     size_mb=m["size"] // 2**20 if m.get("size") else None,
+                    capabilities=known_capabilities(m.get("capabilities")),
                 )
             )
         return self.with_loading(found)

@@ -88,14 +88,10 @@ def may_use(api_key, names: list[str]) -> bool:
 
 
 def model_object(name: str, model: Model, anthropic: bool = False) -> dict:
-    """A model as OpenAI's API shows one, with its type (llm, embedding, reranking), or as
-    Anthropic's does."""
+    """A model as OpenAI's API shows one, with its type (llm, embedding, reranking) and, where
+    known, what it takes besides text and its context length; or as Anthropic's does."""
     if anthropic:
         return {"type": "model", "id": name, "display_name": name, "created_at": EPOCH}
-    return {
-        "id": name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "switchyard",
-        "type": model.type,
-    }
+    shown = {"id": name, "object": "model", "created": 0, "owned_by": "switchyard"}
+    known = {"capabilities": model.capabilities, "context_length": model.context_length}
+    return {**shown, "type": model.type, **{k: v for k, v in known.items() if v is not None}}

@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
 from access import auth
-from backends.models import Deployment, DeploymentState
+from backends.models import Deployment, DeploymentState, Model
 
 from ..models import RequestKind
 from . import model_list
@@ -369,7 +369,26 @@ def last(shape: dict, said: dict) -> dict:
 # -- listing ---------------------------------------------------------------------------------
 
 DETAILS = {"format": "", "family": "", "families": None, "parameter_size": ""}
-CAPABILITIES = {"llm": ["completion"], "embedding": ["embedding"], "reranking": []}
+TYPE_CAPABILITIES = {"llm": ["completion"], "embedding": ["embedding"], "reranking": []}
+# Switchyard knows no architecture; Ollama's clients read `<architecture>.context_length`.
+ARCHITECTURE = "switchyard"
+
+
+def capabilities(model: Model) -> list[str]:
+    """Ollama's `capabilities` of a model: what its type does, then what it takes besides
+    text, where known (`tools`, `vision`, `thinking`)."""
+    return TYPE_CAPABILITIES.get(model.type, []) + list(model.capabilities or [])
+
+
+def model_info(model: Model) -> dict:
+    """Its context length, where the operator or a server has said it, under the keys
+    Ollama's clients read."""
+    if model.context_length is None:
+        return {}
+    return {
+        "general.architecture": ARCHITECTURE,
+        f"{ARCHITECTURE}.context_length": model.context_length,
+    }
 
 
 def ollama_error(error: ApiError) -> JsonResponse:
@@ -385,7 +404,7 @@ async def tags(http: HttpRequest) -> HttpResponse:
     except ApiError as error:
         return ollama_error(error)
     offered = await model_list.offered(api_key)
-    return JsonResponse({"models": [described(name, model.type) for name, model in offered]})
+    return JsonResponse({"models": [described(name, model) for name, model in offered]})
 
 
 @require_GET
@@ -402,7 +421,7 @@ async def ps(http: HttpRequest) -> HttpResponse:
         if d.model.name not in found and model_list.may_use(api_key, names):
             size = (d.size_mb or 0) * 1024 * 1024
             running = {"expires_at": None, "size_vram": size}  # none: Switchyard decides
-            found[d.model.name] = {**described(d.model.name, d.model.type, size), **running}
+            found[d.model.name] = {**described(d.model.name, d.model, size), **running}
     return JsonResponse({"models": list(found.values())})
 
 
@@ -425,13 +444,13 @@ async def show(http: HttpRequest) -> HttpResponse:
             "parameters": "",
             "template": "",
             "details": DETAILS,
-            "model_info": {},
-            "capabilities": CAPABILITIES.get(model.type, []),
+            "model_info": model_info(model),
+            "capabilities": capabilities(model),
         }
     )
 
 
-def described(name: str, model_type: str, size: int = 0) -> dict:
+def described(name: str, model: Model, size: int = 0) -> dict:
     return {
         "name": name,
         "model": name,
@@ -439,7 +458,8 @@ def described(name: str, model_type: str, size: int = 0) -> dict:
         "size": size,
         "digest": "",
         "details": DETAILS,
-        "type": model_type,
+        "type": model.type,
+        "capabilities": capabilities(model),
     }
 
 

@@ -192,6 +192,15 @@ SCHEMAS: dict[str, Any] = {
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
             "type": {"type": "string", "enum": ["llm", "embedding", "reranking"]},
+            "capabilities": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["tools", "vision", "thinking"]},
+                "description": "What it takes besides text; absent where unknown.",
+            },
+            "context_length": {
+                "type": "integer",
+                "description": "Tokens of context a request may use; absent where unknown.",
+            },
         },
     },
     "ModelList": {

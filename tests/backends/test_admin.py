@@ -79,6 +79,23 @@ def test_simulated_servers_are_marked_in_list_views(admin_client, fleet):
     assert "gpu-1 (unloaded), sim-1 (simulated) (loaded)" in models
 
 
+def test_model_list_says_what_each_takes_besides_text(admin_client, fleet):
+    """Unknown for an LLM nobody has described, the list where said, "text only" for []."""
+    factories.model("gemma", capabilities=["tools", "vision"], context_length=32768)
+    factories.model("plain", capabilities=[])
+    page = admin_client.get(changelist("model"))
+    takes = {
+        m.name: page.context["cl"].model_admin.takes(m) for m in page.context["cl"].result_list
+    }
+    assert takes == {
+        "gemma": "tools, vision",
+        "nomic-embed": "-",
+        "plain": "text only",
+        "qwen3-8b": "unknown",
+    }
+    assert "32768" in page.content.decode()
+
+
 def test_server_list_says_its_health_in_one_column(admin_client, fleet):
     """Failures in a row and the end of a cooldown beside the health; models loaded out of
     those deployed there; last seen as an age."""

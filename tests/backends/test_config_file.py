@@ -20,6 +20,8 @@ models:
     aliases: [qwen, qwen3]
     load_timeout_s: 90
     load_options: {context_length: 8192}
+    capabilities: [tools, thinking]
+    context_length: 8192
   - name: nomic-embed
     type: embedding
 servers:
@@ -52,6 +54,8 @@ name = "qwen3-8b"
 aliases = ["qwen", "qwen3"]
 load_timeout_s = 90
 load_options = { context_length = 8192 }
+capabilities = ["tools", "thinking"]
+context_length = 8192
 
 [[models]]
 name = "nomic-embed"
@@ -132,6 +136,8 @@ def test_creates_everything_then_changes_nothing(tmp_path, text, suffix):
     assert qwen.aliases == ["qwen", "qwen3"]
     assert qwen.load_options == {"context_length": 8192}
     assert qwen.load_timeout_s == 90
+    assert (qwen.capabilities, qwen.context_length) == (["tools", "thinking"], 8192)
+    assert Model.objects.get(name="nomic-embed").capabilities is None  # unknown
     assert Model.objects.get(name="nomic-embed").type == "embedding"
     pinned = Deployment.objects.get(model=qwen)
     assert (pinned.server_model_id, pinned.size_mb, pinned.pinned) == ("qwen/qwen3-8b", 5000, True)
@@ -271,6 +277,18 @@ YAML_ERRORS = {
     "load options not a mapping": (
         "models:\n  - name: a\n    load_options: [1]\n",
         ["models[0].load_options (line 3)", "expected a mapping"],
+    ),
+    "unknown capability": (
+        "models:\n  - name: a\n    capabilities: [tools, images]\n",
+        ["models[0].capabilities (line 3)", "expected a list of tools, vision, thinking"],
+    ),
+    "capability twice": (
+        "models:\n  - name: a\n    capabilities: [tools, tools]\n",
+        ["models[0].capabilities (line 3)", "names a capability twice"],
+    ),
+    "no context": (
+        "models:\n  - name: a\n    context_length: 0\n",
+        ["models[0].context_length (line 3)", "greater than or equal to 1"],
     ),
     "duplicate model": (
         "models:\n  - name: a\n  - name: a\n",

@@ -246,3 +246,33 @@ def test_command_rejects_unknown_servers_and_fails_on_unreachable_ones(server):
         call_command("sync_models", "up", "down", stdout=out)
     # The reachable server was still synced.
     assert Deployment.objects.filter(server=server).count() == 3
+
+
+def test_a_models_unknown_capabilities_are_filled_once_and_an_operators_list_stays(server):
+    """What a model takes besides text comes from the first server that says it; a list an
+    operator gave (even an empty one) is never replaced."""
+    factories.model("gemma", type="llm")
+    factories.model("qwen", type="llm", capabilities=[])
+    factories.deployment(server, "gemma", server_model_id="gemma")
+    listed = [
+        ServerModel("gemma", capabilities=("tools", "vision")),
+        ServerModel("qwen", capabilities=("tools",)),
+        ServerModel("new", capabilities=("thinking",)),
+        ServerModel("old"),
+    ]
+    report = SyncReport(server=server.name)
+
+    record(server, listed, report)
+
+    found = dict(Model.objects.values_list("name", "capabilities"))
+    assert found == {
+        "gemma": ["tools", "vision"],
+        "qwen": [],
+        "new": ["thinking"],
+        "old": None,
+    }
+    assert "gemma (capabilities: tools, vision)" in str(report)
+    again = SyncReport(server=server.name)
+    record(server, [ServerModel("gemma", capabilities=())], again)
+    assert Model.objects.get(name="gemma").capabilities == ["tools", "vision"]
+    assert not any("capabilities" in line for line in again.filled)

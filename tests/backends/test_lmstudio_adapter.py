@@ -94,6 +94,20 @@ async def test_a_loaded_llm_lists_the_predictions_it_runs_at_once(server, adapte
     assert [m.slots for m in await adapter.list_models()] == [4, None]
 
 
+async def test_the_listing_says_what_an_llm_takes_besides_text(server, adapter):
+    """LM Studio 0.4's `capabilities` (vision, tool use, reasoning): discovery fills a
+    model's unknown capabilities with them. An embedding model has none to say."""
+    said = {"vision": True, "trained_for_tool_use": True, "reasoning": {"default": "on"}}
+    plain = {"vision": False, "trained_for_tool_use": False}
+    gemma, plain = {**GEMMA, "capabilities": said}, {**GEMMA, "key": "p", "capabilities": plain}
+    server.on("GET", "/api/v1/models", listing(gemma, plain, NOMIC))
+    assert [m.capabilities for m in await adapter.list_models()] == [
+        ("tools", "vision", "thinking"),
+        (),
+        None,
+    ]
+
+
 async def test_falls_back_to_the_v0_listing_on_older_servers(server, adapter):
     server.on("GET", "/api/v1/models", Reply(200, "Unexpected endpoint or method."))
     server.on(
@@ -105,17 +119,24 @@ async def test_falls_back_to_the_v0_listing_on_older_servers(server, adapter):
                 "object": "list",
                 "data": [
                     {"id": "meta-llama-3.1-8b-instruct", "type": "llm", "state": "not-loaded"},
-                    {"id": "qwen2-vl-7b-instruct", "type": "vlm", "state": "loaded"},
+                    {
+                        "id": "qwen2-vl-7b-instruct",
+                        "type": "vlm",
+                        "state": "loaded",
+                        "capabilities": ["tool_use"],
+                    },
                     {"id": "nomic", "type": "embeddings", "state": "not-loaded"},
                 ],
             },
         ),
     )
     models = await adapter.list_models()
-    assert [(m.id, m.state, m.type) for m in models] == [
-        ("meta-llama-3.1-8b-instruct", "unloaded", "llm"),
-        ("qwen2-vl-7b-instruct", "loaded", "llm"),
-        ("nomic", "unloaded", "embedding"),
+    # Images by the type vlm, tools by `capabilities` (0.3.16+); an entry with neither
+    # says nothing of what it takes.
+    assert [(m.id, m.state, m.type, m.capabilities) for m in models] == [
+        ("meta-llama-3.1-8b-instruct", "unloaded", "llm", None),
+        ("qwen2-vl-7b-instruct", "loaded", "llm", ("tools", "vision")),
+        ("nomic", "unloaded", "embedding", None),
     ]
 
 

@@ -57,6 +57,18 @@ async def test_lists_installed_models_with_the_loaded_ones(server, adapter):
     ]
 
 
+async def test_the_listing_says_what_a_model_takes_where_the_server_says_it(server, adapter):
+    """Ollama 0.7+ lists `capabilities`; an older listing (llama3.2 here) says nothing."""
+    gemma = {"name": "gemma3:4b", "size": 1, "capabilities": ["completion", "vision", "tools"]}
+    server.on("GET", "/api/tags", Reply(200, {"models": [*TAGS["models"], gemma]}))
+    server.on("GET", "/api/ps", Reply(200, PS_NONE))
+    assert [m.capabilities for m in await adapter.list_models()] == [
+        None,
+        (),
+        ("tools", "vision"),
+    ]
+
+
 async def test_load_keeps_the_model_until_unloaded_with_its_options(server, adapter):
     server.on(
         "POST",

@@ -6,9 +6,11 @@ import json
 
 import httpx
 import ollama
+import openai
 import pytest
 
 from access.models import ApiKey
+from backends.models import Model
 from scheduler.models import Request, State
 from tests import factories
 from tests.support.openai_upstream import Upstream
@@ -33,6 +35,10 @@ def live(served, transactional_db, upstream):
 
 def client(live, **headers: str) -> ollama.Client:
     return ollama.Client(host=live.url, headers=headers or None)
+
+
+def openai_client(live) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused")
 
 
 def sent(upstream: Upstream) -> dict:
@@ -135,6 +141,32 @@ def test_tags_ps_show_and_version_say_what_may_be_asked(live):
         client(live).show("nope")
     assert unknown.value.status_code == 404
     assert httpx.get(f"{live.url}/api/version").json() == {"version": "0.12.0"}
+
+
+def test_what_a_model_takes_and_its_context_are_shown_where_clients_look(live):
+    """Tools clients (editors' Ollama providers among them) offer a model for agents only
+    when `capabilities` has `tools`, and size its prompts by `<architecture>.context_length`."""
+    Model.objects.filter(name="qwen").update(capabilities=["tools", "vision"], context_length=32768)
+
+    shown = client(live).show("qwen3:8b")
+    assert shown.capabilities == ["completion", "tools", "vision"]
+    architecture = shown.modelinfo["general.architecture"]
+    assert shown.modelinfo[f"{architecture}.context_length"] == 32768
+    tags = httpx.get(f"{live.url}/api/tags").json()["models"]
+    assert {m["name"]: m["capabilities"] for m in tags} == {
+        "nomic": ["embedding"],
+        "qwen": ["completion", "tools", "vision"],
+        "qwen3:8b": ["completion", "tools", "vision"],
+    }
+    # Unknown: only what the model's type does, and no model_info.
+    assert client(live).show("nomic").modelinfo == {}
+    # OpenAI's listing shows them too, where known.
+    listed = {m.id: m for m in openai_client(live).models.list().data}
+    assert (listed["qwen"].capabilities, listed["qwen"].context_length) == (
+        ["tools", "vision"],
+        32768,
+    )
+    assert not hasattr(listed["nomic"], "capabilities")
 
 
 def test_errors_are_ollamas_and_bad_input_stores_nothing(live):
