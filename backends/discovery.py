@@ -55,10 +55,10 @@ async def _list(server: Server, spelled: list[str]) -> list[ServerModel]:
     adapter.spell(spelled)
     try:
         listed = await adapter.list_models()
-        slots = await adapter.model_slots(listed)
+        facts = await adapter.model_facts(listed)
     finally:
         await adapter.close()
-    return [replace(m, slots=slots[m.id]) if m.id in slots else m for m in listed]
+    return [replace(m, **facts.get(m.id, {})) for m in listed]
 
 
 def listed_models(server: Server) -> list[ServerModel]:

@@ -124,9 +124,9 @@ class Adapter:
         them otherwise (Ollama adds `:latest`), so that `list_models` names them as the
         deployments do."""
 
-    async def model_slots(self, listed: list[ServerModel]) -> dict[str, int]:
-        """Slots of listed models that `list_models` could not say without a call per model
-        (for discovery only, which fills a deployment's empty `slots` with them)."""
+    async def model_facts(self, listed: list[ServerModel]) -> dict[str, dict[str, Any]]:
+        """Facts of listed models (`slots`, `capabilities`) that `list_models` could not say
+        without a call per model, by id (for discovery only, which fills what is empty)."""
         return {}
 
     async def close(self) -> None:

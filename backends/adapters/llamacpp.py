@@ -20,7 +20,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .base import AdapterError, ErrorCode, LoadTarget, ProgressCallback, ServerModel
+from .base import CAPABILITIES, AdapterError, ErrorCode, LoadTarget, ProgressCallback, ServerModel
 from .http import COUNT_TOKENS_PATHS, HttpAdapter
 from .llamacpp_slots import PromptCaches
 
@@ -67,6 +67,25 @@ def total_slots(props: dict[str, Any]) -> int | None:
     return slots if isinstance(slots, int) and slots > 0 else None
 
 
+def template_capabilities(props: dict[str, Any]) -> tuple[str, ...] | None:
+    """Tools, as its chat template takes them (`chat_template_caps`), and images, as its
+    projector does (`modalities`); llama-server says nothing of thinking. None for a build
+    that says neither."""
+    caps, modalities = props.get("chat_template_caps"), props.get("modalities")
+    if not isinstance(caps, dict) or not isinstance(modalities, dict):
+        return None
+    found = {"tools": caps.get("supports_tools"), "vision": modalities.get("vision")}
+    return tuple(name for name in CAPABILITIES if found.get(name))
+
+
+def props_facts(props: Any) -> dict[str, Any]:
+    """What a model's `/props` says that a listing does not: its slots and capabilities."""
+    if not isinstance(props, dict):
+        return {}
+    facts = {"slots": total_slots(props), "capabilities": template_capabilities(props)}
+    return {name: value for name, value in facts.items() if value is not None}
+
+
 class LlamaCppAdapter(HttpAdapter):
     # Router mode: `POST /models/unload` of a model still `loading` stops its load (it is
     # listed `unloaded`, `failed: true`, as a failed load is). A single-model server never
@@ -104,11 +123,12 @@ class LlamaCppAdapter(HttpAdapter):
         data = await self.entries()
         if self.router:
             return [ServerModel(e["id"], router_state(e), model_type(e), size_mb(e)) for e in data]
-        state, slots = await self.single_state()
-        return [ServerModel(e["id"], state, size_mb=size_mb(e), slots=slots) for e in data]
+        state, props = await self.single_state()
+        facts = props_facts(props)
+        return [ServerModel(e["id"], state, size_mb=size_mb(e), **facts) for e in data]
 
-    async def single_state(self) -> tuple[str, int | None]:
-        """Its model's state, and the slots `/props` says it has (None while loading)."""
+    async def single_state(self) -> tuple[str, dict[str, Any] | None]:
+        """Its model's state, and its `/props` (None while loading)."""
         try:
             await self.request("GET", "/health")
         except AdapterError as error:
@@ -116,11 +136,12 @@ class LlamaCppAdapter(HttpAdapter):
                 return "loading", None
             raise
         props = await self.json("GET", "/props")
-        return ("sleeping" if props.get("is_sleeping") else "loaded"), total_slots(props)
+        return ("sleeping" if props.get("is_sleeping") else "loaded"), props
 
-    async def model_slots(self, listed: list[ServerModel]) -> dict[str, int]:
-        """In router mode, each running model's slots, from its own `/props` (a model not
-        running has no instance to say them); a single-model server's come with its list."""
+    async def model_facts(self, listed: list[ServerModel]) -> dict[str, dict[str, Any]]:
+        """In router mode, each running model's slots and capabilities, from its own
+        `/props` (a model not running has no instance to say them); a single-model server's
+        come with its list."""
         if not self.router:
             return {}
         found = {}
@@ -131,8 +152,8 @@ class LlamaCppAdapter(HttpAdapter):
                 props = await self.json("GET", "/props", params={"model": m.id})
             except AdapterError:
                 continue
-            if (slots := total_slots(props)) is not None:
-                found[m.id] = slots
+            if facts := props_facts(props):
+                found[m.id] = facts
         return found
 
     async def find(self, server_model_id: str) -> dict[str, Any]:

@@ -7,13 +7,14 @@ passes llama-swap's own health check), then confirms in `/running` that the mode
 model loads with (context size...) is its `cmd` in the config; there are no load options.
 """
 
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
 from .http import TRANSPORT_ERRORS, HttpAdapter, connection_error, error_from_response
-from .llamacpp import total_slots
+from .llamacpp import props_facts
 
 RUNNING_STATES = {"ready": "loaded", "starting": "loading"}  # stopping: on its way out
 
@@ -35,11 +36,11 @@ class LlamaSwapAdapter(HttpAdapter):
             found.append(ServerModel(id=entry["id"], state=state))
         return found
 
-    async def model_slots(self, listed: list[ServerModel]) -> dict[str, int]:
-        """Each running model's slots, as its upstream's `/props` says them when it is a
-        llama-server (`total_slots`, its `--parallel`; other upstreams have no /props). Asked
-        through `/upstream/<model>/props` only while `/running` says it is ready, since that
-        passthrough would start a stopped model."""
+    async def model_facts(self, listed: list[ServerModel]) -> dict[str, dict[str, Any]]:
+        """Each running model's slots and capabilities, as its upstream's `/props` says them
+        when it is a llama-server (`total_slots`, its `--parallel`; other upstreams have no
+        /props). Asked through `/upstream/<model>/props` only while `/running` says it is
+        ready, since that passthrough would start a stopped model."""
         found = {}
         for m in listed:
             if m.state != "loaded" or (await self.running()).get(m.id) != "ready":
@@ -48,8 +49,8 @@ class LlamaSwapAdapter(HttpAdapter):
                 props = await self.json("GET", f"/upstream/{quote(m.id, safe='/')}/props")
             except AdapterError:
                 continue
-            if isinstance(props, dict) and (slots := total_slots(props)) is not None:
-                found[m.id] = slots
+            if facts := props_facts(props):
+                found[m.id] = facts
         return found
 
     async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:

@@ -63,13 +63,26 @@ async def test_single_mode_states(server, adapter):
     assert [m.state for m in await adapter.list_models()] == ["sleeping"]
 
 
-async def test_single_mode_lists_the_slots_its_props_say(server, adapter):
-    """`--parallel 4` shows as `total_slots` in `/props`: discovery fills the deployment's
-    slots with it."""
+TOOLS = {"supports_tools": True, "supports_tool_calls": True, "supports_system_role": True}
+
+
+async def test_single_mode_lists_the_slots_and_capabilities_its_props_say(server, adapter):
+    """`--parallel 4` shows as `total_slots` in `/props`, a template that takes tools as
+    `chat_template_caps.supports_tools`, a projector as `modalities.vision`: discovery fills
+    the deployment's slots and the model's unknown capabilities with them."""
+    props = {"is_sleeping": False, "total_slots": 4}
     server.on("GET", "/v1/models", Reply(200, SINGLE))
     server.on("GET", "/health", Reply(200, {"status": "ok"}))
-    server.on("GET", "/props", Reply(200, {"is_sleeping": False, "total_slots": 4}))
-    assert [m.slots for m in await adapter.list_models()] == [4]
+    server.on(
+        "GET",
+        "/props",
+        Reply(200, props),
+        Reply(200, {**props, "chat_template_caps": TOOLS, "modalities": {"vision": True}}),
+        Reply(200, {**props, "chat_template_caps": {}, "modalities": {"vision": False}}),
+    )
+    assert [(m.slots, m.capabilities) for m in await adapter.list_models()] == [(4, None)]
+    assert [m.capabilities for m in await adapter.list_models()] == [("tools", "vision")]
+    assert [m.capabilities for m in await adapter.list_models()] == [()]
 
 
 async def test_single_mode_load_waits_for_health(server, adapter):
@@ -116,14 +129,20 @@ async def test_router_lists_every_state(server, adapter):
     assert [m.state for m in await adapter.list_models()] == ["unloaded", "unloaded"]
 
 
-async def test_router_lists_the_slots_of_a_loaded_model_from_its_own_props(server, adapter):
+async def test_router_lists_the_slots_and_capabilities_of_a_loaded_model_from_its_props(
+    server, adapter
+):
     """Only a running model's instance knows its slots (`/props?model=…`); one not running
     has none listed."""
     server.on("GET", "/v1/models", router({"value": "loaded", "args": ARGS}, {"value": "unloaded"}))
-    server.on("GET", "/props", Reply(200, {"total_slots": 2}))
+    server.on(
+        "GET",
+        "/props",
+        Reply(200, {"total_slots": 2, "chat_template_caps": TOOLS, "modalities": {}}),
+    )
     listed = await adapter.list_models()
     assert server.requests_to("GET", "/props") == []  # a listing (health, status sync) asks none
-    assert await adapter.model_slots(listed) == {GEMMA: 2}
+    assert await adapter.model_facts(listed) == {GEMMA: {"slots": 2, "capabilities": ("tools",)}}
     assert [r.query for r in server.requests_to("GET", "/props")] == [{"model": [GEMMA]}]
 
 

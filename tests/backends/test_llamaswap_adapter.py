@@ -70,15 +70,15 @@ async def test_discovery_reads_a_running_llama_servers_slots_and_starts_nothing(
     server.on("GET", "/running", running("ready"))
     server.on("GET", "/upstream/qwen-7b/props", Reply(200, {"total_slots": 4}))
     listed = await adapter.list_models()
-    assert await adapter.model_slots(listed) == {"qwen-7b": 4}
+    assert await adapter.model_facts(listed) == {"qwen-7b": {"slots": 4}}
     assert ("GET", "/upstream/nomic-embed/props") not in server.calls()
 
     server.on("GET", "/running", running("stopping"))
-    assert await adapter.model_slots(listed) == {}  # stopped in between: not asked
+    assert await adapter.model_facts(listed) == {}  # stopped in between: not asked
     assert server.calls().count(("GET", "/upstream/qwen-7b/props")) == 1
     server.on("GET", "/running", running("ready"))
     server.on("GET", "/upstream/qwen-7b/props", Reply(404, "404 page not found"))
-    assert await adapter.model_slots(listed) == {}
+    assert await adapter.model_facts(listed) == {}
 
 
 async def test_load_starts_the_upstream_without_an_inference(server, adapter):

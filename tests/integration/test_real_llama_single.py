@@ -125,6 +125,32 @@ def test_llamacpp_single_mode_while_loading_then_serving(single, switchyard):
     ]
 
 
+# A chat template that takes tools: llama-server tries it with some (`--jinja`) and says so.
+TOOLS_TEMPLATE = """\
+{%- if tools %}<|system|>You may call: {{ tools | tojson }}
+{% endif -%}
+{%- for message in messages -%}<|{{ message.role }}|>{{ message.content }}
+{% endfor -%}
+{%- if add_generation_prompt %}<|assistant|>{% endif -%}
+"""
+
+
+def test_discovery_fills_what_a_model_takes_as_the_real_server_says(single, switchyard, tmp_path):
+    """The template's tools (`chat_template_caps` in /props) become the model's capabilities,
+    which apps then see in `/v1/models` and Ollama's `/api/show`."""
+    template = tmp_path / "tools.jinja"
+    template.write_text(TOOLS_TEMPLATE)
+    llama = single(tiny_gguf.SMALL.name, "--jinja", "--chat-template-file", str(template))
+    Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
+    call_command("sync_models", "one")
+    assert Model.objects.get(name=tiny_gguf.SMALL.name).capabilities == ["tools"]
+    live = switchyard()
+    shown = live.post("/api/show", {"model": tiny_gguf.SMALL.name}).json()
+    assert shown["capabilities"] == ["completion", "tools"]
+    listed = live.http.get("/v1/models").json()["data"]
+    assert [m.get("capabilities") for m in listed] == [["tools"]]
+
+
 def test_llamacpp_single_mode_sleeps_and_wakes(single, switchyard):
     llama = single(tiny_gguf.SMALL.name, "--sleep-idle-seconds", "1")
     server = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
