@@ -42,6 +42,13 @@ REQUIRED_INPUT = {
     RequestKind.MESSAGE: "messages",
     RequestKind.COUNT_TOKENS: "messages",
 }
+IMAGE_KINDS = (
+    RequestKind.CHAT,
+    RequestKind.MESSAGE,
+    RequestKind.RESPONSE,
+    RequestKind.COUNT_TOKENS,
+)
+IMAGE_PARTS = ("image_url", "image", "input_image")
 NEVER_STREAMED = (RequestKind.EMBEDDING, RequestKind.RERANK, RequestKind.COUNT_TOKENS)
 
 
@@ -72,6 +79,36 @@ def resolve(name: str, kind: str) -> Model:
 def model_not_found(name: str) -> ApiError:
     return ApiError(
         404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
+    )
+
+
+def carries_images(kind: str, body: dict[str, Any]) -> bool:
+    """Whether a message (or a response's input item) has an image part: OpenAI's
+    `image_url`, Anthropic's `image`, the Responses API's `input_image`."""
+    items = body.get(REQUIRED_INPUT[kind]) if kind in IMAGE_KINDS else None
+    if not isinstance(items, list):
+        return False
+    return any(
+        isinstance(part, dict) and part.get("type") in IMAGE_PARTS
+        for item in items
+        if isinstance(item, dict) and isinstance(item.get("content"), list)
+        for part in item["content"]
+    )
+
+
+def check_takes_images(name: str, param: str) -> None:
+    """Images for a model known to take none are refused before anything is stored: else
+    the request could wait for a load, only for the server to refuse it."""
+    model = find_model(name)
+    if model is None or model.capabilities is None or "vision" in model.capabilities:
+        return  # unknown (its server decides), or it takes them
+    takes = ", ".join(model.capabilities) or "text only"
+    raise ApiError(
+        400,
+        f"The model `{name}` does not take images (it takes {takes}); send them to a model"
+        " with vision among its capabilities (GET /v1/models lists them).",
+        param=param,
+        code="images_not_supported",
     )
 
 
@@ -147,6 +184,8 @@ def accept(
     asked = parse_priority(priority if priority not in (None, "") else body_priority)
     level, capped = limits.capped_priority(api_key, asked, Priority.NORMAL)
     limits.check_model(api_key, body["model"], names_of)
+    if carries_images(kind, body):
+        check_takes_images(body["model"], REQUIRED_INPUT[kind])
     longest = check_max_wait(max_wait) if max_wait is not None else max_wait_s(level)
     check_grace(no_server_grace_s, level, longest)
     stream = bool(body.get("stream", False)) and kind not in NEVER_STREAMED

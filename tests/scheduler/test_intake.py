@@ -51,3 +51,44 @@ def test_the_queue_bound_counts_what_was_stored_once(asked_for, stored, knobs, m
 
     assert Request.objects.count() == stored
     assert sum(queue_bound.waiting.values()) == stored
+
+
+PICTURE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+ASKED_WITH_AN_IMAGE = {
+    "chat": {"messages": [{"role": "user", "content": [{"type": "text", "text": "?"}, PICTURE]}]},
+    "message": {
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}
+        ],
+    },
+    "response": {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+}
+
+
+@pytest.mark.parametrize("kind", list(ASKED_WITH_AN_IMAGE))
+def test_images_for_a_model_known_to_take_none_are_refused_and_nothing_stored(kind) -> None:
+    """Known: refused before any load is started for it. Unknown, or a model with vision:
+    stored, for its server to answer."""
+    factories.model("text", aliases=["t"], capabilities=["tools"])
+    factories.model("unknown")
+    factories.model("seeing", capabilities=["vision"])
+    body = ASKED_WITH_AN_IMAGE[kind]
+
+    with pytest.raises(ApiError) as refused:
+        intake.accept(kind, {"model": "t", **body})
+
+    assert (refused.value.status, refused.value.code) == (400, "images_not_supported")
+    assert "does not take images (it takes tools)" in refused.value.message
+    assert Request.objects.count() == 0
+    intake.accept(kind, {"model": "unknown", **body})
+    intake.accept(kind, {"model": "seeing", **body})
+    intake.accept(kind, {"model": "t", **body, **TEXT_ONLY[kind]})
+    assert Request.objects.count() == 3
+
+
+TEXT_ONLY = {
+    "chat": {"messages": [{"role": "user", "content": [{"type": "text", "text": "?"}]}]},
+    "message": {"messages": [{"role": "user", "content": "?"}]},
+    "response": {"input": "?"},
+}

@@ -167,6 +167,17 @@ def test_what_a_model_takes_and_its_context_are_shown_where_clients_look(live):
         32768,
     )
     assert not hasattr(listed["nomic"], "capabilities")
+    # Images for a model known to take none are refused at once, in Ollama's shape.
+    Model.objects.filter(name="qwen").update(capabilities=["tools"])
+    with pytest.raises(ollama.ResponseError) as refused:
+        client(live).chat(
+            model="qwen",
+            messages=[{"role": "user", "content": "what is this?", "images": ["iVBORw0KGgo="]}],
+            stream=False,
+        )
+    assert refused.value.status_code == 400
+    assert "does not take images" in refused.value.error
+    assert not Request.objects.exists()
 
 
 def test_errors_are_ollamas_and_bad_input_stores_nothing(live):
