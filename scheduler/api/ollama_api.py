@@ -421,6 +421,8 @@ async def ps(http: HttpRequest) -> HttpResponse:
         if d.model.name not in found and model_list.may_use(api_key, names):
             size = (d.size_mb or 0) * 1024 * 1024
             running = {"expires_at": None, "size_vram": size}  # none: Switchyard decides
+            if d.model.context_length is not None:
+                running["context_length"] = d.model.context_length
             found[d.model.name] = {**described(d.model.name, d.model, size), **running}
     return JsonResponse({"models": list(found.values())})
 

@@ -158,6 +158,8 @@ def test_what_a_model_takes_and_its_context_are_shown_where_clients_look(live):
         "qwen": ["completion", "tools", "vision"],
         "qwen3:8b": ["completion", "tools", "vision"],
     }
+    running = httpx.get(f"{live.url}/api/ps").json()["models"]
+    assert [m.get("context_length") for m in running] == [None, 32768]  # nomic, qwen
     # Unknown: only what the model's type does, and no model_info.
     assert client(live).show("nomic").modelinfo == {}
     # OpenAI's listing shows them too, where known.
