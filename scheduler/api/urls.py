@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import config, jobs, keys, model_list, ollama_api, queue, servers, usage
+from . import config, jobs, keys, model_list, ollama_api, own_key, queue, servers, usage
 
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/v1/servers/<slug:name>/drain", servers.DrainServer.as_view()),
     path("api/v1/servers/<slug:name>/enable", servers.EnableServer.as_view()),
     path("api/v1/config", config.Config.as_view(), name="config"),
+    path("api/v1/key", own_key.OwnKey.as_view(), name="own-key"),
     path("api/v1/keys", keys.KeyList.as_view(), name="key-list"),
     path("api/v1/keys/<str:prefix>", keys.KeyDetail.as_view(), name="key-detail"),
     path(
