@@ -3,8 +3,11 @@
 `GET /api/v1/servers` lists each server with its health, slots in use and deployments.
 `POST /api/v1/servers/{name}/load|unload|drain|enable` records an intent: a worker's loop
 carries it out like its own decisions (see scheduler.intents), never around them. The
-answer is 202 with the intent; the server's listing shows how it went."""
+answer is 202 with the intent; the server's listing shows how it went. `POST
+/api/v1/servers/{name}/sync` asks the server what it has at once and adds what Switchyard
+does not know (discovery, `backends.discovery`)."""
 
+import logging
 from typing import Any
 
 from django.db import transaction
@@ -16,6 +19,7 @@ from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backends.discovery import sync_server
 from backends.models import Deployment, DeploymentState, Server
 
 from .. import wakeup
@@ -26,6 +30,7 @@ from .errors import ApiError
 from .intake import find_model
 
 DS = DeploymentState
+log = logging.getLogger(__name__)
 
 
 class DeploymentOut(serializers.Serializer):
@@ -367,3 +372,40 @@ class EnableServer(ServerAction):
     )
     def post(self, request: DrfRequest, name: str) -> Response:
         return super().post(request, name)
+
+
+class SyncOut(serializers.Serializer):
+    server = serializers.CharField()
+    listed = serializers.IntegerField(help_text="Models the server lists.")
+    created_models = serializers.ListField(child=serializers.CharField())
+    created_deployments = serializers.ListField(child=serializers.CharField())
+    filled = serializers.ListField(
+        child=serializers.CharField(), help_text="Empty facts filled: size, slots, capabilities."
+    )
+    skipped = serializers.ListField(child=serializers.CharField())
+    not_listed = serializers.ListField(
+        child=serializers.CharField(), help_text="Deployments whose name the server does not list."
+    )
+
+
+class SyncServer(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="Add the models a server lists (discovery, as `sync_models`) (operators)",
+        request=None,
+        responses={
+            200: SyncOut,
+            **ERRORS,
+            502: OpenApiResponse(description="The server could not be asked"),
+        },
+    )
+    def post(self, request: DrfRequest, name: str) -> Response:
+        caller = operator_of(request)
+        report = sync_server(server_named(name))
+        if report.error:
+            raise ApiError(
+                502, f"{name} could not list its models: {report.error}", code="server_unreachable"
+            )
+        log.info("models of %s synced by %s: %s", name, caller.name, report)
+        return Response(SyncOut(report).data)

@@ -15,10 +15,11 @@ from django.test import Client
 from backends.models import Deployment, Server
 from scheduler.models import Callback, Intent
 from tests import factories
-from tests.conftest import database_url
+from tests.conftest import database_url, free_port
 from tests.scheduler.test_health import web_only
 from tests.support.admin_pages import assert_renders_with_each_filter
 from tests.support.manage_process import ManageProcess
+from tests.support.openai_upstream import Upstream
 
 pytestmark = pytest.mark.usefixtures("fast_passwords")
 
@@ -209,3 +210,31 @@ def test_servers_are_listed_a_page_at_a_time_in_the_jobs_lists_shape(admin_clien
     assert seen == [(f"gpu-{i}", [f"m-gpu-{i}"]) for i in (1, 2, 3)] and cursor is None
     r = admin_client.get("/api/v1/servers", {"cursor": "!!not-ours"})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_value")
+
+
+@pytest.mark.django_db
+def test_sync_adds_what_a_server_lists_and_says_so(client):
+    """Discovery over HTTP, as `sync_models` does it: against a real HTTP server that lists
+    two models; one that does not answer is a 502 that changes nothing."""
+    upstream = Upstream(["qwen3-8b", "nomic-embed"])
+    try:
+        factories.server("up", kind="openai", base_url=upstream.url)
+        factories.server("gone", kind="openai", base_url=f"http://127.0.0.1:{free_port()}")
+        users = get_user_model()
+        client.force_login(users.objects.create_user("ops", password="x" * 12, is_staff=True))
+
+        synced = client.post("/api/v1/servers/up/sync")
+
+        assert synced.status_code == 200
+        body = synced.json()
+        assert (body["server"], body["listed"]) == ("up", 2)
+        assert sorted(body["created_models"]) == ["nomic-embed", "qwen3-8b"]
+        assert Deployment.objects.filter(server__name="up").count() == 2
+        again = client.post("/api/v1/servers/up/sync").json()
+        assert again["created_deployments"] == []
+        failed = client.post("/api/v1/servers/gone/sync")
+        assert (failed.status_code, failed.json()["error"]["code"]) == (502, "server_unreachable")
+        assert not Deployment.objects.filter(server__name="gone").exists()
+        assert client.post("/api/v1/servers/nope/sync").status_code == 404
+    finally:
+        upstream.close()
