@@ -3,11 +3,13 @@ import logging
 from django.contrib import admin, messages
 from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from dashboard.state import load_progress
 
+from .checkup import OK, WARN, check_server
 from .discovery import sync_server
 from .models import (
     Deployment,
@@ -90,7 +92,7 @@ class ServerAdmin(admin.ModelAdmin):
         "cooldown_until",
     ]
     inlines = [DeploymentInline]
-    actions = ["enable", "disable", "end_cooldown", "sync_models"]
+    actions = ["enable", "disable", "end_cooldown", "sync_models", "check_setup"]
 
     def get_queryset(self, request):
         return (
@@ -143,6 +145,19 @@ class ServerAdmin(admin.ModelAdmin):
     def end_cooldown(self, request, queryset):
         n = queryset.filter(health=Health.COOLDOWN).update(cooldown_until=None)
         self.message_user(request, f"{n} server(s) will be probed now.", messages.SUCCESS)
+
+    @admin.action(description="Check server set-up")
+    def check_setup(self, request, queryset):
+        for server in queryset:
+            report = check_server(server)
+            level = {OK: messages.SUCCESS, WARN: messages.WARNING}.get(report.worst, messages.ERROR)
+            self.message_user(
+                request,
+                format_html_join(
+                    mark_safe("<br>"), "{}", ((line,) for line in str(report).splitlines())
+                ),
+                level,
+            )
 
     @admin.action(description="Sync models from server")
     def sync_models(self, request, queryset):

@@ -147,6 +147,21 @@ def test_server_actions(admin_client, fleet):
     assert Server.objects.get(pk=real.pk).cooldown_until is None
 
 
+def test_check_setup_action_says_what_is_wrong_line_by_line(admin_client):
+    with Upstream(["qwen3-8b"]) as upstream:
+        srv = factories.server("up", kind="openai", base_url=upstream.url)
+        factories.deployment(srv, "typo", server_model_id="qwen3-8B")
+        response = admin_client.post(
+            changelist("server"),
+            {"action": "check_setup", "_selected_action": [srv.pk]},
+            follow=True,
+        )
+    [shown] = list(response.context["messages"])
+    assert shown.level_tag == "error"
+    assert "up: error<br>" in str(shown)
+    assert "the server lists no &#x27;qwen3-8B&#x27;" in str(shown)  # escaped, one line each
+
+
 def test_sync_models_action_reports_what_it_created(admin_client):
     with Upstream(["qwen3-8b", "phi-4"]) as upstream:
         srv = factories.server("up", kind="openai", base_url=upstream.url)

@@ -9,6 +9,7 @@ import openai
 import pytest
 from django.core.management import call_command
 
+from backends.checkup import OK, WARN, check_server
 from backends.models import Deployment, DeploymentState, Model, ModelType, Server
 from scheduler.models import Request, State
 from tests.integration.conftest import eventually
@@ -149,6 +150,22 @@ def test_discovery_fills_what_a_model_takes_as_the_real_server_says(single, swit
     assert shown["capabilities"] == ["completion", "tools"]
     listed = live.http.get("/v1/models").json()["data"]
     assert [m.get("capabilities") for m in listed] == [["tools"]]
+
+
+def test_check_servers_tells_the_real_server_apart_and_names_a_wrong_kind(single, router, db):
+    """The real llama-server, single-model and router, answers as llamacpp; set up as
+    `openai`, the check says Switchyard could load and unload there with kind llamacpp."""
+    llama = single(tiny_gguf.SMALL.name)
+    one = Server.objects.create(name="one", kind="llamacpp", base_url=llama.url)
+    as_openai = Server.objects.create(name="plain", kind="openai", base_url=router.url)
+    deploy(one, "tiny", tiny_gguf.SMALL.name)
+
+    checked = check_server(one)
+    assert checked.worst == OK, str(checked)
+    assert f"answers at {llama.url} as llamacpp" in str(checked)
+    wrong = check_server(as_openai)
+    assert wrong.worst == WARN
+    assert "answers as llamacpp, set up as openai" in str(wrong)
 
 
 def test_llamacpp_single_mode_sleeps_and_wakes(single, switchyard):

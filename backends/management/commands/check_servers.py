@@ -1,0 +1,27 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from backends.checkup import ERROR, check_server
+from backends.models import Server
+
+
+class Command(BaseCommand):
+    help = (
+        "Ask each server whether it is set up as Switchyard needs it: that it answers, as the"
+        " kind configured, and lists every deployment's model. Changes nothing."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("servers", nargs="*", metavar="SERVER", help="default: all")
+
+    def handle(self, *args, servers: list[str], **options) -> None:
+        found = {s.name: s for s in Server.objects.order_by("name")}
+        if missing := [name for name in servers if name not in found]:
+            raise CommandError(f"no such server: {', '.join(missing)}")
+        failed = []
+        for server in [found[name] for name in servers] or found.values():
+            report = check_server(server)
+            self.stdout.write(str(report))
+            if report.worst == ERROR:
+                failed.append(server.name)
+        if failed:
+            raise CommandError(f"to fix on: {', '.join(failed)}")
