@@ -61,7 +61,8 @@ class ServerModel:
     """Requests of it the server serves at once, where the server says (llama-server, LM
     Studio, llama-swap over a llama-server)."""
     capabilities: tuple[str, ...] | None = None
-    """Which of `CAPABILITIES` it has, where the server says (LM Studio, Ollama)."""
+    """Which of `CAPABILITIES` it has, where the server says (LM Studio, Ollama,
+    llama-server's `/props`)."""
 
 
 @dataclass(frozen=True, slots=True)
