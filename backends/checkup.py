@@ -6,7 +6,8 @@
   as `openai` that is LM Studio or Ollama works, but Switchyard cannot load or unload there;
 - whether it lists every deployment's `server_model_id` (a typo makes every load fail), and
   how many of the models it lists Switchyard does not know (`sync_models` adds them);
-- whether a deployment's `slots` agree with what the server says of them.
+- whether a deployment's `slots` agree with what the server says of them, and whether a
+  llama-server router runs as many models at once as Switchyard may keep there.
 
 It changes nothing."""
 
@@ -134,6 +135,30 @@ def identify(server: Server) -> str | None:
     return async_to_sync(_identify)(server.base_url.rstrip("/"), server.api_key)
 
 
+def router_room(server: Server) -> int | None:
+    """How many models a llama-server router runs at once (`--models-max`, as its `/props`
+    says it); None for no limit, or for any other server."""
+    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+    try:
+        with httpx.Client(base_url=server.base_url, headers=headers, timeout=PROBE_TIMEOUT_S) as c:
+            props = c.get("/props").json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(props, dict) or props.get("role") != "router":
+        return None
+    room = props.get("max_instances")
+    return room if isinstance(room, int) and room > 0 else None
+
+
+def room_held(server: Server) -> int:
+    """How many models Switchyard may keep loaded there at once: its room for each type it
+    has a deployment of."""
+    types = set(server.deployments.values_list("model__type", flat=True))
+    room = {"llm": server.max_llm, "embedding": server.max_embedding}
+    room["reranking"] = server.max_reranking
+    return sum(n for kind, n in room.items() if kind in types) or server.max_llm
+
+
 def check_server(server: Server) -> Checkup:
     report = Checkup(server.name)
     if server.is_simulated:
@@ -157,6 +182,8 @@ def _check_kind(server: Server, report: Checkup) -> None:
         report.add(ERROR, f"nothing at {server.base_url} answers as a server Switchyard knows")
     elif found == server.kind:
         report.add(OK, f"answers at {server.base_url} as {found}")
+        if found == ServerKind.LLAMACPP:
+            _check_router_room(server, report)
     elif server.kind == ServerKind.OPENAI and found in CONTROLLED:
         report.add(
             WARN,
@@ -171,6 +198,18 @@ def _check_kind(server: Server, report: Checkup) -> None:
         )
     else:
         report.add(ERROR, f"answers as {found}, set up as {server.kind}: set kind {found}")
+
+
+def _check_router_room(server: Server, report: Checkup) -> None:
+    room, held = router_room(server), room_held(server)
+    if room is not None and room < held:
+        report.add(
+            WARN,
+            f"the router runs at most {room} models at once (--models-max) and stops the"
+            f" least recently used by itself beyond that, but Switchyard may keep {held}"
+            f" there (max LLMs and the room for each other type deployed): lower them to"
+            f" {room} in all, or start the router with --models-max {held} (0: no limit)",
+        )
 
 
 def _check_models(server: Server, listed: list[ServerModel], report: Checkup) -> None:

@@ -104,3 +104,25 @@ def test_nothing_answering_is_an_error_and_the_command_fails_on_it(server):
     call_command("check_servers", "fine", stdout=StringIO())  # only the one asked: no error
     with pytest.raises(CommandError, match="no such server: nope"):
         call_command("check_servers", "nope")
+
+
+def test_a_router_that_runs_fewer_models_than_switchyard_may_keep_there(server):
+    """The router stops the least recently used model by itself beyond --models-max:
+    Switchyard keeping more there would see its models vanish."""
+    server.on("GET", "/props", Reply(200, {"role": "router", "max_instances": 1}))
+    server.on(
+        "GET",
+        "/v1/models",
+        Reply(200, {"data": [{"id": i, "status": {"value": "unloaded"}} for i in "me"]}),
+    )
+    srv = factories.server("router", kind="llamacpp", base_url=server.url, max_llm=1)
+    factories.deployment(srv, "m")
+    assert check_server(srv).worst == OK  # one LLM in a room for one
+
+    factories.model("e", type="embedding")
+    factories.deployment(srv, "e")
+    report = check_server(srv)
+
+    assert report.worst == WARN
+    assert "the router runs at most 1 models at once (--models-max)" in str(report)
+    assert "Switchyard may keep 2 there" in str(report)

@@ -166,6 +166,14 @@ def test_check_servers_tells_the_real_server_apart_and_names_a_wrong_kind(single
     wrong = check_server(as_openai)
     assert wrong.worst == WARN
     assert "answers as llamacpp, set up as openai" in str(wrong)
+    # The router runs one model at once (--models-max 1): an LLM and an embedding model
+    # kept by Switchyard would have it stop one behind Switchyard's back.
+    routed = Server.objects.create(name="routed", kind="llamacpp", base_url=router.url)
+    deploy(routed, "tiny-llm", "tiny")
+    deploy(routed, "tiny-embed", "embed", ModelType.EMBEDDING)
+    crowded = check_server(routed)
+    assert crowded.worst == WARN, str(crowded)
+    assert "the router runs at most 1 models at once" in str(crowded)
 
 
 def test_llamacpp_single_mode_sleeps_and_wakes(single, switchyard):
