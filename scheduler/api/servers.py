@@ -5,7 +5,8 @@
 carries it out like its own decisions (see scheduler.intents), never around them. The
 answer is 202 with the intent; the server's listing shows how it went. `POST
 /api/v1/servers/{name}/sync` asks the server what it has at once and adds what Switchyard
-does not know (discovery, `backends.discovery`)."""
+does not know (discovery, `backends.discovery`); `GET /api/v1/servers/{name}/check` says
+whether it is set up as Switchyard needs it (`backends.checkup`)."""
 
 import logging
 from typing import Any
@@ -19,6 +20,7 @@ from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backends.checkup import check_server
 from backends.discovery import sync_server
 from backends.models import Deployment, DeploymentState, Server
 
@@ -409,3 +411,27 @@ class SyncServer(APIView):
             )
         log.info("models of %s synced by %s: %s", name, caller.name, report)
         return Response(SyncOut(report).data)
+
+
+class FindingOut(serializers.Serializer):
+    level = serializers.ChoiceField(choices=["ok", "warning", "error"])
+    text = serializers.CharField()
+
+
+class CheckOut(serializers.Serializer):
+    server = serializers.CharField()
+    worst = serializers.CharField(help_text="The worst level of its findings.")
+    findings = FindingOut(many=True)
+
+
+class CheckServer(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="Is a server set up as Switchyard needs it? (as `check_servers`) (operators)",
+        responses={200: CheckOut, **ERRORS},
+    )
+    def get(self, request: DrfRequest, name: str) -> Response:
+        operator_of(request)
+        report = check_server(server_named(name))
+        return Response(CheckOut({**vars(report), "worst": report.worst}).data)

@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/v1/servers/<slug:name>/drain", servers.DrainServer.as_view()),
     path("api/v1/servers/<slug:name>/enable", servers.EnableServer.as_view()),
     path("api/v1/servers/<slug:name>/sync", servers.SyncServer.as_view()),
+    path("api/v1/servers/<slug:name>/check", servers.CheckServer.as_view()),
     path("api/v1/config", config.Config.as_view(), name="config"),
     path("api/v1/key", own_key.OwnKey.as_view(), name="own-key"),
     path("api/v1/keys", keys.KeyList.as_view(), name="key-list"),

@@ -238,3 +238,26 @@ def test_sync_adds_what_a_server_lists_and_says_so(client):
         assert client.post("/api/v1/servers/nope/sync").status_code == 404
     finally:
         upstream.close()
+
+
+@pytest.mark.django_db
+def test_check_says_what_is_wrong_with_a_server_as_data(client):
+    upstream = Upstream(["qwen3-8b"])
+    try:
+        srv = factories.server("up", kind="openai", base_url=upstream.url)
+        factories.deployment(srv, "typo", server_model_id="qwen3-8B")
+        assert client.get("/api/v1/servers/up/check").status_code == 401
+        users = get_user_model()
+        client.force_login(users.objects.create_user("ops", password="x" * 12, is_staff=True))
+
+        body = client.get("/api/v1/servers/up/check").json()
+
+        assert (body["server"], body["worst"]) == ("up", "error")
+        assert body["findings"][0] == {
+            "level": "ok",
+            "text": f"answers at {upstream.url} as openai",
+        }
+        assert any("lists no 'qwen3-8B'" in f["text"] for f in body["findings"])
+        assert client.get("/api/v1/servers/nope/check").status_code == 404
+    finally:
+        upstream.close()
