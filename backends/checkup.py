@@ -1,5 +1,6 @@
-"""Is a server set up as Switchyard needs it? `manage.py check_servers` and the admin's
-*Check server* action ask each server and say, line by line, what is right and what is not:
+"""Is a server set up as Switchyard needs it? `manage.py check_servers`, the admin's *Check
+server set-up* action and `GET /api/v1/servers/{name}/check` ask each server and say, line by
+line, what is right and what is not:
 
 - whether it answers, and which kind of server it answers as (`identify`: read-only GETs
   that each kind answers in a way of its own), against the kind configured: a server set up
@@ -25,7 +26,7 @@ from .models import Server, ServerKind
 PROBE_TIMEOUT_S = 5.0
 CONTROLLED = {k for k in ServerKind.values if k not in (ServerKind.OPENAI, ServerKind.SIMULATED)}
 OK, WARN, ERROR = "ok", "warning", "error"
-MARKS = {OK: "  ok", WARN: "  ! ", ERROR: "  ✗ "}
+MARKS = {OK: "✓", WARN: "!", ERROR: "✗"}
 
 
 @dataclass
@@ -49,7 +50,7 @@ class Checkup:
 
     def __str__(self) -> str:
         lines = [f"{self.server}: {self.worst}"]
-        return "\n".join(lines + [f"{MARKS[f.level]} {f.text}" for f in self.findings])
+        return "\n".join(lines + [f"  {MARKS[f.level]} {f.text}" for f in self.findings])
 
 
 Probe = Callable[[httpx.AsyncClient], Awaitable[bool]]
