@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from backends.checkup import ERROR, check_server
+from backends.management.servers import servers_named
 from backends.models import Server
 
 
@@ -14,11 +15,8 @@ class Command(BaseCommand):
         parser.add_argument("servers", nargs="*", metavar="SERVER", help="default: all")
 
     def handle(self, *args, servers: list[str], **options) -> None:
-        found = {s.name: s for s in Server.objects.order_by("name")}
-        if missing := [name for name in servers if name not in found]:
-            raise CommandError(f"no such server: {', '.join(missing)}")
         failed = []
-        for server in [found[name] for name in servers] or found.values():
+        for server in servers_named(servers, default=Server.objects.order_by("name")):
             report = check_server(server)
             self.stdout.write(str(report))
             if report.worst == ERROR:

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from backends.discovery import sync_server
+from backends.management.servers import servers_named
 from backends.models import Server
 
 
@@ -14,16 +15,8 @@ class Command(BaseCommand):
         parser.add_argument("servers", nargs="*", metavar="SERVER", help="default: all enabled")
 
     def handle(self, *args, servers: list[str], **options) -> None:
-        if servers:
-            found = {s.name: s for s in Server.objects.filter(name__in=servers)}
-            missing = [name for name in servers if name not in found]
-            if missing:
-                raise CommandError(f"no such server: {', '.join(missing)}")
-            targets = [found[name] for name in servers]
-        else:
-            targets = list(Server.objects.filter(enabled=True))
         failed = []
-        for server in targets:
+        for server in servers_named(servers, default=Server.objects.filter(enabled=True)):
             report = sync_server(server)
             self.stdout.write(str(report))
             if report.error:
