@@ -124,6 +124,10 @@ async def _identify(base_url: str, api_key: str) -> str | None:
     async with httpx.AsyncClient(
         base_url=base_url, headers=headers, timeout=PROBE_TIMEOUT_S
     ) as client:
+        try:
+            await client.get("/")
+        except httpx.TransportError:
+            return None  # nothing answers there: each probe would wait its timeout for it
         for kind, probe in PROBES:
             if await probe(client):
                 return kind
