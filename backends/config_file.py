@@ -297,7 +297,7 @@ def _check_aliases(models: dict[str, Model], located: dict[str, tuple[str, dict]
     """An alias may not be another model's name or alias: a request must mean one model."""
     owner: dict[str, str] = {}
     for other in Model.objects.order_by("name"):
-        for public in [other.name, *(other.aliases or [])]:
+        for public in other.names:
             owner.setdefault(public, other.name)
     for name, model in models.items():
         for alias in model.aliases:

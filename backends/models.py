@@ -176,6 +176,11 @@ class Model(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def names(self) -> list[str]:
+        """Every name apps may ask for it by: its own, then its aliases."""
+        return [self.name, *(self.aliases or [])]
+
 
 class Deployment(models.Model):
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="deployments")

@@ -117,7 +117,7 @@ def names_of(name: str) -> list[str]:
     model = Model.objects.filter(name=name).first() or next(
         (m for m in Model.objects.all() if name in (m.aliases or [])), None
     )
-    return [model.name, *(model.aliases or [])] if model else []
+    return model.names if model else []
 
 
 def parse_priority(value: Any) -> int | None:

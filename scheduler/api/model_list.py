@@ -45,9 +45,8 @@ async def offered(api_key, llm_only: bool = False) -> list[tuple[str, Model]]:
         served = served.filter(type=ModelType.LLM)
     found = []
     async for model in served:
-        names = [model.name, *(model.aliases or [])]
-        if may_use(api_key, names):
-            found += [(name, model) for name in names]
+        if may_use(api_key, model.names):
+            found += [(name, model) for name in model.names]
     return found
 
 

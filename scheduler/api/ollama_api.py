@@ -417,8 +417,7 @@ async def ps(http: HttpRequest) -> HttpResponse:
     loaded = Deployment.objects.filter(state=DeploymentState.LOADED).select_related("model")
     found: dict[str, dict] = {}
     async for d in loaded.order_by("model__name"):
-        names = [d.model.name, *(d.model.aliases or [])]
-        if d.model.name not in found and model_list.may_use(api_key, names):
+        if d.model.name not in found and model_list.may_use(api_key, d.model.names):
             size = (d.size_mb or 0) * 1024 * 1024
             running = {"expires_at": None, "size_vram": size}  # none: Switchyard decides
             if d.model.context_length is not None:
