@@ -12,7 +12,7 @@ line, what is right and what is not:
 
 It changes nothing."""
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +53,6 @@ class Checkup:
         return "\n".join(lines + [f"  {MARKS[f.level]} {f.text}" for f in self.findings])
 
 
-Probe = Callable[[httpx.AsyncClient], Awaitable[bool]]
-
-
 async def _json(client: httpx.AsyncClient, path: str) -> Any:
     """The JSON a GET of `path` answers with 200, else None."""
     try:
@@ -65,90 +62,84 @@ async def _json(client: httpx.AsyncClient, path: str) -> Any:
         return None
 
 
-async def _lmstudio(client: httpx.AsyncClient) -> bool:
+def _lmstudio(body: Any) -> bool:
     # What `lms` and LM Studio's SDK probe: LM Studio answers 200 to any path, so a 200
     # alone proves nothing.
-    return (await _json(client, "/lmstudio-greeting") or {}) == {"lmstudio": True}
+    return body == {"lmstudio": True}
 
 
-async def _ollama(client: httpx.AsyncClient) -> bool:
-    try:
-        return (await client.get("/")).text.strip() == "Ollama is running"
-    except httpx.HTTPError:
-        return False
-
-
-async def _llamaswap(client: httpx.AsyncClient) -> bool:
-    body = await _json(client, "/running")
+def _llamaswap(body: Any) -> bool:
     return isinstance(body, dict) and isinstance(body.get("running"), list)
 
 
-async def _lemonade(client: httpx.AsyncClient) -> bool:
-    body = await _json(client, "/api/v1/health")
+def _lemonade(body: Any) -> bool:
     return isinstance(body, dict) and ("all_models_loaded" in body or "model_loaded" in body)
 
 
-async def _llamacpp(client: httpx.AsyncClient) -> bool:
-    body = await _json(client, "/props")
+def _llamacpp(body: Any) -> bool:
     return isinstance(body, dict) and (
         "default_generation_settings" in body or body.get("role") == "router"
     )
 
 
-async def _vllm(client: httpx.AsyncClient) -> bool:
-    body = await _json(client, "/v1/models")
+def _vllm(body: Any) -> bool:
     data = body.get("data") if isinstance(body, dict) else None
     return bool(data) and all(isinstance(m, dict) and m.get("owned_by") == "vllm" for m in data)
 
 
-async def _openai(client: httpx.AsyncClient) -> bool:
-    body = await _json(client, "/v1/models")
+def _openai(body: Any) -> bool:
     return isinstance(body, dict) and isinstance(body.get("data"), list)
 
 
-# In this order: the first that says yes names the kind (llama-swap before llama.cpp, whose
-# servers it may run; any OpenAI-compatible server last).
-PROBES: tuple[tuple[str, Probe], ...] = (
-    (ServerKind.LMSTUDIO, _lmstudio),
-    (ServerKind.OLLAMA, _ollama),
-    (ServerKind.LLAMASWAP, _llamaswap),
-    (ServerKind.LEMONADE, _lemonade),
-    (ServerKind.LLAMACPP, _llamacpp),
-    (ServerKind.VLLM, _vllm),
-    (ServerKind.OPENAI, _openai),
+# After Ollama (told by its `GET /` text), in this order: the first whose path answers as
+# it says names the kind (llama-swap before llama.cpp, whose servers it may run; any
+# OpenAI-compatible server last). Each path is asked once.
+PROBES: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
+    (ServerKind.LMSTUDIO, "/lmstudio-greeting", _lmstudio),
+    (ServerKind.LLAMASWAP, "/running", _llamaswap),
+    (ServerKind.LEMONADE, "/api/v1/health", _lemonade),
+    (ServerKind.LLAMACPP, "/props", _llamacpp),
+    (ServerKind.VLLM, "/v1/models", _vllm),
+    (ServerKind.OPENAI, "/v1/models", _openai),
 )
 
 
-async def _identify(base_url: str, api_key: str) -> str | None:
+@dataclass
+class Identified:
+    kind: str | None  # None: nothing answers, or not as any kind Switchyard knows
+    said: dict[str, Any] = field(default_factory=dict)  # what each path asked answered
+
+
+async def _identify(base_url: str, api_key: str) -> Identified:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    found = Identified(None)
     async with httpx.AsyncClient(
         base_url=base_url, headers=headers, timeout=PROBE_TIMEOUT_S
     ) as client:
         try:
-            await client.get("/")
+            root = await client.get("/")
         except httpx.TransportError:
-            return None  # nothing answers there: each probe would wait its timeout for it
-        for kind, probe in PROBES:
-            if await probe(client):
-                return kind
-    return None
+            return found  # nothing answers there: each probe would wait its timeout for it
+        if root.text.strip() == "Ollama is running":
+            found.kind = ServerKind.OLLAMA
+            return found
+        for kind, path, answers_as in PROBES:
+            if path not in found.said:
+                found.said[path] = await _json(client, path)
+            if answers_as(found.said[path]):
+                found.kind = kind
+                return found
+    return found
 
 
-def identify(server: Server) -> str | None:
-    """The kind of server that answers at the server's address; None if none answers as
-    any kind Switchyard knows (or nothing answers)."""
+def identify(server: Server) -> Identified:
+    """Which kind of server answers at the server's address, and what it said."""
     return async_to_sync(_identify)(server.base_url.rstrip("/"), server.api_key)
 
 
-def router_room(server: Server) -> int | None:
+def router_room(props: Any) -> int | None:
     """How many models a llama-server router runs at once (`--models-max`, as its `/props`
-    says it); None for no limit, or for any other server."""
-    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
-    try:
-        with httpx.Client(base_url=server.base_url, headers=headers, timeout=PROBE_TIMEOUT_S) as c:
-            props = c.get("/props").json()
-    except (httpx.HTTPError, ValueError):
-        return None
+    says it); None for no limit, or for a server that is no router."""
     if not isinstance(props, dict) or props.get("role") != "router":
         return None
     room = props.get("max_instances")
@@ -182,13 +173,14 @@ def check_server(server: Server) -> Checkup:
 
 
 def _check_kind(server: Server, report: Checkup) -> None:
-    found = identify(server)
+    identified = identify(server)
+    found = identified.kind
     if found is None:
         report.add(ERROR, f"nothing at {server.base_url} answers as a server Switchyard knows")
     elif found == server.kind:
         report.add(OK, f"answers at {server.base_url} as {found}")
         if found == ServerKind.LLAMACPP:
-            _check_router_room(server, report)
+            _check_router_room(server, router_room(identified.said.get("/props")), report)
     elif server.kind == ServerKind.OPENAI and found in CONTROLLED:
         report.add(
             WARN,
@@ -205,8 +197,8 @@ def _check_kind(server: Server, report: Checkup) -> None:
         report.add(ERROR, f"answers as {found}, set up as {server.kind}: set kind {found}")
 
 
-def _check_router_room(server: Server, report: Checkup) -> None:
-    room, held = router_room(server), room_held(server)
+def _check_router_room(server: Server, room: int | None, report: Checkup) -> None:
+    held = room_held(server)
     if room is not None and room < held:
         report.add(
             WARN,

@@ -29,7 +29,7 @@ ANSWERS = {
 @pytest.mark.parametrize("kind", list(ANSWERS))
 def test_each_kind_is_told_by_what_it_alone_answers(server, kind):
     server.on(*ANSWERS[kind])
-    assert identify(Server(name="s", kind="openai", base_url=server.url)) == kind
+    assert identify(Server(name="s", kind="openai", base_url=server.url)).kind == kind
     assert all(seen.method == "GET" for seen in server.seen)  # asking changes nothing there
 
 
@@ -37,7 +37,7 @@ def test_lm_studio_answering_any_path_is_not_taken_for_another_kind(server):
     """LM Studio answers 200 "Unexpected endpoint" to every unknown path."""
     for path in ("/", "/running", "/api/v1/health", "/props", "/v1/models"):
         server.on("GET", path, Reply(200, "Unexpected endpoint or method. (GET). Returning 200"))
-    assert identify(Server(name="s", base_url=server.url)) is None
+    assert identify(Server(name="s", base_url=server.url)).kind is None
 
 
 def listing(*ids: str) -> Reply:
