@@ -150,9 +150,7 @@ def room_held(server: Server) -> int:
     """How many models Switchyard may keep loaded there at once: its room for each type it
     has a deployment of."""
     types = set(server.deployments.values_list("model__type", flat=True))
-    room = {"llm": server.max_llm, "embedding": server.max_embedding}
-    room["reranking"] = server.max_reranking
-    return sum(n for kind, n in room.items() if kind in types) or server.max_llm
+    return sum(n for kind, n in server.room.items() if kind in types) or server.max_llm
 
 
 def check_server(server: Server) -> Checkup:

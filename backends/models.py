@@ -146,6 +146,15 @@ class Server(models.Model):
     def is_simulated(self) -> bool:
         return self.kind == ServerKind.SIMULATED
 
+    @property
+    def room(self) -> dict[str, int]:
+        """How many models of each type it may hold at once."""
+        return {
+            "llm": self.max_llm,
+            "embedding": self.max_embedding,
+            "reranking": self.max_reranking,
+        }
+
 
 class Model(models.Model):
     name = models.CharField(max_length=200, unique=True, help_text="The name apps ask for.")

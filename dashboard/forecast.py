@@ -38,7 +38,7 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
         Host(
             s.pk,
             s.slots,
-            {"llm": s.max_llm, "embedding": s.max_embedding, "reranking": s.max_reranking},
+            s.room,
             available(s, now),
         )
         for s in Server.objects.all()
