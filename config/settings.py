@@ -190,6 +190,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "scheduler.api.openapi.complete",
+        "scheduler.api.ollama_openapi.complete",
     ],
     # /api/docs/ serves Swagger UI from the drf-spectacular-sidecar package, not a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -5,9 +5,9 @@ Ollama's `{"error": "…"}`, not OpenAI's."""
 from typing import Any
 
 from .ollama_api import LISTING, NDJSON, OPTIONS, PATHS
+from .openapi import json_body, ref
 
 TAG = "ollama"
-REF = "#/components/schemas/"
 ERROR_CODES = {
     400: "Bad input",
     401: "No key",
@@ -24,13 +24,8 @@ CALL_ERRORS = (400, 401, 403, 404, 405, 413, 429, 500, 502, 503)
 PATH_SET = frozenset((*PATHS, *LISTING))
 
 
-def ref(name: str) -> dict[str, str]:
-    return {"$ref": REF + name}
-
-
 def errors(*codes: int) -> dict[str, Any]:
-    schema = {"application/json": {"schema": ref("OllamaError")}}
-    return {str(c): {"description": ERROR_CODES[c], "content": schema} for c in codes}
+    return {str(c): json_body(ref("OllamaError"), ERROR_CODES[c]) for c in codes}
 
 
 MODEL = {"type": "string", "description": "A model's name or alias, as `/api/tags` lists it."}
@@ -168,10 +163,7 @@ def read(method: str, summary: str, answer: str, body: str | None = None) -> dic
         "summary": summary,
         "tags": [TAG],
         "responses": {
-            "200": {
-                "description": summary,
-                "content": {"application/json": {"schema": ref(answer)}},
-            },
+            "200": json_body(ref(answer), summary),
             **errors(400, 401, 403, 404, 405),
         },
     }
@@ -193,3 +185,11 @@ def paths() -> dict[str, Any]:
         "/api/show": read("post", "What a model can do", "OllamaShow", "OllamaShowRequest"),
         "/api/version": read("get", "The Ollama API followed", "OllamaAnswer"),
     }
+
+
+def complete(result: dict[str, Any], generator, request, public: bool) -> dict[str, Any]:
+    """drf-spectacular's postprocessing hook, after `openapi.complete`: Ollama's paths and
+    the schemas they use."""
+    result.setdefault("components", {}).setdefault("schemas", {}).update(SCHEMAS)
+    result["paths"].update(paths())
+    return result

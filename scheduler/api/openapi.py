@@ -1,6 +1,7 @@
 """What drf-spectacular cannot see, added to the schema it generates: the bare-ASGI inference
 endpoints, the plain Django views (`/v1/models`, a job's GET and DELETE, health, metrics),
-the error shape on every operation, and the headers; Ollama's API from `ollama_openapi`.
+the error shape on every operation, and the headers (Ollama's API: `ollama_openapi`, the
+hook after this one).
 Kept next to the code it describes; tests/scheduler/test_openapi.py checks every URL the app
 routes is in the schema."""
 
@@ -10,7 +11,6 @@ from access.models import STREAM_PROGRESS
 
 from .. import reasons
 from ..models import RequestKind
-from . import ollama_openapi
 
 ERROR_CODES = {
     400: "Bad input: the body, a field or a parameter (`param` names it)",
@@ -470,7 +470,7 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
     """drf-spectacular's postprocessing hook: add what it cannot see, and the error shape,
     security and headers on what it generated."""
     components = result.setdefault("components", {})
-    components.setdefault("schemas", {}).update({**SCHEMAS, **ollama_openapi.SCHEMAS})
+    components.setdefault("schemas", {}).update(SCHEMAS)
     schemes = components.setdefault("securitySchemes", {})
     schemes["staffSession"] = {"type": "apiKey", "in": "cookie", "name": "sessionid"}
     schemes["metricsToken"] = {"type": "http", "scheme": "bearer"}
@@ -488,5 +488,5 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
                 operation.setdefault("parameters", []).append(PRIORITY_HEADER)
                 responses["202"]["headers"] = {"Location": {"schema": {"type": "string"}}}
                 responses.update(errors(404, 413, 415, 429))
-    result["paths"].update({**paths(), **ollama_openapi.paths()})
+    result["paths"].update(paths())
     return result
