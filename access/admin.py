@@ -13,7 +13,7 @@ from .models import KEY_MARK, ApiKey, Team, masked
 
 def used_against(used: dict[str, float], most_s: int | None, most_tokens: int | None) -> str:
     """Today's use beside the daily quotas, as the admin shows it."""
-    tokens = int(used["prompt_tokens"] + used["completion_tokens"])
+    tokens = usage.tokens(used)
     seconds = f"{used['processing_s']:.0f} s of processing"
     if most_s is not None:
         seconds += f" of {most_s}"
@@ -93,7 +93,7 @@ class UsageColumns:
         used = getattr(holder, "listed_usage", None)
         if not used:
             return "-"
-        tokens = int(used["prompt_tokens"] + used["completion_tokens"])
+        tokens = usage.tokens(used)
         n = used["requests"]
         return (
             f"{n} request{'' if n == 1 else 's'} · {tokens:,} tokens · {used['processing_s']:.0f} s"

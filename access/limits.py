@@ -81,7 +81,7 @@ def check_daily_quota(holder: ApiKey | Team, now) -> None:
         return
     used = usage.today(now, **usage.of(holder))
     who = f"The team {holder.name}" if isinstance(holder, Team) else "This API key"
-    tokens = int(used["prompt_tokens"] + used["completion_tokens"])
+    tokens = usage.tokens(used)
     most_s, most_tokens = holder.daily_processing_s, holder.daily_tokens
     if most_s is not None and used["processing_s"] >= most_s:
         spent = f"{used['processing_s']:.0f} s of processing, its quota of {most_s} s a day"

@@ -68,7 +68,7 @@ def add_shares(
 ) -> None:
     """The share of each daily quota `holder` has that its `figures` of today used."""
     figures = figures or dict.fromkeys(usage.FIELDS, 0)
-    tokens = figures["prompt_tokens"] + figures["completion_tokens"]
+    tokens = usage.tokens(figures)
     for name, most, spent in (
         ("processing_seconds", holder.daily_processing_s, figures["processing_s"]),
         ("tokens", holder.daily_tokens, tokens),

@@ -96,6 +96,11 @@ def usage(
     return dict(total)
 
 
+def tokens(figures: dict[str, float]) -> int:
+    """The tokens a daily quota counts: prompt and completion."""
+    return int(figures["prompt_tokens"] + figures["completion_tokens"])
+
+
 def midnights(now: datetime) -> tuple[datetime, datetime]:
     """The UTC midnights that begin and end `now`'s day (an aware UTC time)."""
     start = now.replace(hour=0, minute=0, second=0, microsecond=0)

@@ -80,11 +80,10 @@ KEY_FIELDS = (
 
 def left(holder: ApiKey | Team, used: dict[str, float]) -> dict[str, Any]:
     """What the holder's daily quotas leave today (never below 0); null where it has none."""
-    tokens = int(used["prompt_tokens"] + used["completion_tokens"])
     most_s, most_tokens = holder.daily_processing_s, holder.daily_tokens
     return {
         "processing_s": None if most_s is None else max(0.0, most_s - used["processing_s"]),
-        "tokens": None if most_tokens is None else max(0, most_tokens - tokens),
+        "tokens": None if most_tokens is None else max(0, most_tokens - usage.tokens(used)),
     }
 
 
