@@ -428,8 +428,8 @@ async def ps(http: HttpRequest) -> HttpResponse:
 
 @require_POST
 async def show(http: HttpRequest) -> HttpResponse:
-    """`POST /api/show` `{"model"}`: what a model can do (`completion`, `embedding`), as
-    retrieving it from `/v1/models` finds it."""
+    """`POST /api/show` `{"model"}`: what a model can do (`capabilities`) and its context
+    length where known (`model_info`), as retrieving it from `/v1/models` finds it."""
     try:
         api_key = await auth.acaller(key_of(http))
         body = parse_json(http.body)
