@@ -2,12 +2,13 @@
 
 Checked inside the transaction that stores the request, after locking the key's row, so two
 web processes cannot both let through the request that crosses a limit. A refused request
-stores nothing."""
+stores nothing. What is left of the key's requests a minute and daily tokens is told in
+OpenAI's `x-ratelimit-*` headers, which clients and gateways read to slow down."""
 
 import math
 from datetime import timedelta
 
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from scheduler.api.errors import ApiError
@@ -50,35 +51,44 @@ def capped_priority(api_key: ApiKey | None, asked: int | None, default: int) -> 
     return level, ""
 
 
-def admit(api_key: ApiKey | None) -> None:
+def admit(api_key: ApiKey | None) -> dict[str, str]:
     """429 if the key or its team used a daily quota, or the key sent `rpm` requests in the
     last minute or has `max_waiting` waiting. Call inside the transaction that stores the
-    request."""
+    request. Returns the `x-ratelimit-*` headers its answer carries (none without an `rpm`
+    or a daily token quota)."""
     if api_key is None:
-        return
+        return {}
     paced = api_key.rpm is not None or api_key.max_waiting is not None
     if paced:  # serializes this key's arrivals (on PostgreSQL; SQLite's writers are serial)
         list(ApiKey.objects.select_for_update().filter(pk=api_key.pk).values_list("pk"))
     now = timezone.now()
-    check_daily_quotas(api_key, now)
+    headers = check_daily_quotas(api_key, now)
     if paced:
-        check_pace(api_key, now)
+        headers |= check_pace(api_key, now)
+    return headers
 
 
-def check_daily_quotas(api_key: ApiKey, now) -> None:
-    """The key's daily quotas, then its team's."""
-    check_daily_quota(api_key, now)
+def check_daily_quotas(api_key: ApiKey, now) -> dict[str, str]:
+    """The key's daily quotas, then its team's; the tokens headers of the one with the fewest
+    tokens left."""
+    tokens = [check_daily_quota(api_key, now)]
     if api_key.team_id is not None:
-        check_daily_quota(api_key.team, now)
+        tokens.append(check_daily_quota(api_key.team, now))
+    quotas = [quota for quota in tokens if quota is not None]
+    if not quotas:
+        return {}
+    most, left = min(quotas, key=lambda quota: quota[1])
+    return rate_headers("tokens", most, left, until_midnight(now))
 
 
-def check_daily_quota(holder: ApiKey | Team, now) -> None:
+def check_daily_quota(holder: ApiKey | Team, now) -> tuple[int, int] | None:
     """429 `insufficient_quota` once the requests that ended today (UTC) used the daily
     processing seconds or tokens of the key (or of all its team's keys). It is checked at
     the door: a request let in is served even if the ones before it use the quota up
-    meanwhile (its use counts when it ends)."""
+    meanwhile (its use counts when it ends). Returns its daily tokens and those left, if it
+    has a token quota."""
     if not holder.has_daily_quota():
-        return
+        return None
     used = usage.today(now, **usage.of(holder))
     who = f"The team {holder.name}" if isinstance(holder, Team) else "This API key"
     tokens = usage.tokens(used)
@@ -88,9 +98,8 @@ def check_daily_quota(holder: ApiKey | Team, now) -> None:
     elif most_tokens is not None and tokens >= most_tokens:
         spent = f"{tokens} tokens, its quota of {most_tokens} a day"
     else:
-        return
-    _, renews = usage.midnights(now)
-    retry = max(1, math.ceil((renews - now).total_seconds()))
+        return None if most_tokens is None else (most_tokens, max(0, most_tokens - tokens))
+    retry = until_midnight(now)
     hours, minutes = divmod(math.ceil(retry / 60), 60)
     raise ApiError(
         429,
@@ -99,16 +108,26 @@ def check_daily_quota(holder: ApiKey | Team, now) -> None:
         code="insufficient_quota",
         retry_after_s=retry,
         should_retry=False,
+        headers=rate_headers("tokens", most_tokens, 0, retry) if most_tokens is not None else {},
     )
 
 
-def check_pace(api_key: ApiKey, now) -> None:
-    """429 if the key sent `rpm` requests in the last minute or has `max_waiting` waiting."""
+def until_midnight(now) -> int:
+    """Whole seconds (at least 1) until the daily quotas renew, at 00:00 UTC."""
+    _, renews = usage.midnights(now)
+    return max(1, math.ceil((renews - now).total_seconds()))
+
+
+def check_pace(api_key: ApiKey, now) -> dict[str, str]:
+    """429 if the key sent `rpm` requests in the last minute or has `max_waiting` waiting.
+    Returns the requests headers, counting the request being let in."""
     window_start = now - timedelta(seconds=RATE_WINDOW_S)
     mine = Request.objects.filter(api_key=api_key.pk, in_batch=False)  # a batch is one call
-    counts = mine.filter(Q(created_at__gte=window_start) | Q(state__in=WAITING_STATES)).aggregate(
-        recent=Count("pk", filter=Q(created_at__gte=window_start)),
+    recent = Q(created_at__gte=window_start)
+    counts = mine.filter(recent | Q(state__in=WAITING_STATES)).aggregate(
+        recent=Count("pk", filter=recent),
         waiting=Count("pk", filter=Q(state__in=WAITING_STATES)),
+        oldest=Min("created_at", filter=recent),
     )
     if api_key.rpm is not None and counts["recent"] >= api_key.rpm:
         # The minute frees a place when the oldest request that counts in it leaves it.
@@ -124,6 +143,7 @@ def check_pace(api_key: ApiKey, now) -> None:
             f"This API key may send {api_key.rpm} requests a minute; try again in {retry} s.",
             code="rate_limited",
             retry_after_s=retry,
+            headers=rate_headers("requests", api_key.rpm, 0, retry),
         )
     if api_key.max_waiting is not None and counts["waiting"] >= api_key.max_waiting:
         raise ApiError(
@@ -133,3 +153,30 @@ def check_pace(api_key: ApiKey, now) -> None:
             code="too_many_waiting",
             retry_after_s=WAITING_RETRY_S,
         )
+    if api_key.rpm is None:
+        return {}
+    # A place in the minute frees when the oldest request in it (this one, if none) leaves.
+    oldest = counts["oldest"] or now
+    frees = RATE_WINDOW_S - (now - oldest).total_seconds()
+    return rate_headers("requests", api_key.rpm, api_key.rpm - counts["recent"] - 1, frees)
+
+
+def rate_headers(unit: str, limit: int, remaining: int, reset_s: float) -> dict[str, str]:
+    """OpenAI's headers for one limit: `unit` is `requests` (a minute) or `tokens` (a day);
+    the reset is when the remaining count next goes up."""
+    return {
+        f"x-ratelimit-limit-{unit}": str(limit),
+        f"x-ratelimit-remaining-{unit}": str(max(0, remaining)),
+        f"x-ratelimit-reset-{unit}": duration(reset_s),
+    }
+
+
+def duration(seconds: float) -> str:
+    """A time as OpenAI's reset headers write it: `250ms`, `45s`, `6m0s`, `13h2m5s`."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    minutes, secs = divmod(math.ceil(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"

@@ -31,6 +31,7 @@ class ApiError(Exception):
         code: str | None = None,
         retry_after_s: int | None = None,
         should_retry: bool = True,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -42,6 +43,7 @@ class ApiError(Exception):
         # False: the OpenAI clients' `x-should-retry` header tells them not to retry at once
         # (an answer that holds for hours).
         self.should_retry = should_retry
+        self.extra_headers = headers or {}  # e.g. the limit's `x-ratelimit-*`
 
     def body(self) -> dict:
         return {
@@ -57,7 +59,7 @@ class ApiError(Exception):
         found = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}
         if not self.should_retry:
             found["x-should-retry"] = "false"
-        return found
+        return found | self.extra_headers
 
     def as_json_response(self) -> JsonResponse:
         return JsonResponse(self.body(), status=self.status, headers=self.headers())

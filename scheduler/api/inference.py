@@ -249,12 +249,14 @@ async def respond(
 
 
 def accepted_headers(request: Request) -> dict[str, str]:
-    """What every answer to an accepted request says: its id, the class it ran at and
-    where its caller (or whoever they give the link to) can watch it."""
+    """What every answer to an accepted request says: its id, the class it ran at, where
+    its caller (or whoever they give the link to) can watch it, and what its key has left
+    (`x-ratelimit-*`, as it was let in)."""
     return {
         "X-Request-Id": str(request.pk),
         "X-Switchyard-Priority": request.priority_name,
         "X-Switchyard-Watch-Url": watch_url(request.pk),
+        **getattr(request, "rate_limits", {}),
     }
 
 

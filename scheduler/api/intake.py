@@ -248,7 +248,7 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool, note:
     with sql.atomic():
         if caller_waits:
             sql.without_waiting_for_disk()
-        limits.admit(request.api_key)
+        request.rate_limits = limits.admit(request.api_key)  # not a column: its answer's headers
         queue_bound.admit(request.priority)
         # Stamped with the connection in hand, as near the commit as the row can tell.
         request.created_at = timezone.now()

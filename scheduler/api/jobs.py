@@ -217,6 +217,7 @@ def accepted(created: Request, code: int, extra: dict[str, str] | None = None) -
         "Location": url,
         "X-Switchyard-Priority": created.priority_name,
         "X-Switchyard-Watch-Url": watch,
+        **getattr(created, "rate_limits", {}),  # set as it was let in, not on a replay
     }
     return Response(body, status=code, headers=headers | (extra or {}))
 

@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 
+from access import limits
 from access.models import Team
 from scheduler.models import Request
 from tests import factories
@@ -60,6 +61,7 @@ def test_a_key_is_served_and_told_its_class(live, make_key):
     raw = client(live, secret).chat.completions.with_raw_response.create(model="qwen", messages=HI)
     assert raw.parse().choices[0].message.content == "Hello from upstream"
     assert raw.headers["X-Switchyard-Priority"] == "normal"
+    assert not [name for name in raw.headers if name.startswith("x-ratelimit-")]  # no limits
     assert Request.objects.get().api_key_id == api_key.pk
 
 
@@ -120,15 +122,28 @@ def test_another_keys_request_is_not_found_like_an_unknown_one(live, make_key):
 
 
 def test_a_key_over_its_rate_is_429_with_retry_after(live, make_key):
-    _, secret = make_key("alice", rpm=2)
+    """Each answer tells what is left of the minute in OpenAI's headers, a job's 202 too;
+    the 429 says none is left and when one frees."""
+    _, secret = make_key("alice", rpm=3)
     c = client(live, secret)
+    left = []
     for _ in range(2):
-        c.chat.completions.create(model="qwen", messages=HI)
+        raw = c.chat.completions.with_raw_response.create(model="qwen", messages=HI)
+        assert raw.headers["x-ratelimit-limit-requests"] == "3"
+        assert raw.headers["x-ratelimit-reset-requests"].endswith("s")
+        left.append(raw.headers["x-ratelimit-remaining-requests"])
+    job = {"body": {"model": "qwen", "messages": HI}}
+    sent = httpx.post(f"{live.url}/api/v1/requests", headers=bearer(secret), json=job)
+    left.append(sent.headers["x-ratelimit-remaining-requests"])
+    assert left == ["2", "1", "0"]
     with pytest.raises(openai.RateLimitError) as err:
         c.chat.completions.create(model="qwen", messages=HI)
     assert err.value.body["code"] == "rate_limited"
-    assert 1 <= int(err.value.response.headers["Retry-After"]) <= 60
-    assert Request.objects.count() == 2
+    headers = err.value.response.headers
+    assert 1 <= int(headers["Retry-After"]) <= 60
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-reset-requests"] == limits.duration(int(headers["Retry-After"]))
+    assert Request.objects.count() == 3
 
 
 def test_a_key_over_its_daily_tokens_is_told_by_the_openai_client(live, make_key):
@@ -144,6 +159,10 @@ def test_a_key_over_its_daily_tokens_is_told_by_the_openai_client(live, make_key
     headers = err.value.response.headers
     assert headers["x-should-retry"] == "false"
     assert 1 <= int(headers["Retry-After"]) <= 86_400
+    assert (headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"]) == (
+        "4",
+        "0",
+    )
     assert Request.objects.count() == 1
 
 

@@ -87,6 +87,39 @@ def test_a_key_quota_and_its_teams_both_hold(make_key):
     assert admitted(alice).message.startswith("This API key has used 12 tokens")
 
 
+def test_the_tokens_left_are_told_in_openais_headers_by_the_tightest_quota(make_key):
+    """The key has 100 tokens a day and its team 30 left of 1000: the headers tell the
+    team's, renewing at midnight; once none are left the 429 says 0 too."""
+    team = Team.objects.create(name="research", daily_tokens=1000)
+    alice, _ = make_key("alice", team=team, daily_tokens=100)
+    bob, _ = make_key("bob", team=team)
+    finished(alice, timedelta(0), 10, 2, 1.0)
+    finished(bob, timedelta(0), 900, 58, 1.0)
+    fresh = ApiKey.objects.select_related("team").get(pk=alice.pk)
+    headers = limits.admit(fresh)
+    assert headers["x-ratelimit-limit-tokens"] == "1000"
+    assert headers["x-ratelimit-remaining-tokens"] == "30"
+    assert headers["x-ratelimit-reset-tokens"].endswith("s")
+    finished(bob, timedelta(0), 30, 0, 1.0)
+    refused = admitted(alice).headers()
+    assert refused["x-ratelimit-remaining-tokens"] == "0"
+    assert refused["x-ratelimit-limit-tokens"] == "1000"
+
+
+def test_a_key_with_no_rpm_nor_token_quota_gets_no_ratelimit_headers(make_key):
+    api_key, _ = make_key("plain", daily_processing_s=60, max_waiting=5)
+    assert limits.admit(api_key) == {}
+    assert limits.admit(None) == {}
+
+
+@pytest.mark.parametrize(
+    "seconds, written",
+    [(0.25, "250ms"), (1, "1s"), (44.2, "45s"), (60, "1m0s"), (360, "6m0s"), (47125, "13h5m25s")],
+)
+def test_reset_times_are_written_as_openai_writes_them(seconds, written):
+    assert limits.duration(seconds) == written
+
+
 def admitted(api_key) -> ApiError | None:
     """What the door says to the key's next request (its row read again, as auth does)."""
     try:
