@@ -3,7 +3,8 @@
 Discovery only adds: an operator's models and deployments are never deleted or overwritten.
 What it writes on an existing deployment are facts the operator left empty: its size, and
 how many requests of it the server serves at once (its `slots`); and on a model, what it
-takes besides text (its `capabilities`) where nobody has said so.
+takes besides text (its `capabilities`) and the tokens a request may use (its
+`context_length`) where nobody has said so.
 """
 
 from dataclasses import dataclass, field, replace
@@ -81,15 +82,20 @@ def _model_type(listed: ServerModel) -> str:
     return listed.type if listed.type in ModelType.values else ModelType.LLM
 
 
-def _fill_capabilities(model: Model, listed: ServerModel, report: SyncReport) -> None:
-    """A model's capabilities, when nobody has said them yet, as the first server that says
-    them does (an operator's list, even an empty one, stays)."""
-    if model.capabilities is not None or listed.capabilities is None or model.type != "llm":
-        return
-    model.capabilities = list(listed.capabilities)
-    model.save(update_fields=["capabilities"])
-    shown = ", ".join(model.capabilities) or "none"
-    report.filled.append(f"{model.name} (capabilities: {shown})")
+def _fill_model_facts(model: Model, listed: ServerModel, report: SyncReport) -> None:
+    """A model's capabilities and context length, when nobody has said them yet, as the
+    first server that says them does (an operator's value, even an empty list, stays)."""
+    filled = []
+    if model.capabilities is None and listed.capabilities is not None and model.type == "llm":
+        model.capabilities = list(listed.capabilities)
+        filled.append(("capabilities", ", ".join(model.capabilities) or "none"))
+    if model.context_length is None and listed.context_length is not None:
+        model.context_length = listed.context_length
+        filled.append(("context_length", str(model.context_length)))
+    if filled:
+        model.save(update_fields=[name for name, _ in filled])
+        said = "; ".join(f"{name}: {value}" for name, value in filled)
+        report.filled.append(f"{model.name} ({said})")
 
 
 @transaction.atomic
@@ -102,7 +108,7 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
     for item in listed:
         existing = known.get(item.id)
         if existing is not None:
-            _fill_capabilities(existing.model, item, report)
+            _fill_model_facts(existing.model, item, report)
             facts = {"size_mb": item.size_mb, "slots": item.slots}
             empty = [n for n, value in facts.items() if value and getattr(existing, n) is None]
             if empty:
@@ -123,7 +129,7 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
             # The operator already put this model on this server under another server name.
             report.skipped.append(f"{item.id} ({model.name} is already deployed here)")
             continue
-        _fill_capabilities(model, item, report)
+        _fill_model_facts(model, item, report)
         deployment = Deployment.objects.create(
             server=server,
             model=model,

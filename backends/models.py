@@ -176,7 +176,8 @@ class Model(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Tokens of context a request may use on any of its servers; empty: unknown.",
+        help_text="Tokens of context a request may use on any of its servers; empty: unknown"
+        " (discovery fills it where a server says the context it runs the model with).",
     )
 
     class Meta:

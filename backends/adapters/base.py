@@ -49,6 +49,11 @@ CAPABILITIES = ("tools", "vision", "thinking")
 """What an LLM may be known to take besides text: tool calls, images, a thinking switch."""
 
 
+def tokens_or_none(value: Any) -> int | None:
+    """A count a server reports (a context, slots), if it is a positive whole number."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class ServerModel:
     """One model as the server lists it."""
@@ -63,6 +68,10 @@ class ServerModel:
     capabilities: tuple[str, ...] | None = None
     """Which of `CAPABILITIES` it has, where the server says (LM Studio, Ollama,
     llama-server's `/props`)."""
+    context_length: int | None = None
+    """The tokens a request to it may use, where the server says what it runs with
+    (llama-server's `/props`, vLLM, llama-swap's configured models, a loaded LM Studio
+    model); not the weights' trained maximum, which a server seldom loads."""
 
 
 @dataclass(frozen=True, slots=True)

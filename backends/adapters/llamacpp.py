@@ -20,7 +20,15 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .base import CAPABILITIES, AdapterError, ErrorCode, LoadTarget, ProgressCallback, ServerModel
+from .base import (
+    CAPABILITIES,
+    AdapterError,
+    ErrorCode,
+    LoadTarget,
+    ProgressCallback,
+    ServerModel,
+    tokens_or_none,
+)
 from .http import COUNT_TOKENS_PATHS, HttpAdapter
 from .llamacpp_slots import PromptCaches
 
@@ -63,8 +71,7 @@ def size_mb(entry: dict[str, Any]) -> int | None:
 
 def total_slots(props: dict[str, Any]) -> int | None:
     """The slots (`--parallel`) a model's `/props` says it has."""
-    slots = props.get("total_slots")
-    return slots if isinstance(slots, int) and slots > 0 else None
+    return tokens_or_none(props.get("total_slots"))
 
 
 def template_capabilities(props: dict[str, Any]) -> tuple[str, ...] | None:
@@ -78,11 +85,23 @@ def template_capabilities(props: dict[str, Any]) -> tuple[str, ...] | None:
     return tuple(name for name in CAPABILITIES if found.get(name))
 
 
+def loaded_context(props: dict[str, Any]) -> int | None:
+    """The context a slot runs with (`default_generation_settings.n_ctx`); a router's own
+    `/props` says 0."""
+    settings = props.get("default_generation_settings")
+    return tokens_or_none(settings.get("n_ctx") if isinstance(settings, dict) else None)
+
+
 def props_facts(props: Any) -> dict[str, Any]:
-    """What a model's `/props` says that a listing does not: its slots and capabilities."""
+    """What a model's `/props` says that a listing does not: its slots, capabilities and
+    context."""
     if not isinstance(props, dict):
         return {}
-    facts = {"slots": total_slots(props), "capabilities": template_capabilities(props)}
+    facts = {
+        "slots": total_slots(props),
+        "capabilities": template_capabilities(props),
+        "context_length": loaded_context(props),
+    }
     return {name: value for name, value in facts.items() if value is not None}
 
 

@@ -12,7 +12,15 @@ from urllib.parse import quote
 
 import httpx
 
-from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
+from .base import (
+    AdapterError,
+    ErrorCode,
+    InferenceCall,
+    LoadTarget,
+    ProgressCallback,
+    ServerModel,
+    tokens_or_none,
+)
 from .http import TRANSPORT_ERRORS, HttpAdapter, connection_error, error_from_response
 from .llamacpp import props_facts
 
@@ -33,7 +41,9 @@ class LlamaSwapAdapter(HttpAdapter):
             if kind != "model":  # aliases, peers, selectors, profiles
                 continue
             state = RUNNING_STATES.get(running.get(entry["id"], ""), "unloaded")
-            found.append(ServerModel(id=entry["id"], state=state))
+            # `context_length` is listed where its config sets one.
+            context = tokens_or_none(entry.get("context_length"))
+            found.append(ServerModel(id=entry["id"], state=state, context_length=context))
         return found
 
     async def model_facts(self, listed: list[ServerModel]) -> dict[str, dict[str, Any]]:

@@ -28,6 +28,7 @@ from .base import (
     LoadTarget,
     ProgressCallback,
     ServerModel,
+    tokens_or_none,
 )
 from .http import OPENAI_PATHS, HttpAdapter, classify
 
@@ -95,6 +96,7 @@ class LMStudioAdapter(HttpAdapter):
                 size_mb=size // 2**20 if size else None,
                 slots=parallel(loaded),
                 capabilities=v1_capabilities(m.get("capabilities")),
+                context_length=tokens_or_none(loaded_config(loaded).get("context_length")),
             )
             found.append((model, instances))
         return found
@@ -109,6 +111,7 @@ class LMStudioAdapter(HttpAdapter):
                 state="loaded" if loaded else "unloaded",
                 type=V0_TYPES.get(m.get("type"), "llm"),
                 capabilities=v0_capabilities(m),
+                context_length=tokens_or_none(m.get("loaded_context_length")),
             )
             found.append((model, [m["id"]] if loaded else []))
         return found
@@ -212,12 +215,16 @@ class LMStudioAdapter(HttpAdapter):
             raise AdapterError(ErrorCode.SERVER_ERROR, "the server does not greet as LM Studio")
 
 
+def loaded_config(instances: list[dict[str, Any]]) -> dict[str, Any]:
+    """The load config of a loaded model's first instance (its context, its `parallel`)."""
+    config = instances[0].get("config") if instances else None
+    return config if isinstance(config, dict) else {}
+
+
 def parallel(instances: list[dict[str, Any]]) -> int | None:
     """The predictions a loaded LLM runs at once (its load config's `parallel`, LM Studio
     0.4's continuous batching), from its first instance; None when it does not say."""
-    config = instances[0].get("config") if instances else None
-    found = config.get("parallel") if isinstance(config, dict) else None
-    return found if isinstance(found, int) and found > 0 else None
+    return tokens_or_none(loaded_config(instances).get("parallel"))
 
 
 def chat_error(event: dict[str, Any]) -> AdapterError:

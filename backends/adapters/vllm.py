@@ -9,7 +9,15 @@ requests (and older ones crash), so inference checks `/is_sleeping` first.
 
 from typing import Any
 
-from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
+from .base import (
+    AdapterError,
+    ErrorCode,
+    InferenceCall,
+    LoadTarget,
+    ProgressCallback,
+    ServerModel,
+    tokens_or_none,
+)
 from .http import OPENAI_PATHS, HttpAdapter
 
 SLEEP_WAIT_S = 120.0
@@ -35,14 +43,18 @@ class VLLMAdapter(HttpAdapter):
             return False
         return bool(body.get("is_sleeping"))
 
-    async def served(self) -> list[str]:
+    async def served(self) -> dict[str, dict[str, Any]]:
+        """Its models' listing entries by id."""
         body = await self.json("GET", "/v1/models")
-        return [entry["id"] for entry in body.get("data", [])]
+        return {entry["id"]: entry for entry in body.get("data", [])}
 
     async def list_models(self) -> list[ServerModel]:
         served = await self.served()
         state = "sleeping" if await self.sleeping() else "loaded"
-        return [ServerModel(id=model_id, state=state) for model_id in served]
+        return [
+            ServerModel(id=model_id, state=state, context_length=context_of(entry))
+            for model_id, entry in served.items()
+        ]
 
     async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:
         if target.server_model_id not in await self.served():
@@ -77,3 +89,8 @@ class VLLMAdapter(HttpAdapter):
 
     async def health(self) -> None:
         await self.request("GET", "/health")
+
+
+def context_of(entry: dict[str, Any]) -> int | None:
+    """The context the engine was started with (`--max-model-len`), as its listing says."""
+    return tokens_or_none(entry.get("max_model_len"))

@@ -276,3 +276,25 @@ def test_a_models_unknown_capabilities_are_filled_once_and_an_operators_list_sta
     record(server, [ServerModel("gemma", capabilities=())], again)
     assert Model.objects.get(name="gemma").capabilities == ["tools", "vision"]
     assert not any("capabilities" in line for line in again.filled)
+
+
+def test_a_models_unknown_context_is_filled_from_what_a_server_runs_it_with(server):
+    """An embedding model's context too; an operator's context stays, and a server that
+    says none leaves it unknown."""
+    factories.model("qwen", type="llm", context_length=4096)
+    factories.model("nomic", type="embedding")
+    factories.deployment(server, "qwen", server_model_id="qwen")
+    listed = [
+        ServerModel("qwen", context_length=32768),
+        ServerModel("nomic", type="embedding", context_length=2048),
+        ServerModel("gemma", capabilities=("tools",), context_length=8192),
+        ServerModel("old"),
+    ]
+    report = SyncReport(server=server.name)
+
+    record(server, listed, report)
+
+    found = dict(Model.objects.values_list("name", "context_length"))
+    assert found == {"qwen": 4096, "nomic": 2048, "gemma": 8192, "old": None}
+    assert "gemma (capabilities: tools; context_length: 8192)" in str(report)
+    assert not any(line.startswith("qwen") for line in report.filled)

@@ -66,11 +66,16 @@ async def test_single_mode_states(server, adapter):
 TOOLS = {"supports_tools": True, "supports_tool_calls": True, "supports_system_role": True}
 
 
-async def test_single_mode_lists_the_slots_and_capabilities_its_props_say(server, adapter):
+async def test_single_mode_lists_the_slots_capabilities_and_context_its_props_say(server, adapter):
     """`--parallel 4` shows as `total_slots` in `/props`, a template that takes tools as
-    `chat_template_caps.supports_tools`, a projector as `modalities.vision`: discovery fills
-    the deployment's slots and the model's unknown capabilities with them."""
-    props = {"is_sleeping": False, "total_slots": 4}
+    `chat_template_caps.supports_tools`, a projector as `modalities.vision`, `--ctx-size` as
+    a slot's `n_ctx`: discovery fills the deployment's slots and the model's unknown
+    capabilities and context with them."""
+    props = {
+        "is_sleeping": False,
+        "total_slots": 4,
+        "default_generation_settings": {"n_ctx": 8192},
+    }
     server.on("GET", "/v1/models", Reply(200, SINGLE))
     server.on("GET", "/health", Reply(200, {"status": "ok"}))
     server.on(
@@ -80,7 +85,8 @@ async def test_single_mode_lists_the_slots_and_capabilities_its_props_say(server
         Reply(200, {**props, "chat_template_caps": TOOLS, "modalities": {"vision": True}}),
         Reply(200, {**props, "chat_template_caps": {}, "modalities": {"vision": False}}),
     )
-    assert [(m.slots, m.capabilities) for m in await adapter.list_models()] == [(4, None)]
+    listed = await adapter.list_models()
+    assert [(m.slots, m.capabilities, m.context_length) for m in listed] == [(4, None, 8192)]
     assert [m.capabilities for m in await adapter.list_models()] == [("tools", "vision")]
     assert [m.capabilities for m in await adapter.list_models()] == [()]
 

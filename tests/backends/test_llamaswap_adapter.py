@@ -28,6 +28,7 @@ MODELS = {
             "object": "model",
             "meta": {"llamaswap": {"type": "model", "aliases": ["gpt-4o-mini"]}},
             "status": {"value": "loaded"},
+            "context_length": 8192,  # where its config sets one
         },
     ],
 }
@@ -60,7 +61,8 @@ async def test_lists_configured_models_with_running_state(server, adapter):
         ("qwen-7b", "loading"),
     ]
     assert [m.state for m in await adapter.list_models()] == ["unloaded", "loaded"]
-    assert [m.state for m in await adapter.list_models()] == ["unloaded", "unloaded"]
+    listed = await adapter.list_models()
+    assert [(m.state, m.context_length) for m in listed] == [("unloaded", None), ("unloaded", 8192)]
 
 
 async def test_discovery_reads_a_running_llama_servers_slots_and_starts_nothing(server, adapter):

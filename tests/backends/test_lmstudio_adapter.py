@@ -86,12 +86,15 @@ async def test_lists_models_with_state_type_and_size(server, adapter):
     assert server.seen[0].headers["Authorization"] == "Bearer lm-token"
 
 
-async def test_a_loaded_llm_lists_the_predictions_it_runs_at_once(server, adapter):
+async def test_a_loaded_llm_lists_the_predictions_it_runs_at_once_and_its_context(server, adapter):
     """`parallel` in a loaded instance's config (`lms load --parallel 4`, LM Studio 0.4's
-    continuous batching): discovery fills the deployment's empty slots with it."""
+    continuous batching): discovery fills the deployment's empty slots with it. Its
+    context is the one it was loaded with, not the weights' `max_context_length`; a model
+    not loaded says none."""
     instance = {"id": GEMMA_ID, "config": {"context_length": 4096, "parallel": 4}}
     server.on("GET", "/api/v1/models", listing({**GEMMA, "loaded_instances": [instance]}, NOMIC))
-    assert [m.slots for m in await adapter.list_models()] == [4, None]
+    listed = await adapter.list_models()
+    assert [(m.slots, m.context_length) for m in listed] == [(4, 4096), (None, None)]
 
 
 async def test_the_listing_says_what_an_llm_takes_besides_text(server, adapter):
@@ -124,6 +127,8 @@ async def test_falls_back_to_the_v0_listing_on_older_servers(server, adapter):
                         "type": "vlm",
                         "state": "loaded",
                         "capabilities": ["tool_use"],
+                        "max_context_length": 32768,
+                        "loaded_context_length": 8192,
                     },
                     {"id": "nomic", "type": "embeddings", "state": "not-loaded"},
                 ],
@@ -133,10 +138,10 @@ async def test_falls_back_to_the_v0_listing_on_older_servers(server, adapter):
     models = await adapter.list_models()
     # Images by the type vlm, tools by `capabilities` (0.3.16+); an entry with neither
     # says nothing of what it takes.
-    assert [(m.id, m.state, m.type, m.capabilities) for m in models] == [
-        ("meta-llama-3.1-8b-instruct", "unloaded", "llm", None),
-        ("qwen2-vl-7b-instruct", "loaded", "llm", ("tools", "vision")),
-        ("nomic", "unloaded", "embedding", None),
+    assert [(m.id, m.state, m.type, m.capabilities, m.context_length) for m in models] == [
+        ("meta-llama-3.1-8b-instruct", "unloaded", "llm", None, None),
+        ("qwen2-vl-7b-instruct", "loaded", "llm", ("tools", "vision"), 8192),
+        ("nomic", "unloaded", "embedding", None, None),
     ]
 
 

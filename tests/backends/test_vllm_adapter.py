@@ -30,7 +30,9 @@ def make_adapter() -> Callable[[str], VLLMAdapter]:
 async def test_lists_the_served_model_awake_or_sleeping(server, adapter):
     server.on("GET", "/v1/models", MODELS)
     server.on("GET", "/is_sleeping", AWAKE, ASLEEP)
-    assert [(m.id, m.state) for m in await adapter.list_models()] == [(QWEN, "loaded")]
+    listed = await adapter.list_models()
+    # Its context is the engine's (`--max-model-len`): discovery fills the model's with it.
+    assert [(m.id, m.state, m.context_length) for m in listed] == [(QWEN, "loaded", 40960)]
     assert [m.state for m in await adapter.list_models()] == ["sleeping"]
 
 
