@@ -143,9 +143,11 @@ def test_alternating_models_swap_through_the_scheduler(router, switchyard):
     slots = dict(server.deployments.values_list("model__name", "slots"))
     assert (slots["large"], slots["tiny"]) == (2, None)
     # Its /props says too that its template takes no tools and it has no projector: the
-    # model takes text only. The one not running stays unknown.
-    capabilities = dict(Model.objects.values_list("name", "capabilities"))
-    assert (capabilities["large"], capabilities["tiny"]) == ([], None)
+    # model takes text only, and the context its slots run with. The one not running stays
+    # unknown.
+    said = {m.name: (m.capabilities, m.context_length) for m in Model.objects.all()}
+    assert said["large"][0] == [] and said["large"][1] > 0
+    assert said["tiny"] == (None, None)
     requests = list(Request.objects.order_by("created_at"))
     assert [r.state for r in requests] == [State.COMPLETED] * 4
     assert [r.attempts for r in requests] == [1] * 4  # none sent on a connection gone dead

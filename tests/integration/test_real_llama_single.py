@@ -5,6 +5,7 @@ and the `llamacpp` kind's single-model mode (503 on every route while loading; s
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
+import httpx
 import openai
 import pytest
 from django.core.management import call_command
@@ -138,18 +139,25 @@ TOOLS_TEMPLATE = """\
 
 def test_discovery_fills_what_a_model_takes_as_the_real_server_says(single, switchyard, tmp_path):
     """The template's tools (`chat_template_caps` in /props) become the model's capabilities,
-    which apps then see in `/v1/models` and Ollama's `/api/show`."""
+    and a slot's context (`n_ctx`) its context length, which apps then see in `/v1/models`
+    and Ollama's `/api/show`."""
     template = tmp_path / "tools.jinja"
     template.write_text(TOOLS_TEMPLATE)
     llama = single(tiny_gguf.SMALL.name, "--jinja", "--chat-template-file", str(template))
     Server.objects.create(name="one", kind="llamacpp", base_url=llama.url, health="up")
     call_command("sync_models", "one")
-    assert Model.objects.get(name=tiny_gguf.SMALL.name).capabilities == ["tools"]
+    model = Model.objects.get(name=tiny_gguf.SMALL.name)
+    n_ctx = httpx.get(f"{llama.url}/props").json()["default_generation_settings"]["n_ctx"]
+    assert (model.capabilities, model.context_length) == (["tools"], n_ctx)
+    assert 0 < n_ctx <= 512  # `-c 512` over its two slots
     live = switchyard()
     shown = live.post("/api/show", {"model": tiny_gguf.SMALL.name}).json()
     assert shown["capabilities"] == ["completion", "tools"]
+    assert shown["model_info"]["switchyard.context_length"] == n_ctx
     listed = live.http.get("/v1/models").json()["data"]
-    assert [m.get("capabilities") for m in listed] == [["tools"]]
+    assert [(m.get("capabilities"), m.get("context_length")) for m in listed] == [
+        (["tools"], n_ctx)
+    ]
 
 
 def test_check_servers_tells_the_real_server_apart_and_names_a_wrong_kind(single, router, db):
