@@ -45,8 +45,9 @@ browser:
 # inference server (tests/integration, marked `integration`) with the extra they need.
 test: test-unit test-integration
 
+# On up to 4 cores; tests marked `xdist_group` share a worker (a module's costly fixture).
 test-unit: install-test browser
-	$(PY) -m pytest -m 'not integration' $(ARGS)
+	$(PY) -m pytest -m 'not integration' -n auto --maxprocesses 4 --dist loadgroup $(ARGS)
 
 test-integration: install-test install-integration llama-server
 	$(PY) -m pytest -m integration $(ARGS)

@@ -129,6 +129,9 @@ IS_POSTGRES = DATABASES["default"]["ENGINE"] == "config.postgresql"
 PREPARED_STATEMENTS = IS_POSTGRES and env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
 
 REDIS_URL = env.str("REDIS_URL", default="")
+# Redis's database number does not separate pub/sub: installations sharing one Redis each
+# need a prefix of their own.
+REDIS_PREFIX = env.str("REDIS_PREFIX", default="asgi")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -136,7 +139,7 @@ if REDIS_URL:
             # it with no command per message. Hints are not stored: a listener that was not
             # subscribed re-reads the database (the truth) instead.
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": REDIS_PREFIX},
         }
     }
 else:

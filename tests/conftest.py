@@ -6,6 +6,7 @@ import threading
 import pytest
 import uvloop
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connection, connections
 
 from config import event_loop
@@ -17,6 +18,14 @@ from tests.support.openai_upstream import Upstream
 # Tests run without API keys unless they are about them (marked `auth`, or starting
 # processes with SWITCHYARD_AUTH=required): processes they start inherit this.
 os.environ["SWITCHYARD_AUTH"] = "off"
+
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    # Parallel test workers (`-n`) each have a database of their own (pytest-django); on
+    # Redis, whose pub/sub no database number separates, their processes talk under a prefix
+    # of their own. Set here, after the settings were read: for this process and its children.
+    os.environ["REDIS_PREFIX"] = f"test-{worker}"
+    if settings.REDIS_URL:
+        settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ["REDIS_PREFIX"]
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ CAPABILITIES = ("tools", "vision", "thinking")
 """What an LLM may be known to take besides text: tool calls, images, a thinking switch."""
 
 
-def tokens_or_none(value: Any) -> int | None:
+def positive_count(value: Any) -> int | None:
     """A count a server reports (a context, slots), if it is a positive whole number."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 

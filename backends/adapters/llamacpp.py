@@ -27,7 +27,7 @@ from .base import (
     LoadTarget,
     ProgressCallback,
     ServerModel,
-    tokens_or_none,
+    positive_count,
 )
 from .http import COUNT_TOKENS_PATHS, HttpAdapter
 from .llamacpp_slots import PromptCaches
@@ -71,7 +71,7 @@ def size_mb(entry: dict[str, Any]) -> int | None:
 
 def total_slots(props: dict[str, Any]) -> int | None:
     """The slots (`--parallel`) a model's `/props` says it has."""
-    return tokens_or_none(props.get("total_slots"))
+    return positive_count(props.get("total_slots"))
 
 
 def template_capabilities(props: dict[str, Any]) -> tuple[str, ...] | None:
@@ -89,7 +89,7 @@ def loaded_context(props: dict[str, Any]) -> int | None:
     """The context a slot runs with (`default_generation_settings.n_ctx`); a router's own
     `/props` says 0."""
     settings = props.get("default_generation_settings")
-    return tokens_or_none(settings.get("n_ctx") if isinstance(settings, dict) else None)
+    return positive_count(settings.get("n_ctx") if isinstance(settings, dict) else None)
 
 
 def props_facts(props: Any) -> dict[str, Any]:

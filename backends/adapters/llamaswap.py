@@ -19,7 +19,7 @@ from .base import (
     LoadTarget,
     ProgressCallback,
     ServerModel,
-    tokens_or_none,
+    positive_count,
 )
 from .http import TRANSPORT_ERRORS, HttpAdapter, connection_error, error_from_response
 from .llamacpp import props_facts
@@ -42,7 +42,7 @@ class LlamaSwapAdapter(HttpAdapter):
                 continue
             state = RUNNING_STATES.get(running.get(entry["id"], ""), "unloaded")
             # `context_length` is listed where its config sets one.
-            context = tokens_or_none(entry.get("context_length"))
+            context = positive_count(entry.get("context_length"))
             found.append(ServerModel(id=entry["id"], state=state, context_length=context))
         return found
 

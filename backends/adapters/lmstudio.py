@@ -28,7 +28,7 @@ from .base import (
     LoadTarget,
     ProgressCallback,
     ServerModel,
-    tokens_or_none,
+    positive_count,
 )
 from .http import OPENAI_PATHS, HttpAdapter, classify
 
@@ -96,7 +96,7 @@ class LMStudioAdapter(HttpAdapter):
                 size_mb=size // 2**20 if size else None,
                 slots=parallel(loaded),
                 capabilities=v1_capabilities(m.get("capabilities")),
-                context_length=tokens_or_none(loaded_config(loaded).get("context_length")),
+                context_length=positive_count(loaded_config(loaded).get("context_length")),
             )
             found.append((model, instances))
         return found
@@ -111,7 +111,7 @@ class LMStudioAdapter(HttpAdapter):
                 state="loaded" if loaded else "unloaded",
                 type=V0_TYPES.get(m.get("type"), "llm"),
                 capabilities=v0_capabilities(m),
-                context_length=tokens_or_none(m.get("loaded_context_length")),
+                context_length=positive_count(m.get("loaded_context_length")),
             )
             found.append((model, [m["id"]] if loaded else []))
         return found
@@ -224,7 +224,7 @@ def loaded_config(instances: list[dict[str, Any]]) -> dict[str, Any]:
 def parallel(instances: list[dict[str, Any]]) -> int | None:
     """The predictions a loaded LLM runs at once (its load config's `parallel`, LM Studio
     0.4's continuous batching), from its first instance; None when it does not say."""
-    return tokens_or_none(loaded_config(instances).get("parallel"))
+    return positive_count(loaded_config(instances).get("parallel"))
 
 
 def chat_error(event: dict[str, Any]) -> AdapterError:

@@ -16,7 +16,7 @@ from .base import (
     LoadTarget,
     ProgressCallback,
     ServerModel,
-    tokens_or_none,
+    positive_count,
 )
 from .http import OPENAI_PATHS, HttpAdapter
 
@@ -93,4 +93,4 @@ class VLLMAdapter(HttpAdapter):
 
 def context_of(entry: dict[str, Any]) -> int | None:
     """The context the engine was started with (`--max-model-len`), as its listing says."""
-    return tokens_or_none(entry.get("max_model_len"))
+    return positive_count(entry.get("max_model_len"))

@@ -21,10 +21,13 @@ REDIS_DOWN_S = 20 if FULL else 3
 QUEUE_BOUND = int(KNOBS["SWITCHYARD_MAX_QUEUE"])
 GRACE_S = float(KNOBS["SWITCHYARD_NO_SERVER_GRACE_S"])
 full = pytest.mark.skipif(not FULL, reason="make test-faults (SWITCHYARD_FAULTS=all)")
-pytestmark = pytest.mark.skipif(
-    not (FULL or settings.IS_POSTGRES) or not PG_BIN or not shutil.which("redis-server"),
-    reason="the fault suite runs in the PostgreSQL pass (needs initdb and redis-server)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (FULL or settings.IS_POSTGRES) or not PG_BIN or not shutil.which("redis-server"),
+        reason="the fault suite runs in the PostgreSQL pass (needs initdb and redis-server)",
+    ),
+    pytest.mark.xdist_group("faults"),  # one cluster for the module, on one test worker
+]
 
 
 @pytest.fixture(scope="module")

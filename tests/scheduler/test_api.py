@@ -2,6 +2,8 @@
 
 import json
 import re
+import threading
+import uuid
 
 import httpx
 import openai
@@ -59,9 +61,29 @@ def test_streamed_chat_with_openai_client(live):
     assert Request.objects.get().result["choices"][0]["message"]["content"] == text
 
 
-def redis_calls(*commands: str) -> int:
-    stats = redis.Redis.from_url(settings.REDIS_URL).info("commandstats")
-    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in commands)
+class RedisCommands:
+    """The commands Redis runs from now until `stop`, as MONITOR shows them. MONITOR is
+    server-wide: a test picks its own processes' by the channel prefix they name."""
+
+    def __init__(self) -> None:
+        self.end = f"end-{uuid.uuid4()}"
+        self.seen: list[str] = []
+        self.monitor = redis.Redis.from_url(settings.REDIS_URL).monitor()
+        self.monitor.__enter__()  # MONITOR answered: every command from here on is seen
+        self.reader = threading.Thread(target=self.read, daemon=True)
+        self.reader.start()
+
+    def read(self) -> None:
+        while self.end not in (command := self.monitor.next_command()["command"]):
+            self.seen.append(command)
+
+    def stop(self) -> list[str]:
+        """What was seen, up to an ECHO sent now (seen last: commands are seen in order)."""
+        redis.Redis.from_url(settings.REDIS_URL).echo(self.end)
+        self.reader.join(timeout=30)
+        self.monitor.__exit__(None, None, None)
+        prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
+        return [c for c in self.seen if prefix in c]
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="Redis pub/sub")
@@ -72,14 +94,17 @@ def test_callers_hear_their_answers_with_no_subscription_per_request(served):
     c = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=10)
     hi = [{"role": "user", "content": "hi"}]
     c.chat.completions.create(model="qwen", messages=hi)  # the process starts listening
-    before = redis_calls("subscribe", "unsubscribe", "psubscribe")
+    commands = RedisCommands()
 
     for _ in range(3):
         assert c.chat.completions.create(model="qwen", messages=hi).choices
         chunks = c.chat.completions.create(model="qwen", messages=hi, stream=True)
         assert "".join(x.choices[0].delta.content or "" for x in chunks if x.choices)
 
-    assert redis_calls("subscribe", "unsubscribe", "psubscribe") == before
+    seen = commands.stop()
+    assert any(c.upper().startswith("PUBLISH") for c in seen)  # the answers' hints
+    subscribing = ("SUBSCRIBE", "UNSUBSCRIBE", "PSUBSCRIBE", "PUNSUBSCRIBE")
+    assert not [c for c in seen if c.upper().startswith(subscribing)]
 
 
 def test_embeddings_and_completions(live):

@@ -26,6 +26,8 @@ from scheduler.simulation_workload import (
     write_workload,
 )
 
+pytestmark = pytest.mark.xdist_group("simulation")  # its days are simulated once, on one worker
+
 
 @pytest.fixture(scope="module")
 def day():
