@@ -7,7 +7,8 @@ line, what is right and what is not:
   as `openai` that is LM Studio or Ollama works, but Switchyard cannot load or unload there;
 - whether it lists every deployment's `server_model_id` (a typo makes every load fail), and
   how many of the models it lists Switchyard does not know (`sync_models` adds them);
-- whether a deployment's `slots` agree with what the server says of them, and whether a
+- whether a deployment's `slots` agree with what the server says of them, whether the
+  server runs a model with less context than apps are told it has, and whether a
   llama-server router runs as many models at once as Switchyard may keep there.
 
 It changes nothing."""
@@ -236,4 +237,12 @@ def _check_models(server: Server, listed: list[ServerModel], report: Checkup) ->
             report.add(
                 WARN,
                 f"{d.model.name}: slots {d.slots} here, the server serves {said.slots} at once",
+            )
+        told = d.model.context_length
+        if said is not None and said.context_length and told and said.context_length < told:
+            report.add(
+                WARN,
+                f"{d.model.name}: apps are told its context is {told} tokens, the server runs"
+                f" it with {said.context_length}: longer requests fail there (lower the"
+                " model's context_length, or load it with more context)",
             )

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from backends.checkup import ERROR, OK, WARN, check_server, identify
-from backends.models import Deployment, Server
+from backends.models import Deployment, Model, Server
 from tests import factories
 from tests.conftest import free_port
 from tests.support.replay_server import Reply
@@ -85,6 +85,27 @@ def test_a_deployments_slots_against_what_the_server_says(server):
 
     assert [f.level for f in report.findings] == [OK, OK, WARN]
     assert "m: slots 4 here, the server serves 2 at once" in str(report)
+
+
+def test_a_model_said_to_have_more_context_than_the_server_runs_it_with(server):
+    """Apps size their prompts by the model's context length: a server that runs it with
+    less refuses the longer ones. More context there than said is no fault."""
+    props = {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1}
+    server.on("GET", "/props", Reply(200, props))
+    server.on("GET", "/v1/models", Reply(200, {"data": [{"id": "m.gguf", "object": "model"}]}))
+    server.on("GET", "/health", Reply(200, {"status": "ok"}))
+    srv = factories.server("one", kind="llamacpp", base_url=server.url)
+    factories.model("m", context_length=32768)
+    factories.deployment(srv, "m", server_model_id="m.gguf")
+
+    report = check_server(srv)
+
+    assert [f.level for f in report.findings] == [OK, OK, WARN]
+    assert "m: apps are told its context is 32768 tokens, the server runs it with 4096" in str(
+        report
+    )
+    Model.objects.filter(name="m").update(context_length=2048)
+    assert [f.level for f in check_server(srv).findings] == [OK, OK]
 
 
 def test_nothing_answering_is_an_error_and_the_command_fails_on_it(server):
