@@ -321,6 +321,18 @@ REQUEST_ID = {
         "description": "The request's id",
     }
 }
+RATE_LIMITS = {
+    f"x-ratelimit-{part}-{unit}": {"schema": {"type": "string"}, "description": text}
+    for unit, what in (
+        ("requests", "`rpm`"),
+        ("tokens", "daily token quota (or its team's, if fewer are left there)"),
+    )
+    for part, text in (
+        ("limit", f"The key's {what}, where it has one"),
+        ("remaining", "What is left of it after this request"),
+        ("reset", "When more is left (`45s`, `1m0s`, `13h5m25s`)"),
+    )
+}
 JOB_ID = {
     "name": "request_id",
     "in": "path",
@@ -333,7 +345,7 @@ def inference(summary: str, body: str, streams: bool) -> dict[str, Any]:
     ok = json_body(
         ref("OpenAIResponse"), "The answer" + (", or with `stream` SSE events" if streams else "")
     )
-    ok["headers"] = REQUEST_ID
+    ok["headers"] = REQUEST_ID | RATE_LIMITS
     if streams:
         ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
     return {
@@ -486,7 +498,10 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
                 operation["security"] = [{"apiKey": []}, {"staffSession": []}]
             if path == "/api/v1/requests" and method == "post":
                 operation.setdefault("parameters", []).append(PRIORITY_HEADER)
-                responses["202"]["headers"] = {"Location": {"schema": {"type": "string"}}}
+                responses["202"]["headers"] = {
+                    "Location": {"schema": {"type": "string"}},
+                    **RATE_LIMITS,
+                }
                 responses.update(errors(404, 413, 415, 429))
     result["paths"].update(paths())
     return result
