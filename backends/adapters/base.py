@@ -70,8 +70,8 @@ class ServerModel:
     llama-server's `/props`)."""
     context_length: int | None = None
     """The tokens a request to it may use, where the server says what it runs with
-    (llama-server's `/props`, vLLM, llama-swap's configured models, a loaded LM Studio
-    model); not the weights' trained maximum, which a server seldom loads."""
+    (llama-server's `/props`, vLLM, llama-swap's configured models, a model LM Studio or
+    Ollama has loaded); not the weights' trained maximum, which a server seldom loads."""
 
 
 @dataclass(frozen=True, slots=True)

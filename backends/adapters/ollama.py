@@ -27,6 +27,7 @@ from .base import (
     LoadTarget,
     ProgressCallback,
     ServerModel,
+    positive_count,
 )
 from .http import HttpAdapter, error_from_event, read_to_end, wants_usage
 
@@ -174,7 +175,11 @@ class OllamaAdapter(HttpAdapter):
 
     async def list_models(self) -> list[ServerModel]:
         tags = await self.json("GET", "/api/tags")
-        running = {full_name(m["name"]) for m in (await self.json("GET", "/api/ps"))["models"]}
+        # A loaded model's `context_length` is the context it runs with (`num_ctx`).
+        running = {
+            full_name(m["name"]): positive_count(m.get("context_length"))
+            for m in (await self.json("GET", "/api/ps"))["models"]
+        }
         found = []
         for m in tags.get("models", []):
             full = full_name(m["name"])
@@ -186,6 +191,7 @@ class OllamaAdapter(HttpAdapter):
                     type="embedding" if "embedding" in capabilities else "llm",
                     size_mb=m["size"] // 2**20 if m.get("size") else None,
                     capabilities=known_capabilities(m.get("capabilities")),
+                    context_length=running.get(full),
                 )
             )
         return self.with_loading(found)

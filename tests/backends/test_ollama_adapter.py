@@ -48,13 +48,17 @@ def make_adapter() -> Callable[[str], OllamaAdapter]:
 
 
 async def test_lists_installed_models_with_the_loaded_ones(server, adapter):
+    """A loaded model's context is the one `/api/ps` says it runs with (newer servers say
+    it); a model not loaded has none yet (its context is `num_ctx` at each load)."""
     server.on("GET", "/api/tags", Reply(200, TAGS))
-    server.on("GET", "/api/ps", Reply(200, PS_LLAMA))
+    ps = {"models": [{**PS_LLAMA["models"][0], "context_length": 8192}]}
+    server.on("GET", "/api/ps", Reply(200, PS_LLAMA), Reply(200, ps))
     models = await adapter.list_models()
-    assert [(m.id, m.state, m.type, m.size_mb) for m in models] == [
-        ("llama3.2:latest", "loaded", "llm", 1925),
-        ("all-minilm:latest", "unloaded", "embedding", 43),
+    assert [(m.id, m.state, m.type, m.size_mb, m.context_length) for m in models] == [
+        ("llama3.2:latest", "loaded", "llm", 1925, None),
+        ("all-minilm:latest", "unloaded", "embedding", 43, None),
     ]
+    assert [m.context_length for m in await adapter.list_models()] == [8192, None]
 
 
 async def test_the_listing_says_what_a_model_takes_where_the_server_says_it(server, adapter):
