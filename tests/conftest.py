@@ -29,13 +29,22 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup):
+def django_db_setup(django_db_setup, django_db_blocker):
     """pytest-django's, and before it drops the test database: the threads that outlive a
     test (the worker's database thread, asgiref's sync thread) let go of their connections,
-    which PostgreSQL would otherwise refuse to drop it under (a warning at the end)."""
+    which PostgreSQL would otherwise refuse to drop it under (a warning at the end, and the
+    database left behind). A process a test started may still be on its way out, holding
+    one too: its session is ended."""
     yield
     asyncio.run(in_database_thread(connections.close_all)())
     asyncio.run(sync_to_async(connections.close_all)())
+    if settings.IS_POSTGRES:
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        connection.close()
 
 
 def free_port() -> int:
