@@ -98,7 +98,7 @@ def check_daily_quota(holder: ApiKey | Team, now) -> tuple[int, int] | None:
     elif most_tokens is not None and tokens >= most_tokens:
         spent = f"{tokens} tokens, its quota of {most_tokens} a day"
     else:
-        return None if most_tokens is None else (most_tokens, max(0, most_tokens - tokens))
+        return None if most_tokens is None else (most_tokens, usage.left(holder, used)["tokens"])
     retry = until_midnight(now)
     hours, minutes = divmod(math.ceil(retry / 60), 60)
     raise ApiError(

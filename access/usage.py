@@ -101,6 +101,15 @@ def tokens(figures: dict[str, float]) -> int:
     return int(figures["prompt_tokens"] + figures["completion_tokens"])
 
 
+def left(holder: ApiKey | Team, used: dict[str, float]) -> dict[str, float | int | None]:
+    """What the holder's daily quotas leave today (never below 0); None where it has none."""
+    most_s, most_tokens = holder.daily_processing_s, holder.daily_tokens
+    return {
+        "processing_s": None if most_s is None else max(0.0, most_s - used["processing_s"]),
+        "tokens": None if most_tokens is None else max(0, most_tokens - tokens(used)),
+    }
+
+
 def midnights(now: datetime) -> tuple[datetime, datetime]:
     """The UTC midnights that begin and end `now`'s day (an aware UTC time)."""
     start = now.replace(hour=0, minute=0, second=0, microsecond=0)

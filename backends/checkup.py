@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from asgiref.sync import async_to_sync
 
-from .adapters.base import AdapterError, ServerModel
+from .adapters.base import AdapterError, ServerModel, positive_count
 from .discovery import listed_models
 from .models import Server, ServerKind
 
@@ -143,8 +143,7 @@ def router_room(props: Any) -> int | None:
     says it); None for no limit, or for a server that is no router."""
     if not isinstance(props, dict) or props.get("role") != "router":
         return None
-    room = props.get("max_instances")
-    return room if isinstance(room, int) and room > 0 else None
+    return positive_count(props.get("max_instances"))
 
 
 def room_held(server: Server) -> int:

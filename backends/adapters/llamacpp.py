@@ -65,8 +65,8 @@ def model_type(entry: dict[str, Any]) -> str:
 
 
 def size_mb(entry: dict[str, Any]) -> int | None:
-    size = (entry.get("meta") or {}).get("size")  # bytes; listed once the model is loaded
-    return round(size / 2**20) if isinstance(size, int) and size > 0 else None
+    size = positive_count((entry.get("meta") or {}).get("size"))  # bytes; once it is loaded
+    return round(size / 2**20) if size else None
 
 
 def total_slots(props: dict[str, Any]) -> int | None:

@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from access import auth, usage
 from access.limits import RATE_WINDOW_S
-from access.models import ApiKey, Team
+from access.models import ApiKey
 
 from ..models import WAITING_STATES, Request
 from .errors import ApiError
@@ -78,15 +78,6 @@ KEY_FIELDS = (
 )
 
 
-def left(holder: ApiKey | Team, used: dict[str, float]) -> dict[str, Any]:
-    """What the holder's daily quotas leave today (never below 0); null where it has none."""
-    most_s, most_tokens = holder.daily_processing_s, holder.daily_tokens
-    return {
-        "processing_s": None if most_s is None else max(0.0, most_s - used["processing_s"]),
-        "tokens": None if most_tokens is None else max(0, most_tokens - usage.tokens(used)),
-    }
-
-
 def described(api_key: ApiKey) -> dict[str, Any]:
     now = timezone.now()
     used = usage.today(now, **usage.of(api_key))
@@ -99,7 +90,7 @@ def described(api_key: ApiKey) -> dict[str, Any]:
         **{name: getattr(api_key, name) for name in KEY_FIELDS},
         "allowed_models": api_key.allowed_models or [],
         "used_today": used,
-        "left_today": left(api_key, used),
+        "left_today": usage.left(api_key, used),
         "now": counts,
         "team": None,
     }
@@ -111,7 +102,7 @@ def described(api_key: ApiKey) -> dict[str, Any]:
             "daily_processing_s": team.daily_processing_s,
             "daily_tokens": team.daily_tokens,
             "used_today": team_used,
-            "left_today": left(team, team_used),
+            "left_today": usage.left(team, team_used),
         }
     return OwnKeyOut(body).data
 
