@@ -83,25 +83,33 @@ def another_worker_waits(sends: list, worker_id: int) -> Callable[[], list]:
     `sends`, in a thread and a connection of its own, once it waits for that lock. Call
     what it returns after the transaction ends for that dispatch's jobs."""
     jobs: list = []
+    errors: list[BaseException] = []
 
     def dispatch() -> None:
         try:
             jobs.extend(store.dispatch_all(sends, worker_id))
+        except BaseException as error:  # re-raised in the test's thread
+            errors.append(error)
         finally:
             connection.close()
 
     waiting = threading.Thread(target=dispatch)
     waiting.start()
-    until_a_query_waits_for_a_lock()
+    until_a_query_waits_for_a_lock(waiting)
 
     def joined() -> list:
         waiting.join()
+        if errors:
+            raise errors[0]
         return jobs
 
     return joined
 
 
-def until_a_query_waits_for_a_lock(timeout_s: float = 10) -> None:
+def until_a_query_waits_for_a_lock(thread: threading.Thread, timeout_s: float = 60) -> None:
+    """Return once a session on the test database waits for a lock. Fails at once if
+    `thread` ends first, and after `timeout_s` (well past the pool's 30 s wait for a
+    connection) with what each session and the pool were doing."""
     deadline = time.monotonic() + timeout_s
     with connection.cursor() as cursor:
         while time.monotonic() < deadline:
@@ -111,7 +119,15 @@ def until_a_query_waits_for_a_lock(timeout_s: float = 10) -> None:
             )
             if cursor.fetchone()[0]:
                 return
-    raise AssertionError("no query came to wait for a lock")
+            if not thread.is_alive():
+                raise AssertionError("the other worker's dispatch ended without waiting")
+        cursor.execute(
+            "SELECT pid, state, wait_event_type, wait_event, left(query, 60)"
+            " FROM pg_stat_activity WHERE datname = current_database()"
+        )
+        sessions = cursor.fetchall()
+    pool = connection.pool.get_stats() if connection.pool else None
+    raise AssertionError(f"no query came to wait for a lock; sessions {sessions}, pool {pool}")
 
 
 def test_one_batch_of_dispatches_fills_free_slots_and_no_more():
