@@ -1,7 +1,7 @@
 """One or more tests per policy rule (scheduler/README.md), on hand-built snapshots: what
 holds a switch back (collation, a load about to be too late, minimum residency, the
-affinity guards, switch batching). The order of the line: test_policy_order.py; routing,
-room and failures: test_policy_routing.py.
+affinity guards, switch batching). The order of the line: test_policy_order.py; routing
+and room: test_policy_routing.py; failures: test_policy_failures.py.
 
 Pure: no database, no clock, no sleeps. Each test says what would break if it failed.
 """

@@ -1,7 +1,7 @@
 """One or more tests per policy rule (scheduler/README.md), on hand-built snapshots: the
 order of the line (classes, first come first served within a class, aging, a request about
-to expire first). What holds a switch back: test_policy_holds.py; routing, room and
-failures: test_policy_routing.py.
+to expire first). What holds a switch back: test_policy_holds.py; routing and room:
+test_policy_routing.py; failures: test_policy_failures.py.
 
 Pure: no database, no clock, no sleeps. Each test says what would break if it failed.
 """
