@@ -70,14 +70,16 @@ def live_text(
 ) -> str:
     """A stored reason's text as of `now` (its details as `Reason.as_json` gives them). A
     load's progress is the server's own fraction when it `reported` one (the page's bar
-    shows that one too), else the time elapsed against the policy's estimate."""
+    shows that one too), else the time elapsed against the policy's estimate, or past it."""
     started, expected = details.get("started_at"), details.get("expected_s")
     if kind != LOADING or started is None or expected is None:
         return text
     if isinstance(started, str):
         started = datetime.fromisoformat(started)
     elapsed = max((now - started).total_seconds(), 0.0)
-    if reported is None:
+    if reported is None and elapsed > expected:
+        progress = f"{elapsed:.1f} s, past the ~{expected:.1f} s expected"
+    elif reported is None:
         progress = f"{elapsed:.1f} s of ~{expected:.1f} s"
     else:
         progress = f"{reported:.0%} after {elapsed:.1f} s, as the server reports"

@@ -101,6 +101,21 @@ def test_charts_timeline_and_classes_render_with_data(with_history, browser_page
     screenshot(page, "admin-requests")
 
 
+def test_a_load_bar_says_when_a_load_runs_past_its_estimate(with_history, browser_page):
+    """An estimated bar (the server reports no fraction) stops short of full; past the
+    estimate its label says so instead of "99%"."""
+    page = browser_page
+    sign_in(page, with_history.url)
+    label = """([ago, expected]) => Switchyard.progress({
+        started_at: new Date(Date.now() - ago * 1000).toISOString(),
+        expected_s: expected, fraction: null, estimated: true,
+    }).querySelector(".load-label").textContent"""
+    assert re.fullmatch(r"loading \d\.\d s of ~10\.0 s · \d\d% ", page.evaluate(label, [5, 10]))
+    assert re.fullmatch(
+        r"loading 1[45]\.\d s, past the ~10\.0 s expected ", page.evaluate(label, [15, 10])
+    )
+
+
 def test_the_login_page_says_switchyard(with_history, browser_page):
     page = browser_page
     page.goto(f"{with_history.url}/admin/login/?next=/")

@@ -39,6 +39,10 @@ def test_reason_loading_says_how_far_the_load_is():
         reason.live(at(0), reported=1.0)
         == "waiting for the load of gemma3-27b on s1, 100% after 3.2 s, as the server reports"
     )
+    # A load that runs past its estimate says so, not "7.0 s of ~4.5 s".
+    assert reason.live(at(3.8)) == (
+        "waiting for the load of gemma3-27b on s1, 7.0 s, past the ~4.5 s expected"
+    )
     # The stored text stays the same as the load goes on: nothing to write pass after pass.
     assert why(snap([server(1)], [d], [r]), at(1))[r.id] == reason
 

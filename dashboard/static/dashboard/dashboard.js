@@ -59,10 +59,14 @@ const Switchyard = (() => {
     const elapsed = Math.max((serverNow() - Date.parse(node.dataset.started)) / 1000, 0);
     const expected = node.dataset.expected ? Number(node.dataset.expected) : null;
     const bar = node.querySelector("progress");
-    if (node.dataset.estimated === "true" && expected) bar.value = Math.min(elapsed / expected, 0.99);
-    const pct = bar.hasAttribute("value") ? ` · ${Math.round(bar.value * 100)}%` : "";
-    node.querySelector(".load-label").textContent =
-      `loading ${secs(elapsed)}` + (expected ? ` of ~${secs(expected)}` : "") + pct + " ";
+    const estimated = node.dataset.estimated === "true";
+    // A load that runs past its estimate says so, not "99%" (the server gave no fraction).
+    const over = expected && elapsed > expected;
+    if (estimated && expected) bar.value = Math.min(elapsed / expected, 0.99);
+    const pct = bar.hasAttribute("value") && !(estimated && over)
+      ? ` · ${Math.round(bar.value * 100)}%` : "";
+    const of = !expected ? "" : over ? `, past the ~${secs(expected)} expected` : ` of ~${secs(expected)}`;
+    node.querySelector(".load-label").textContent = `loading ${secs(elapsed)}${of}${pct} `;
   }
 
   function tickUntil(node) {
