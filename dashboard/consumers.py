@@ -20,15 +20,27 @@ REFUSED = 4403
 NOT_FOUND = 4404
 
 
-class StaffConsumer(AsyncJsonWebsocketConsumer):
-    # At most about four full-state reads a second per open page, the last always sent.
-    push_interval_s = 0.25
+class StateConsumer(AsyncJsonWebsocketConsumer):
+    """A page that is pushed its full state (`read_state`) as `message_type` after each hint
+    from its groups, at most once per `push_interval_s`, the last always sent. `admit`
+    says who may open it."""
+
+    push_interval_s = 1.0
     message_type = ""
 
+    async def admit(self) -> int | None:
+        """None to accept the socket, else the close code that refuses it."""
+        raise NotImplementedError
+
+    def group_names(self) -> list[str]:
+        raise NotImplementedError
+
+    def read_state(self) -> dict | None:
+        raise NotImplementedError
+
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if not (user and user.is_authenticated and user.is_staff):
-            await self.close(code=REFUSED)
+        if (refused := await self.admit()) is not None:
+            await self.close(code=refused)
             return
         self.throttle = Throttle(self.push, self.push_interval_s)
         for group in self.group_names():
@@ -42,18 +54,21 @@ class StaffConsumer(AsyncJsonWebsocketConsumer):
             for group in self.group_names():
                 await self.channel_layer.group_discard(group, self.channel_name)
 
-    def group_names(self) -> list[str]:
-        raise NotImplementedError
-
-    def read_state(self) -> dict | None:
-        raise NotImplementedError
-
     async def push(self) -> None:
         current = await database_sync_to_async(self.read_state)()
         await self.send_json({"type": self.message_type, "state": current})
 
     async def dashboard_changed(self, message) -> None:
         self.throttle.hint()
+
+
+class StaffConsumer(StateConsumer):
+    # At most about four full-state reads a second per open page, the last always sent.
+    push_interval_s = 0.25
+
+    async def admit(self) -> int | None:
+        user = self.scope.get("user")
+        return None if user and user.is_authenticated and user.is_staff else REFUSED
 
 
 class SharedRead:
@@ -121,39 +136,22 @@ class RequestConsumer(StaffConsumer):
         """Tokens are for the caller, not the dashboard."""
 
 
-class WatchConsumer(AsyncJsonWebsocketConsumer):
+class WatchConsumer(StateConsumer):
     """A request's watch page, for whoever holds its signed URL (no login). Its state at
     most once a second (it follows the dashboard group, as its place moves when other rows
     do); a streamed answer's text as it comes."""
 
-    push_interval_s = 1.0
+    message_type = "watch"
 
-    async def connect(self) -> None:
+    async def admit(self) -> int | None:
         self.request_id = request_id_for(self.scope["url_route"]["kwargs"]["token"])
-        if self.request_id is None:
-            await self.close(code=NOT_FOUND)
-            return
-        self.throttle = Throttle(self.push, self.push_interval_s)
-        for group in self.group_names():
-            await self.channel_layer.group_add(group, self.channel_name)
-        await self.accept()
-        self.throttle.hint()
+        return NOT_FOUND if self.request_id is None else None
 
     def group_names(self) -> list[str]:
         return [request_group(self.request_id), DASHBOARD_GROUP]
 
-    async def disconnect(self, code) -> None:
-        if hasattr(self, "throttle"):
-            self.throttle.close()
-            for group in self.group_names():
-                await self.channel_layer.group_discard(group, self.channel_name)
-
-    async def push(self) -> None:
-        current = await database_sync_to_async(watch_state)(self.request_id)
-        await self.send_json({"type": "watch", "state": current})
-
-    async def dashboard_changed(self, message) -> None:
-        self.throttle.hint()
+    def read_state(self) -> dict | None:
+        return watch_state(self.request_id)
 
     async def request_moved(self, message) -> None:
         self.throttle.hint()
