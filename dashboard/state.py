@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
+from scheduler.reasons_shown import reported_fraction
 from scheduler.reasons_shown import shown as shown_reason
 from scheduler.snapshot import unused_restore
 from scheduler.streams import answer_text
@@ -151,18 +152,8 @@ def request_row(r: Request, now: datetime, ahead: int | None = None) -> dict:
         "server": r.server.name if r.server else None,
         "created_at": iso(r.created_at),
         "waited_s": seconds((waited_until(r, now) - r.created_at).total_seconds()),
-        **reason_fields(shown_reason(r.reason, r.state, now, ahead, reported_fraction(r, now))),
+        **reason_fields(shown_reason(r.reason, r.state, now, ahead, reported_fraction(r))),
     }
-
-
-def reported_fraction(r: Request, now: datetime) -> float | None:
-    """How far the load a waiting request waits for has come, by its server's own figure
-    (None if the server gives none). The pages' load bars show that figure, so the
-    request's reason says it too, not the estimate."""
-    if r.state not in WAITING_STATES or r.deployment_id is None:
-        return None
-    load = load_progress(r.deployment, now)
-    return load["fraction"] if load and not load["estimated"] else None
 
 
 def reason_fields(shown: dict | None) -> dict:

@@ -4,7 +4,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .models import WAITING_STATES
+from backends.models import DeploymentState
+
+from .models import WAITING_STATES, Request
 from .reasons import BEHIND, WAITING, live_text
 
 
@@ -34,3 +36,15 @@ def shown(
     kind, text = stored.get("kind", WAITING), stored.get("text", "")
     text = live_text(kind, text, details, now, reported)
     return {"kind": kind, "text": text, "details": details}
+
+
+def reported_fraction(r: Request) -> float | None:
+    """How far the load `r` waits for has come, by its server's own figure; None when the
+    server gives none (the reason then counts the time against the estimate). Every place
+    that shows the reason passes it, so the API, the stream and the pages say the same."""
+    if r.state not in WAITING_STATES or r.deployment_id is None:
+        return None
+    d = r.deployment
+    if d.state != DeploymentState.LOADING or d.load_started_at is None or not d.load_progress:
+        return None
+    return min(d.load_progress, 1.0)

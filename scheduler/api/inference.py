@@ -19,6 +19,7 @@ from dashboard import eta_checks
 from .. import faults
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..pool_threads import in_pool_thread
+from ..reasons_shown import reported_fraction
 from ..reasons_shown import shown as shown_reason
 from ..streams import CatchUp
 from . import idempotency, intake, recovery
@@ -380,19 +381,21 @@ class Waiting:
         return f"Switchyard: waiting, {self.where} in line{self.tail()}.\n"
 
 
-def place_and_eta(request: Request) -> tuple[int | None, float | None]:
-    """Its place in line and the seconds until it is sent (the worker's last forecast for
-    it, counted down); None for either when not waiting or not yet forecast."""
+def place_and_eta(request: Request) -> tuple[int | None, float | None, float | None]:
+    """Its place in line, the seconds until it is sent (the worker's last forecast for
+    it, counted down) and how far its model's load has come by its server's own figure;
+    None for each when not waiting, not yet forecast or not reported."""
     position = intake.position_in_line(request)
-    return position, eta_checks.left_s(request.pk, timezone.now()) if position else None
+    eta = eta_checks.left_s(request.pk, timezone.now()) if position else None
+    return position, eta, reported_fraction(request)
 
 
 async def waiting_state(request: Request) -> Waiting:
     try:
-        position, eta = await in_pool_thread(place_and_eta)(request)
+        position, eta, reported = await in_pool_thread(place_and_eta)(request)
     except faults.DATABASE_FAULTS:
-        position = eta = None
-    why = shown_reason(request.reason, request.state, timezone.now())
+        position = eta = reported = None
+    why = shown_reason(request.reason, request.state, timezone.now(), reported=reported)
     return Waiting(
         f"position {position}" if position else "processing",
         sent_in(eta),

@@ -20,6 +20,7 @@ from access.watch import watch_url
 from dashboard.state import eta_of
 
 from ..models import Request, RequestKind
+from ..reasons_shown import reported_fraction
 from ..reasons_shown import shown as shown_reason
 from ..store.completion import cancel_request
 from . import callback_url, callers, idempotency, intake, listing, recovery
@@ -117,7 +118,7 @@ class RequestSerializer(serializers.ModelSerializer):
         """Why it waits (scheduler/reasons.py); a tail not yet seen by a pass: its place."""
         position = self.get_position(obj)
         ahead = position - 1 if position else None
-        return shown_reason(obj.reason, obj.state, timezone.now(), ahead)
+        return shown_reason(obj.reason, obj.state, timezone.now(), ahead, reported_fraction(obj))
 
     def get_watch_url(self, obj: Request) -> str:
         return watch_url(obj.pk)

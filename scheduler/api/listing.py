@@ -21,6 +21,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
 from ..models import Priority, Request, State
+from ..reasons_shown import reported_fraction
 from ..reasons_shown import shown as shown_reason
 from .errors import ApiError
 
@@ -153,14 +154,14 @@ def summary(r: Request, now: datetime) -> dict[str, Any]:
         "created_at": r.created_at,
         "finished_at": r.finished_at,
         "error_code": r.error_code or None,
-        "reason": shown_reason(r.reason, r.state, now),
+        "reason": shown_reason(r.reason, r.state, now, reported=reported_fraction(r)),
         "url": reverse("request-detail", args=[r.pk]),
     }
 
 
 def requests_page(own: QuerySet, params) -> dict[str, Any]:
     """One page of `own` (the caller's requests), newest first, filtered as `params` ask."""
-    rows = filtered(own, params).select_related("server")
+    rows = filtered(own, params).select_related("server", "deployment")
     now = timezone.now()
     return page(
         rows, params, ("-created_at", "-id"), lambda found: [summary(r, now) for r in found]

@@ -1,12 +1,15 @@
 """GET /api/v1/requests/{id}: a job's place in line and its ETA, as its watch page has them."""
 
+import re
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from backends.models import DeploymentState
+from backends.models import Deployment, DeploymentState
 from dashboard import forecast
+from scheduler import reasons
+from scheduler.api.inference import place_and_eta
 from scheduler.models import State
 from tests import factories
 
@@ -37,6 +40,37 @@ def test_a_job_waiting_for_a_load_says_its_place_and_when_it_is_sent(client):
     assert body["position"] == 2
     # Sent when the load ends (3 s left) and the request ahead has run (1 s) on one slot.
     assert 3.5 <= body["eta_s"] <= 4.0
+
+
+def test_a_job_waiting_for_a_load_its_server_reports_says_the_servers_figure(client):
+    """The jobs API, its list and a stream's waiting comment say what the pages' load bar
+    says: the server's own fraction, not the estimate (which would read 25% here)."""
+    srv = factories.server("sim", slots=1)
+    started = timezone.now() - timedelta(seconds=1)
+    d = factories.deployment(
+        srv,
+        "m",
+        state=DeploymentState.LOADING,
+        load_started_at=started,
+        avg_load_s=4.0,
+        load_progress=0.6,
+    )
+    loading = reasons.make(
+        reasons.LOADING, "x", model="m", server="sim", started_at=started, expected_s=4.0
+    )
+    r = factories.request(
+        "m", state=State.NEEDS_LOADING, server=srv, deployment=d, reason=loading.as_json()
+    )
+    said = re.compile(r"waiting for the load of m on sim, 60% after 1\.\d s, as the server reports")
+
+    assert said.fullmatch(detail(client, r)["reason"]["text"])
+    [row] = client.get("/api/v1/requests").json()["data"]
+    assert said.fullmatch(row["reason"]["text"])
+    assert place_and_eta(r)[2] == 0.6
+    # Once loaded, nothing is reported: the reason goes back to the estimate's words.
+    Deployment.objects.filter(pk=d.pk).update(state=DeploymentState.LOADED)
+    r.refresh_from_db()
+    assert place_and_eta(r)[2] is None
 
 
 def test_a_running_job_says_when_it_is_expected_to_end_and_an_ended_one_nothing(client):

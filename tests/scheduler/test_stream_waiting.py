@@ -33,9 +33,9 @@ def test_a_forecast_request_says_when_it_is_sent_counted_down():
     r = factories.request("m")
     forecast_for(r, seconds_ago=2, eta_s=12)
 
-    position, eta = place_and_eta(r)
+    position, eta, reported = place_and_eta(r)
 
-    assert position == 2
+    assert position == 2 and reported is None
     assert 9.5 <= eta <= 10.0
     waiting = Waiting(f"position {position}", sent_in(eta), "behind 1 request")
     assert waiting.comment("ready") == (
@@ -49,15 +49,15 @@ def test_a_forecast_request_says_when_it_is_sent_counted_down():
 def test_an_eta_past_its_time_says_any_moment_not_a_negative_wait():
     r = factories.request("m")
     forecast_for(r, seconds_ago=30, eta_s=12)
-    assert place_and_eta(r) == (1, 0.0)
+    assert place_and_eta(r) == (1, 0.0, None)
     assert sent_in(0.0) == "sent any moment"
 
 
 def test_without_a_forecast_or_once_at_the_server_it_says_no_eta():
     r = factories.request("m")
-    assert place_and_eta(r) == (1, None)
+    assert place_and_eta(r) == (1, None, None)
     assert Waiting("position 1", "", "").comment("pending") == ": waiting, pending, position 1\n\n"
     running = factories.request("m", state=State.PROCESSING)
     forecast_for(running, seconds_ago=1, eta_s=5)
-    assert place_and_eta(running) == (None, None)
+    assert place_and_eta(running) == (None, None, None)
     assert Waiting("processing", "", "").progress_line() == ""
