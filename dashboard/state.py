@@ -133,13 +133,6 @@ def server_row(s: Server, now: datetime) -> dict:
     }
 
 
-def waited_until(r: Request, now: datetime) -> datetime:
-    """A request waits in line until it is sent (a retry waits again)."""
-    if r.state in WAITING_STATES:
-        return now
-    return r.started_at or r.finished_at or now
-
-
 def request_row(r: Request, now: datetime, ahead: int | None = None) -> dict:
     """A request as the pages list it; `reason` while it waits (`ahead`: how many are
     before it in line, for one a pass has not explained yet)."""
@@ -151,7 +144,7 @@ def request_row(r: Request, now: datetime, ahead: int | None = None) -> dict:
         "state": r.state,
         "server": r.server.name if r.server else None,
         "created_at": iso(r.created_at),
-        "waited_s": seconds((waited_until(r, now) - r.created_at).total_seconds()),
+        "waited_s": seconds(r.waited_s(now)),
         **reason_fields(shown_reason(r.reason, r.state, now, ahead, reported_fraction(r))),
     }
 

@@ -97,8 +97,8 @@ class RequestAdmin(ReadOnlyAdmin):
 
     @admin.display(description="waited")
     def waited(self, obj: Request) -> str:
-        end = obj.started_at or obj.finished_at
-        return f"{(end - obj.created_at).total_seconds():.1f} s" if end else "-"
+        """In line so far while it waits, as the dashboard counts it."""
+        return f"{obj.waited_s(timezone.now()):.1f} s"
 
     @admin.display(description="took")
     def took(self, obj: Request) -> str:

@@ -1,6 +1,7 @@
 """Requests, their traces, and the workers that hold them."""
 
 import uuid
+from datetime import datetime
 
 from django.db import models
 from django.utils import timezone
@@ -168,6 +169,13 @@ class Request(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    def waited_s(self, now: datetime) -> float:
+        """Seconds in line: until it was sent, or until `now` while it waits (a retry waits
+        again). Never below 0: its times may come from two hosts' clocks."""
+        waiting = self.state in WAITING_STATES
+        end = now if waiting else self.started_at or self.finished_at or now
+        return max((end - self.created_at).total_seconds(), 0.0)
 
 
 class Trace(models.Model):

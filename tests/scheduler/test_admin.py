@@ -93,6 +93,31 @@ def test_request_and_trace_lists_show_the_newest_first(admin_client):
     assert traces.index(f"about {new.pk}") < traces.index(f"about {old.pk}")
 
 
+def test_waited_counts_a_waiting_request_to_now_and_is_never_negative(admin_client):
+    """A request still in line shows how long it has waited so far (it said "-"); one
+    whose end was stamped by a host whose clock is behind shows 0.0 s, not "-0.0 s"."""
+    now = timezone.now()
+    waiting = factories.request("m", created_at=now - timedelta(seconds=42))
+    skewed = factories.request(
+        "m", state=State.FAILED, created_at=now, finished_at=now - timedelta(seconds=0.01)
+    )
+    sent = factories.request(
+        "m",
+        state=State.COMPLETED,
+        created_at=now - timedelta(seconds=30),
+        started_at=now - timedelta(seconds=25),
+        finished_at=now,
+    )
+    assert 42 <= waiting.waited_s(timezone.now()) < 50
+    assert skewed.waited_s(now) == 0.0 and sent.waited_s(now) == 5.0
+
+    page = admin_client.get(changelist("request"))
+    cl = page.context["cl"]
+    waited = {r.pk: cl.model_admin.waited(r) for r in cl.result_list}
+    assert waited[waiting.pk].startswith("4") and waited[skewed.pk] == "0.0 s"
+    assert waited[sent.pk] == "5.0 s" and "-0.0 s" not in page.content.decode()
+
+
 def test_simulated_server_is_marked_in_the_request_list(admin_client, queue):
     page = admin_client.get(changelist("request")).content.decode()
     assert "sim-1 (simulated)" in page
