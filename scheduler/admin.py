@@ -10,7 +10,7 @@ from backends.admin import server_label
 from dashboard.state import caller as caller_of
 
 from .models import Request, State, Trace, Worker
-from .reasons_shown import shown
+from .reasons_shown import reported_fraction, shown
 from .store.completion import cancel_requests
 
 WHY_CHARS = 120  # an error's first line or so; the whole of it is on the request's page
@@ -78,7 +78,7 @@ class RequestAdmin(ReadOnlyAdmin):
     # has no index over finished requests, and sorted the whole table on every page.
     ordering = ["-created_at"]
     show_full_result_count = False  # a filtered page counts its rows, not the table's too
-    list_select_related = ["server", "api_key__team"]
+    list_select_related = ["server", "deployment", "api_key__team"]
     inlines = [TraceInline]
     actions = ["cancel"]
 
@@ -114,7 +114,8 @@ class RequestAdmin(ReadOnlyAdmin):
     def why(self, obj: Request) -> str:
         """A waiting request's reason as the pages show it (`reasons_shown`); for one that
         failed or expired, its error code and message."""
-        if (reason := shown(obj.reason, obj.state, timezone.now())) is not None:
+        reason = shown(obj.reason, obj.state, timezone.now(), reported=reported_fraction(obj))
+        if reason is not None:
             return reason["text"]
         if obj.error_code:
             return Truncator(f"{obj.error_code}: {obj.error}").chars(WHY_CHARS)

@@ -42,9 +42,9 @@ def test_a_job_waiting_for_a_load_says_its_place_and_when_it_is_sent(client):
     assert 3.5 <= body["eta_s"] <= 4.0
 
 
-def test_a_job_waiting_for_a_load_its_server_reports_says_the_servers_figure(client):
-    """The jobs API, its list and a stream's waiting comment say what the pages' load bar
-    says: the server's own fraction, not the estimate (which would read 25% here)."""
+def test_a_job_waiting_for_a_load_its_server_reports_says_the_servers_figure(client, admin_client):
+    """The jobs API, its list, a stream's waiting comment and the admin say what the
+    pages' load bar says: the server's own fraction, not the estimate (1 s of ~4 s)."""
     srv = factories.server("sim", slots=1)
     started = timezone.now() - timedelta(seconds=1)
     d = factories.deployment(
@@ -67,6 +67,8 @@ def test_a_job_waiting_for_a_load_its_server_reports_says_the_servers_figure(cli
     [row] = client.get("/api/v1/requests").json()["data"]
     assert said.fullmatch(row["reason"]["text"])
     assert place_and_eta(r)[2] == 0.6
+    admin_list = admin_client.get("/admin/scheduler/request/").content.decode()
+    assert "60% after" in admin_list and "as the server reports" in admin_list
     # Once loaded, nothing is reported: the reason goes back to the estimate's words.
     Deployment.objects.filter(pk=d.pk).update(state=DeploymentState.LOADED)
     r.refresh_from_db()

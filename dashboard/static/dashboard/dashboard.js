@@ -65,7 +65,8 @@ const Switchyard = (() => {
     if (estimated && expected) bar.value = Math.min(elapsed / expected, 0.99);
     const pct = bar.hasAttribute("value") && !(estimated && over)
       ? ` · ${Math.round(bar.value * 100)}%` : "";
-    const of = !expected ? "" : over ? `, past the ~${secs(expected)} expected` : ` of ~${secs(expected)}`;
+    const of = !expected ? ""
+      : over ? `, past the ~${secs(expected)} expected` : ` of ~${secs(expected)}`;
     node.querySelector(".load-label").textContent = `loading ${secs(elapsed)}${of}${pct} `;
   }
 
