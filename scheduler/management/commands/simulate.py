@@ -1,13 +1,18 @@
-"""Run the real policy and a serial FIFO baseline on a trace, on a virtual clock; print both."""
+"""Run the real policy, self-swapping servers and a serial FIFO on a trace, on a virtual clock."""
+
+from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from scheduler.simulation import PolicyLivelock, Result, simulate_fifo, simulate_policy
+from scheduler.simulation_history import trace_from_history
 from scheduler.simulation_mixed_day import generate_mixed_day
 from scheduler.simulation_swap import simulate_self_swapping
 from scheduler.simulation_targets import report, targets
 from scheduler.simulation_workload import (
     CLASS_NAMES,
+    Workload,
     WorkloadError,
     generate_day,
     read_workload,
@@ -19,8 +24,9 @@ from scheduler.store import policy_config
 class Command(BaseCommand):
     help = (
         "Simulate the scheduling policy against self-swapping servers and a one-worker FIFO "
-        "on a trace (the default day when no file is given) and print waits per class, loads, "
-        "expired and lost requests, and the targets against self-swapping servers."
+        "on a trace (a file, this installation's own history, or else the default day) and "
+        "print waits per class, loads, expired and lost requests, and the targets against "
+        "self-swapping servers."
     )
 
     def add_arguments(self, parser) -> None:
@@ -38,27 +44,27 @@ class Command(BaseCommand):
             help="which day to generate: the default one, or the mixed one"
             " (a heartbeat flood, batch waves, models with two homes)",
         )
-        parser.add_argument("--write-trace", metavar="PATH", help="save the generated day here")
+        parser.add_argument(
+            "--history",
+            type=float,
+            metavar="HOURS",
+            help="replay this installation's own requests of the last HOURS on its servers"
+            " and models as they are now (scheduler/simulation_history.py)",
+        )
+        parser.add_argument(
+            "--write-trace", metavar="PATH", help="save the generated (or history's) trace here"
+        )
 
     def handle(self, *args, **options) -> None:
-        try:
-            trace = read_workload(options["trace"]) if options["trace"] else None
-        except WorkloadError as error:
-            raise CommandError(str(error)) from error
-        if trace is None:
-            generate = generate_mixed_day if options["day"] == "mixed" else generate_day
-            trace = generate(options["seed"], options["hours"])
-            if options["write_trace"]:
-                write_workload(trace, options["write_trace"])
+        trace, source = self.trace(options)
+        if options["write_trace"] and not options["trace"]:
+            write_workload(trace, options["write_trace"])
         try:
             policy = simulate_policy(trace, policy_config())
         except PolicyLivelock as error:
             raise CommandError(f"the policy did not settle: {error}") from error
         fifo = simulate_fifo(trace)
         swap = simulate_self_swapping(trace)
-        source = options["trace"] or (
-            f"generated {options['day']} day, seed {options['seed']}, {options['hours']:g} hours"
-        )
         self.stdout.write(
             f"{len(trace.requests)} requests ({source}), {len(trace.servers)} servers, "
             f"{len(trace.models)} models\n"
@@ -67,6 +73,37 @@ class Command(BaseCommand):
         self.stdout.write(f"ETA given on arrival, checked when sent: {policy.eta.summary()}\n")
         self.stdout.write("Targets against self-swapping servers:\n")
         self.stdout.write(report(targets(policy, swap)))
+
+    def trace(self, options: dict) -> tuple[Workload, str]:
+        """The trace to replay, and what to call it."""
+        if options["trace"] and options["history"] is not None:
+            raise CommandError("give a trace file or --history, not both")
+        if options["trace"]:
+            try:
+                return read_workload(options["trace"]), options["trace"]
+            except WorkloadError as error:
+                raise CommandError(str(error)) from error
+        if options["history"] is not None:
+            return self.history(options["history"])
+        generate = generate_mixed_day if options["day"] == "mixed" else generate_day
+        day, seed, hours = options["day"], options["seed"], options["hours"]
+        return generate(seed, hours), f"generated {day} day, seed {seed}, {hours:g} hours"
+
+    def history(self, hours: float) -> tuple[Workload, str]:
+        if hours <= 0:
+            raise CommandError(f"--history takes a positive number of hours, not {hours:g}")
+        until = timezone.now()
+        found = trace_from_history(until - timedelta(hours=hours), until)
+        if not found.trace.requests:
+            raise CommandError(f"no requests in the last {hours:g} hours to replay")
+        filled = "; ".join(f"{what} ({n})" for what, n in sorted(found.gaps.items()))
+        if filled:
+            self.stdout.write(f"Filled in where the rows say nothing: {filled}\n")
+        if found.left_out:
+            self.stdout.write(
+                f"Left out: {found.left_out} requests for models no enabled server serves\n"
+            )
+        return found.trace, f"this installation's last {hours:g} hours"
 
 
 def comparison_table(results: list[Result]) -> str:
