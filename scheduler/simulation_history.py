@@ -12,7 +12,8 @@ What the rows cannot say is filled in, and `gaps` counts each fill:
 - a model's size is its largest deployment's `size_mb`, where one is known.
 Only enabled servers and deployments count, and requests for a model no longer deployed are
 left out. Every server is simulated as one Switchyard loads and unloads models on, the
-`openai` kind's too (where it can do neither). Retention (`SWITCHYARD_KEEP_FINISHED_DAYS`) bounds how far back rows exist.
+`openai` kind's too (where it can do neither). Retention (`SWITCHYARD_KEEP_FINISHED_DAYS`)
+bounds how far back rows exist.
 """
 
 import statistics
