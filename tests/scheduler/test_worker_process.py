@@ -200,9 +200,15 @@ async def test_a_worker_taken_over_while_alive_carries_on_under_a_new_row(knobs)
     async with Running() as running:
         first = await running.until(lambda: Worker.objects.first())
         await db(Worker.objects.all().delete)()  # what another worker does to a stale one
-        second = await running.until(lambda: Worker.objects.first())
+
+        def carried_on() -> Worker | None:
+            # The new row is committed before the runtime takes its id: wait for both.
+            now_id = running.runtime.worker_id
+            return Worker.objects.filter(pk=now_id).first() if now_id != first.pk else None
+
+        second = await running.until(carried_on)
         assert second.pk != first.pk
-        assert running.runtime.worker_id == second.pk
+        assert await db(lambda: list(Worker.objects.all()))() == [second]
 
 
 async def test_on_start_a_worker_takes_back_what_a_stale_worker_held():
