@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
-from scheduler.reasons_shown import reported_fraction
+from scheduler.reasons_shown import reported_fraction, server_fraction
 from scheduler.reasons_shown import shown as shown_reason
 from scheduler.snapshot import unused_restore
 from scheduler.streams import answer_text
@@ -62,8 +62,8 @@ def load_progress(d: Deployment, now: datetime) -> dict | None:
         return None
     elapsed = max((now - d.load_started_at).total_seconds(), 0.0)
     expected = d.avg_load_s
-    if d.load_progress:
-        fraction, estimated = min(d.load_progress, 1.0), False
+    if (reported := server_fraction(d)) is not None:
+        fraction, estimated = reported, False
     elif expected:
         fraction, estimated = min(elapsed / expected, ESTIMATE_CAP), True
     else:

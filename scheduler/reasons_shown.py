@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from backends.models import DeploymentState
+from backends.models import Deployment, DeploymentState
 
 from .models import WAITING_STATES, Request
 from .reasons import BEHIND, WAITING, live_text
@@ -44,7 +44,12 @@ def reported_fraction(r: Request) -> float | None:
     that shows the reason passes it, so the API, the stream and the pages say the same."""
     if r.state not in WAITING_STATES or r.deployment_id is None:
         return None
-    d = r.deployment
+    return server_fraction(r.deployment)
+
+
+def server_fraction(d: Deployment) -> float | None:
+    """A load under way's progress as its server reports it (the adapter stores it); None
+    when it reports none, or nothing loads."""
     if d.state != DeploymentState.LOADING or d.load_started_at is None or not d.load_progress:
         return None
     return min(d.load_progress, 1.0)

@@ -58,22 +58,25 @@ def trace_from_history(since: datetime, until: datetime) -> History:
         by_model[d.model.name].append(d)
     models = tuple(_model_spec(name, found, gaps) for name, found in by_model.items())
 
-    rows = list(
-        Request.objects.filter(created_at__gte=since, created_at__lt=until, model__isnull=False)
+    rows = [
+        (created, model, priority, _ran_s(started, finished))
+        for created, model, priority, started, finished in Request.objects.filter(
+            created_at__gte=since, created_at__lt=until, model__isnull=False
+        )
         .order_by("created_at", "id")
         .values_list("created_at", "model__name", "priority", "started_at", "finished_at")
-    )
+    ]
     ran: dict[str, list[float]] = defaultdict(list)
-    for _, model, _, started, finished in rows:
-        if started and finished:
-            ran[model].append(max((finished - started).total_seconds(), 0.0))
+    for _, model, _, measured in rows:
+        if measured is not None:
+            ran[model].append(measured)
     requests, left_out = [], 0
-    for created, model, priority, started, finished in rows:
+    for created, model, priority, measured in rows:
         if model not in by_model:
             left_out += 1
             continue
-        if started and finished:
-            duration = max((finished - started).total_seconds(), 0.0)
+        if measured is not None:
+            duration = measured
         elif ran[model]:
             duration = statistics.median(ran[model])
             gaps["run time: the model's median"] += 1
@@ -90,6 +93,11 @@ def trace_from_history(since: datetime, until: datetime) -> History:
         max_wait_s={p.value: max_wait_s(p.value) for p in Priority},
     )
     return History(trace, gaps, left_out)
+
+
+def _ran_s(started: datetime | None, finished: datetime | None) -> float | None:
+    """How long a request ran, if it did."""
+    return max((finished - started).total_seconds(), 0.0) if started and finished else None
 
 
 def _server_spec(s: Server) -> ServerSpec:
