@@ -1,13 +1,15 @@
 """The ETA measured live. Each tick of the history task gives every request in the head of
 the line that has none its first ETA (with its place), records a new ETA for those shown
-on the dashboard whose place changed, and, for the requests sent since, the error of the
-first ETA. `accuracy()` is what the dashboard and /metrics show."""
+on the dashboard whose place changed or whose forecast moved away from the last one
+counted down (a load slower than its estimate), and, for the requests sent since, the
+error of the first ETA. `accuracy()` is what the dashboard and /metrics show; `left_s()`
+what a waiting stream says."""
 
 from datetime import datetime, timedelta
 
 from django.core.cache import cache
 
-from scheduler.eta import Accuracy
+from scheduler.eta import FLOOR_S, TOLERANCE, Accuracy
 from scheduler.models import TERMINAL_STATES, Request, State
 
 from . import forecast
@@ -19,12 +21,25 @@ WINDOW = timedelta(hours=1)
 CACHE_S = 10
 
 
+def moved_off(last_s: float, eta: float) -> bool:
+    """Has a new forecast moved away from the last one, counted down, by more than the
+    ETA's own tolerance (a second, or a fifth)?"""
+    return abs(eta - last_s) > max(FLOOR_S, TOLERANCE * max(eta, last_s))
+
+
+def counted_down(last_at: datetime, last_s: float, now: datetime) -> float:
+    return max(last_s - (now - last_at).total_seconds(), 0.0)
+
+
 def record(now: datetime) -> None:
     line = forecast.head(now)
     ids = [r.pk for r in line.requests]
-    known = dict(
-        EtaCheck.objects.filter(request_id__in=ids).values_list("request_id", "last_position")
-    )
+    known = {
+        pk: (position, counted_down(last_at, last_s, now))
+        for pk, position, last_at, last_s in EtaCheck.objects.filter(
+            request_id__in=ids
+        ).values_list("request_id", "last_position", "last_at", "last_s")
+    }
     new, moved = [], []
     for position, r in enumerate(line.requests, start=1):
         eta = line.etas.get(r.pk)
@@ -43,7 +58,9 @@ def record(now: datetime) -> None:
                     last_position=position,
                 )
             )
-        elif position <= FOLLOWED and known[r.pk] != position:
+        elif position <= FOLLOWED and (
+            known[r.pk][0] != position or moved_off(known[r.pk][1], eta)
+        ):
             moved.append(EtaCheck(request_id=r.pk, last_at=now, last_s=eta, last_position=position))
     EtaCheck.objects.bulk_create(new, ignore_conflicts=True)
     EtaCheck.objects.bulk_update(moved, ["last_at", "last_s", "last_position"])
@@ -104,5 +121,4 @@ def left_s(request_id, now: datetime) -> float | None:
     found = EtaCheck.objects.filter(request_id=request_id).values_list("last_at", "last_s").first()
     if found is None:
         return None
-    last_at, last_s = found
-    return max(last_s - (now - last_at).total_seconds(), 0.0)
+    return counted_down(*found, now)

@@ -10,9 +10,10 @@ from datetime import datetime
 from django.conf import settings
 
 from backends.models import Deployment, Server
-from scheduler.eta import Host, Place, Waiter, forecast, line_order
+from scheduler.eta import Host, Place, Waiter, forecast, line_order, load_left_s
 from scheduler.models import WAITING_STATES, Request, State
 from scheduler.reasons import not_before
+from scheduler.reasons_shown import server_fraction
 
 from .models import RunStat
 
@@ -49,7 +50,8 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
         run_s = d.avg_inference_s or DEFAULT_RUN_S
         left = 0.0
         if d.state == "loading" and d.load_started_at:
-            left = max(load_s - (now - d.load_started_at).total_seconds(), 0.0)
+            elapsed = (now - d.load_started_at).total_seconds()
+            left = load_left_s(load_s, elapsed, server_fraction(d))
         places.append(
             Place(
                 id=d.pk,

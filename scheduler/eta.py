@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 TOLERANCE = 0.20
 FLOOR_S = 1.0  # an ETA of a second or less is right within a second
+# Below this a server's load fraction says too little to scale from (a first tick).
+MIN_REPORTED = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,17 @@ def line_order(priority: int, waited_s: float, aging_step_s: float) -> int:
     if aging_step_s <= 0:
         return priority
     return max(priority - int(waited_s // aging_step_s), 0)
+
+
+def load_left_s(load_s: float, elapsed_s: float, reported: float | None = None) -> float:
+    """What is left of a load under way after `elapsed_s`: by its server's own figure
+    when it `reported` one (the time so far, scaled by what remains), else the estimate
+    `load_s` less the time so far. A first load's estimate is a guess; the server knows."""
+    if reported is not None and reported >= 1.0:
+        return 0.0
+    if reported is not None and reported >= MIN_REPORTED and elapsed_s > 0:
+        return elapsed_s * (1.0 - reported) / reported
+    return max(load_s - elapsed_s, 0.0)
 
 
 class _Server:

@@ -7,7 +7,7 @@ load time, each model's mean run time."""
 from datetime import datetime
 from uuid import UUID
 
-from .eta import Accuracy, Host, Place, Waiter, forecast, line_order
+from .eta import Accuracy, Host, Place, Waiter, forecast, line_order, load_left_s
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView
 
 DEFAULT_RUN_S = 5.0  # before any request of any model has finished
@@ -78,7 +78,7 @@ class EtaBook:
         load_s = d.avg_load_s or self.config.default_load_s
         left = 0.0
         if d.state == "loading" and d.id in self.load_started:
-            left = max(load_s - (now - self.load_started[d.id]).total_seconds(), 0.0)
+            left = load_left_s(load_s, (now - self.load_started[d.id]).total_seconds())
         idle = (now - d.last_used_at).total_seconds() if d.last_used_at else 1e9
         return Place(
             id=d.id,

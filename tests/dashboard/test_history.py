@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from backends.models import Deployment
 from backends.models import DeploymentState as DS
 from dashboard import charts, eta_checks, forecast, history
 from dashboard.models import EtaCheck, LoadSpan, MinuteStat, RunStat
@@ -124,6 +125,30 @@ def test_etas_are_stamped_for_the_head_and_checked_when_sent():
     assert checks[second.pk].error_s == 1.0
     accuracy = eta_checks.accuracy(at(7))
     assert (accuracy.checked, accuracy.within) == (2, 2)  # within 1 s, and 25% of 4 s
+
+
+def test_a_loads_eta_follows_its_servers_figure_and_a_stream_is_told_when_it_moves():
+    srv = factories.server("gpu-1", slots=1)
+    d = factories.deployment(
+        srv, "m", state=DS.LOADING, avg_load_s=10.0, load_started_at=at(-5), load_progress=0.25
+    )
+    r = factories.request("m", state=State.NEEDS_LOADING, server=srv, deployment=d)
+    # A quarter done after 5 s: 15 s to go, not the estimate's 5.
+    assert forecast.head(NOW).etas[r.pk] == 15.0
+    eta_checks.record(at(0))
+    assert eta_checks.left_s(r.pk, at(4)) == 11.0
+
+    # Still a quarter done 5 s later: the forecast (30 s) is no longer the last one counted
+    # down (10 s), so it is recorded for the stream though the place has not changed; the
+    # first ETA, the one judged, stays.
+    eta_checks.record(at(5))
+    assert eta_checks.left_s(r.pk, at(5)) == 30.0
+    assert EtaCheck.objects.get(pk=r.pk).given_s == 15.0
+
+    # Half done after 20 s: 20 s to go, as the last one counted down says; nothing written.
+    Deployment.objects.filter(pk=d.pk).update(load_progress=0.5)
+    eta_checks.record(at(15))
+    assert EtaCheck.objects.get(pk=r.pk).last_at == at(5)
 
 
 def test_history_json_has_every_minute_of_the_range_and_the_timeline(client):

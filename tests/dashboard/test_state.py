@@ -254,7 +254,9 @@ def test_request_detail_has_place_eta_load_and_trace():
     )
     detail = state.request_detail(r.pk, NOW)
     assert (detail["position"], detail["waiting_total"]) == (3, 3)
-    assert detail["eta_s"] == 3.0 + 1.0  # sent after the load (3 s left) and the one ahead
+    # Sent after the load (half done after 1 s, by its server: 1 s left, not the average's 3)
+    # and the one ahead.
+    assert detail["eta_s"] == 1.0 + 1.0
     assert detail["load"]["fraction"] == 0.5
     assert [(t["to"], t["reason"]) for t in detail["trace"]] == [
         ("needs_loading", "routed; loading m")

@@ -1,6 +1,15 @@
 """The ETA forecast, pure: snapshots by hand, seconds out."""
 
-from scheduler.eta import Accuracy, Host, Place, Waiter, forecast, line_order, within
+from scheduler.eta import (
+    Accuracy,
+    Host,
+    Place,
+    Waiter,
+    forecast,
+    line_order,
+    load_left_s,
+    within,
+)
 
 
 def place(id, server, model, state="loaded", **fields) -> Place:
@@ -82,3 +91,14 @@ def test_accuracy_counts_within_twenty_percent_or_a_second():
     assert (a.checked, a.within, a.share) == (4, 2, 0.5)
     assert a.median_error_s == 1.0  # |errors| 0, 1, 10, 30: the lower middle
     assert a.summary() == "50% within ±20% (or 1 s) of 4, median error 1.0 s"
+
+
+def test_a_load_under_way_is_counted_by_its_servers_own_figure_when_it_gives_one():
+    # A first load estimated at 10 s that the server says is a quarter done after 5 s
+    # has 15 s to go, not 5; without a figure, the estimate less the time so far.
+    assert load_left_s(10.0, 5.0, 0.25) == 15.0
+    assert load_left_s(10.0, 5.0) == 5.0
+    assert load_left_s(10.0, 15.0) == 0.0  # past its estimate: any moment
+    assert load_left_s(10.0, 30.0, 0.75) == 10.0
+    assert load_left_s(10.0, 5.0, 1.0) == 0.0
+    assert load_left_s(10.0, 0.5, 0.01) == 9.5  # a first tick says too little to scale from
