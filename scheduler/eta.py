@@ -127,6 +127,18 @@ def forecast(
         if p.state in ("loaded", "loading")
     }
     work: dict[int, float] = {p.id: max(p.busy_s, default=0.0) for p in places.values()}
+    # A request already routed to a model that is there (loaded, or joined to its load) is
+    # served there before the model can leave, as the policy serves the requests that
+    # waited for a load: its run is counted on the model from the start, so an eviction
+    # placed for a request ahead of it waits for it, and it never waits for a reload.
+    line = list(line)
+    kept: dict[Hashable, float] = {}
+    for w in line:
+        p = places.get(w.deployment_id) if w.deployment_id is not None else None
+        if p is not None and p.id in ready_at:
+            kept[w.id] = max(ready_at[p.id], w.not_before_s)
+            run_s = p.run_s if w.run_s is None else w.run_s
+            work[p.id] = max(work[p.id], kept[w.id]) + run_s / servers[p.server_id].host.slots
     queues: dict[int, list[tuple[int, Hashable, float, float]]] = {h: [] for h in servers}
     queued = dict.fromkeys(places, 0)
     etas: dict[Hashable, float | None] = {}
@@ -146,7 +158,9 @@ def forecast(
             roomy = [p for p in options if p.id not in ready_at and _room(p, servers, places)]
             options = resident + (roomy if crowded and not loading else [])
         best = None
-        for p in options:
+        if w.id in kept:
+            best = (max(kept[w.id], servers[routed.server_id].backlog), kept[w.id], None, routed)
+        for p in options if best is None else ():
             server = servers[p.server_id]
             plan = _ready(p, server, ready_at, work, places, unload_s, w.not_before_s)
             if plan is None:
@@ -158,15 +172,16 @@ def forecast(
             continue
         start, ready, victim, p = best
         server = servers[p.server_id]
-        if p.id not in ready_at:
-            ready_at[p.id] = server.load_free = ready
-            server.resident.add(p.id)
-            if victim is not None:
-                server.resident.discard(victim)
-                ready_at.pop(victim, None)
-        # Rough: its share of the server's slots, for an eviction's wait on this model.
         run_s = p.run_s if w.run_s is None else w.run_s
-        work[p.id] = max(work[p.id], ready) + run_s / server.host.slots
+        if w.id not in kept:
+            if p.id not in ready_at:
+                ready_at[p.id] = server.load_free = ready
+                server.resident.add(p.id)
+                if victim is not None:
+                    server.resident.discard(victim)
+                    ready_at.pop(victim, None)
+            # Rough: its share of the server's slots, for an eviction's wait on this model.
+            work[p.id] = max(work[p.id], ready) + run_s / server.host.slots
         server.backlog = start + run_s / server.host.slots
         queues[p.server_id].append((rank, w.id, run_s, ready))
         queued[p.id] += 1

@@ -102,3 +102,15 @@ def test_a_load_under_way_is_counted_by_its_servers_own_figure_when_it_gives_one
     assert load_left_s(10.0, 30.0, 0.75) == 10.0
     assert load_left_s(10.0, 5.0, 1.0) == 0.0
     assert load_left_s(10.0, 0.5, 0.01) == 9.5  # a first tick says too little to scale from
+
+
+def test_a_request_routed_to_a_load_is_sent_on_it_though_a_switch_is_placed_ahead_of_it():
+    # `a` loads on a server that holds one LLM; `b` waits between two requests that joined
+    # the load. The policy serves both of them before `a` can leave; then `b` is loaded.
+    places = [
+        place(1, 1, "a", state="loading", load_left_s=8.0, run_s=0.5),
+        place(2, 1, "b", state="unloaded", load_s=2.0),
+    ]
+    line = [Waiter("a1", "a", 1), Waiter("b1", "b"), Waiter("a2", "a", 1)]
+    etas = forecast([Host(1, slots=2)], places, line)
+    assert etas == {"a1": 8.0, "b1": 8.5 + 2.0, "a2": 8.0}
