@@ -62,6 +62,44 @@ class RequestAdmin(ReadOnlyAdmin):
         "attempts",
     ]
     readonly_fields = ["why"]
+    # The request's own page: what was asked, where it is, when, then the bodies. Its stored
+    # reason is shown as `why` (live, as the pages say it), not as the policy's JSON.
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    ("kind", "model_name", "model"),
+                    ("priority", "stream", "in_batch"),
+                    "api_key",
+                    "callback_url",
+                ]
+            },
+        ),
+        (
+            "Where it is",
+            {
+                "fields": [
+                    "state",
+                    "why",
+                    ("server", "deployment", "worker"),
+                    ("attempts", "not_before"),
+                    ("error_code", "error"),
+                ]
+            },
+        ),
+        (
+            "When",
+            {
+                "fields": [
+                    ("created_at", "routed_at", "ready_at"),
+                    ("started_at", "finished_at"),
+                    ("expires_at", "no_server_grace_s"),
+                ]
+            },
+        ),
+        ("Body and answer", {"fields": ["payload", "result"]}),
+    ]
     list_filter = [
         "state",
         "priority",

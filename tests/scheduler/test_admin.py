@@ -137,6 +137,19 @@ def test_request_page_shows_its_trace_and_is_read_only(admin_client, queue):
     assert admin_client.get(f"{url}delete/").status_code == 403
 
 
+def test_request_page_says_why_it_waits_in_words_not_the_policys_json(admin_client):
+    sim = factories.server("sim-1")
+    d = factories.deployment(sim, "m", state="loading", load_started_at=timezone.now())
+    reason = {"kind": "loading", "text": "waiting for the load of m on sim-1 (~8.0 s)"}
+    r = factories.request("m", state=State.NEEDS_LOADING, server=sim, deployment=d, reason=reason)
+    html = admin_client.get(reverse("admin:scheduler_request_change", args=[r.pk])).content
+    html = html.decode()
+    assert "waiting for the load of m on sim-1" in html
+    assert '"kind"' not in html and "loading&quot;" not in html
+    for heading in ("Where it is", "When", "Body and answer"):
+        assert f">{heading}<" in html
+
+
 def test_cancel_action_cancels_what_has_not_ended_and_traces_it(admin_client, queue):
     """Waiting requests leave the line; the processing one is stopped at its server, its
     slot freed; the finished one is left alone."""
