@@ -138,16 +138,20 @@ def validate_body(kind: str, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is not None and not isinstance(model, str):
+        raise fields.invalid_type("model", "model must be a string, the model's name")
+    if not model:
         raise ApiError(400, "you must provide a model parameter", param="model", code="missing")
     field = REQUIRED_INPUT[kind]
     value = body.get(field)
-    if kind in (RequestKind.CHAT, RequestKind.MESSAGE) and (
-        not isinstance(value, list) or not value
-    ):
-        raise ApiError(400, "messages must be a non-empty array", param=field, code="missing")
+    chat = kind in (RequestKind.CHAT, RequestKind.MESSAGE)
+    if chat and value is not None and not isinstance(value, list):
+        raise fields.invalid_type(field, "messages must be an array of messages")
     if value is None or value == "" or value == []:
-        raise ApiError(400, f"you must provide a {field} parameter", param=field, code="missing")
+        article = "an" if field[0] in "aeiou" else "a"
+        message = "messages must be a non-empty array" if chat else ""
+        message = message or f"you must provide {article} {field} parameter"
+        raise ApiError(400, message, param=field, code="missing")
     fields.check(kind, body)
     return body
 

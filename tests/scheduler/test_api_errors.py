@@ -45,6 +45,16 @@ CASES = [
     ("POST", "/api/v1/requests", job(chat(messages=[{}])), 400, "invalid_value"),
     ("POST", "/v1/chat/completions", chat(messages=[{}]), 400, "invalid_value"),
     ("POST", "/v1/chat/completions", chat(messages=["hi"]), 400, "invalid_type"),
+    ("POST", "/v1/chat/completions", chat(messages="hi"), 400, "invalid_type"),
+    ("POST", "/v1/chat/completions", chat(messages=[]), 400, "missing"),
+    ("POST", "/v1/chat/completions", chat(model=5), 400, "invalid_type"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}]},
+        400,
+        "missing",
+    ),
     ("POST", "/v1/chat/completions", chat(messages=[{"role": "user"}]), 400, "missing"),
     ("POST", "/v1/chat/completions", chat(model="embed-model"), 400, "model_type_mismatch"),
     (
