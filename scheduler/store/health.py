@@ -113,7 +113,7 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
     for d in settled:
         if d.state == DS.LOADED and d.server_model_id not in loaded and d.in_flight == 0:
             Deployment.objects.filter(pk=d.pk, state=DS.LOADED, in_flight=0).update(
-                state=DS.UNLOADED, state_changed_at=now, loaded_at=None
+                state=DS.UNLOADED, state_changed_at=now, loaded_at=None, load_progress=None
             )
             changes.append(f"{d.server_model_id} was unloaded outside Switchyard")
         elif d.state == DS.UNLOADED and d.server_model_id in loaded:
@@ -125,6 +125,7 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
                 load_overrides={},  # not a load an operator asked for
                 displaced=False,
                 load_cause="outside",
+                load_progress=1.0,  # as a load of ours that finished
             )
             changes.append(f"{d.server_model_id} was loaded outside Switchyard")
     if changes or was_down:

@@ -313,14 +313,15 @@ async def test_a_load_that_times_out_counts_as_a_failure(upstream, knobs):
     assert await db(state_of)(request) != State.COMPLETED
 
 
-async def test_status_sync_notices_a_model_unloaded_outside_switchyard(upstream, knobs):
+async def test_status_sync_notices_a_model_loaded_then_unloaded_outside_switchyard(upstream, knobs):
     knobs(STATUS_SYNC_S=0.05)
-    await db(setup_server)(upstream)
+    await db(setup_server)(upstream, state=DS.UNLOADED)  # loaded there, not by us
     async with Running() as running:
-        await running.until(lambda: Server.objects.get().last_seen)
-        assert await db(lambda: Deployment.objects.get().state)() == DS.LOADED
+        d = await running.until(lambda: Deployment.objects.filter(state=DS.LOADED).first())
+        assert d.load_progress == 1.0  # as a load of ours leaves it
         upstream.models.remove("m1")
-        await running.until(lambda: Deployment.objects.get().state == DS.UNLOADED)
+        d = await running.until(lambda: Deployment.objects.filter(state=DS.UNLOADED).first())
+        assert d.load_progress is None  # no load's figure outlives its model (operator API)
 
 
 async def test_an_unreachable_server_is_marked_down_and_comes_back_by_itself(upstream, knobs):
