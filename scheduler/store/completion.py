@@ -139,7 +139,10 @@ def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -
         sql.fetch(*lock_deployments([job.deployment_id]))  # before the request: the lock order
         if error.code == ErrorCode.NOT_LOADED and attempts_left:
             Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADED).update(
-                state=DS.UNLOADED, state_changed_at=timezone.now(), loaded_at=None
+                state=DS.UNLOADED,
+                state_changed_at=timezone.now(),
+                loaded_at=None,
+                load_progress=None,
             )
             state = State.PENDING
             reason = f"the server no longer has the model loaded ({error.message}); routing again"

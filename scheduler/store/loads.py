@@ -75,7 +75,7 @@ def start_load(
             return None
         for victim in evict:
             if not Deployment.objects.filter(pk=victim, state=DS.LOADED, in_flight=0).update(
-                state=DS.UNLOADING, state_changed_at=now, worker_id=worker_id
+                state=DS.UNLOADING, state_changed_at=now, worker_id=worker_id, load_progress=None
             ):
                 transaction.set_rollback(True)
                 return None
@@ -131,7 +131,10 @@ def evicted(deployment_id: int, to_make_room: bool = False) -> None:
 
 def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
     if not Deployment.objects.filter(pk=deployment_id, state=DS.LOADED, in_flight=0).update(
-        state=DS.UNLOADING, state_changed_at=timezone.now(), worker_id=worker_id
+        state=DS.UNLOADING,
+        state_changed_at=timezone.now(),
+        worker_id=worker_id,
+        load_progress=None,
     ):
         return None
     d = Deployment.objects.get(pk=deployment_id)

@@ -162,3 +162,19 @@ def test_the_store_keeps_who_asked_for_a_load_and_what_was_displaced():
     store.load_succeeded(job, 1.0)
     store.evicted(job.deployment_id)  # an operator's unload, an idle TTL
     assert not deployment("slow").displaced
+
+
+def test_a_loads_progress_figure_goes_with_its_model():
+    """A finished load leaves its deployment at 1.0; once that model leaves (evicted by a
+    load, unloaded, gone from the server) the figure goes too: the operator API shows it."""
+    one_server_two_models()
+    worker_id = store.register_worker()
+    job = store.start_load(deployment("slow").pk, (), worker_id, "test")
+    store.load_succeeded(job, 1.0)
+    assert deployment("slow").load_progress == 1.0
+    job = store.start_load(deployment("fast").pk, (deployment("slow").pk,), worker_id, "test")
+    assert (deployment("slow").state, deployment("slow").load_progress) == (DS.UNLOADING, None)
+    store.evicted(deployment("slow").pk)
+    store.load_succeeded(job, 1.0)
+    assert store.start_unload(deployment("fast").pk, worker_id) is not None
+    assert deployment("fast").load_progress is None
