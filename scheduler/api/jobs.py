@@ -25,10 +25,11 @@ from ..reasons_shown import shown as shown_reason
 from ..store.completion import cancel_request
 from . import callback_url, callers, idempotency, intake, listing, recovery
 from .errors import ApiError
+from .strict import Strict
 from .waiting import Subscription, current, stored, until_finished
 
 
-class SubmitSerializer(serializers.Serializer):
+class SubmitSerializer(Strict, serializers.Serializer):
     kind = serializers.ChoiceField(choices=RequestKind.values, default=RequestKind.CHAT)
     priority = serializers.CharField(required=False, allow_blank=True)
     body = serializers.DictField(help_text="The OpenAI request body, e.g. model and messages.")

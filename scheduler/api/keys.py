@@ -34,6 +34,7 @@ from . import listing
 from .callers import StaffSession, operator_of
 from .errors import ApiError
 from .fields import storable
+from .strict import Strict
 
 log = logging.getLogger(__name__)
 CLASS_NAMES = [p.label for p in Priority]
@@ -60,7 +61,7 @@ class UsageOut(serializers.Serializer):
     processing_s = serializers.FloatField()
 
 
-class TeamSerializer(serializers.ModelSerializer):
+class TeamSerializer(Strict, serializers.ModelSerializer):
     keys = serializers.IntegerField(
         source="key_count", read_only=True, help_text="How many keys it holds."
     )
@@ -81,7 +82,7 @@ class TeamSerializer(serializers.ModelSerializer):
         ]
 
 
-class KeySerializer(serializers.ModelSerializer):
+class KeySerializer(Strict, serializers.ModelSerializer):
     prefix = serializers.CharField(
         read_only=True, help_text="The key's public part: its id here, in the admin and logs."
     )

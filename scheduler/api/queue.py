@@ -25,6 +25,7 @@ from .callers import StaffSession, operator_of
 from .errors import ApiError
 from .jobs import RequestSummary
 from .keys import ERRORS, checked, in_team, key_named
+from .strict import Strict
 
 log = logging.getLogger(__name__)
 NOT_ENDED = [*WAITING_STATES, State.PROCESSING]
@@ -95,7 +96,7 @@ class Queue(APIView):
         return Response(listing.page(rows, params, LINE_ORDER, queue_body, listing.MAX_LIMIT))
 
 
-class CancelIn(serializers.Serializer):
+class CancelIn(Strict, serializers.Serializer):
     ids = serializers.ListField(
         child=serializers.UUIDField(), required=False, help_text="These requests."
     )
@@ -117,6 +118,7 @@ class CancelIn(serializers.Serializer):
     )
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        data = super().validate(data)  # a misspelt narrowing must not become `all`
         narrowed = {"ids", "key", "team", "model", "priority"} & data.keys()
         if not narrowed and not data["all"]:
             raise ApiError(

@@ -30,6 +30,7 @@ from . import listing
 from .callers import StaffSession, operator_of
 from .errors import ApiError
 from .intake import find_model
+from .strict import Strict
 
 DS = DeploymentState
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class ServerOut(serializers.Serializer):
 ServerListOut = listing.page_schema("ServerList", ServerOut(many=True))
 
 
-class LoadIn(serializers.Serializer):
+class LoadIn(Strict, serializers.Serializer):
     model = serializers.CharField(help_text="The model's name or alias.")
     options = serializers.DictField(
         required=False,
@@ -108,7 +109,7 @@ class LoadIn(serializers.Serializer):
     )
 
 
-class UnloadIn(serializers.Serializer):
+class UnloadIn(Strict, serializers.Serializer):
     model = serializers.CharField(help_text="The model's name or alias.")
     force = serializers.BooleanField(
         default=True,

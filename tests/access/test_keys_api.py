@@ -173,6 +173,9 @@ def test_lists_page_by_name(client, ops, make_key):
         ("/api/v1/keys", {"name": "x", "stream_progress": "loud"}, "stream_progress"),
         ("/api/v1/teams", {"name": "t", "weight": 0}, "weight"),
         ("/api/v1/teams", {"weight": 2}, "name"),
+        # A misspelt limit is refused, not dropped: the key would be made without it.
+        ("/api/v1/keys", {"name": "x", "rate_per_minute": 5}, "rate_per_minute"),
+        ("/api/v1/teams", {"name": "t", "wieght": 2}, "wieght"),
     ],
 )
 def test_bad_input_is_refused_and_changes_nothing(client, ops, path, body, param):
@@ -225,3 +228,10 @@ def test_only_operators_may_call_it(client, make_key, method, path):
         assert (status, code[:4]) == (expected[0], expected[1][:4])
     assert not ApiKey.objects.filter(name="sneaky").exists()
     assert not Team.objects.filter(name="sneaky").exists()
+
+
+def test_what_a_get_answered_may_be_sent_back(client, ops):
+    made = post(client, "/api/v1/keys", {"name": "x"}, ops).json()
+    listed = client.get(f"/api/v1/keys/{made['prefix']}", headers=ops).json()
+    changed = patch(client, f"/api/v1/keys/{made['prefix']}", {**listed, "rpm": 30}, ops)
+    assert changed.status_code == 200 and changed.json()["rpm"] == 30

@@ -191,6 +191,7 @@ def test_cancelling_chosen_ids_and_a_model(client, ops, line):
         ({"ids": ["not-a-uuid"]}, "ids", None),
         ({"all": "maybe"}, "all", None),
         ({"all": True, "reason": "x" * 201}, "reason", None),
+        ({"all": True, "modle": "a"}, "modle", "invalid"),  # not every request: a typo
     ],
 )
 def test_a_bad_cancel_changes_nothing(client, ops, line, body, param, code):

@@ -46,6 +46,7 @@ CASES = [
     ("POST", "/v1/chat/completions", chat(messages=[{}]), 400, "invalid_value"),
     ("POST", "/v1/chat/completions", chat(messages=["hi"]), 400, "invalid_type"),
     ("POST", "/v1/chat/completions", chat(messages="hi"), 400, "invalid_type"),
+    ("POST", "/api/v1/requests", {**job(chat()), "priorty": "background"}, 400, "invalid"),
     ("POST", "/v1/chat/completions", chat(messages=[]), 400, "missing"),
     ("POST", "/v1/chat/completions", chat(model=5), 400, "invalid_type"),
     (

@@ -62,6 +62,7 @@ def test_refusals(client):
     assert post("/api/v1/servers/gpu-1/load", {"model": "a"}) == (409, "already_loaded")
     assert post("/api/v1/servers/gpu-1/load", {"model": "off"}) == (409, "model_disabled")
     assert post("/api/v1/servers/gpu-1/load", {}) == (400, "invalid")
+    assert post("/api/v1/servers/gpu-1/load", {"model": "b", "optons": {}}) == (400, "invalid")
     assert post("/api/v1/servers/gpu-1/unload", {"model": "b"}) == (404, "model_not_loaded")
     assert post("/api/v1/servers/gpu-1/unload", {"model": "a", "force": False}) == (
         409,
