@@ -168,8 +168,9 @@ const Switchyard = (() => {
 
   function accuracyText(a) {
     if (!a.checked) return "ETA accuracy (last hour): no request given an ETA has started yet.";
+    const sent = a.checked === 1 ? "request was" : "requests were";
     return `ETA accuracy (last hour): ${Math.round(a.share_within * 100)}% of ${a.checked} `
-      + `requests were sent within ±20% of the ETA first given; median error ${secs(a.median_error_s)}.`;
+      + `${sent} sent within ±20% of the ETA first given; median error ${secs(a.median_error_s)}.`;
   }
 
   function renderRequest(r) {
