@@ -103,7 +103,8 @@ def forecast(
     """Seconds from now until each request in `line` (in line order) is sent; None for one
     that no available server can serve.
 
-    Two steps. Where: in line order, each request goes to its routed deployment, else to
+    Two steps. Where: in line order, each request goes to its routed deployment (served
+    there before the model can leave, if the model is there now), else to
     the deployment of its model where it would start first: when the model is ready there
     or the work already placed on that server is done, whichever is later. Only where the
     model is (loaded or loading) if it is anywhere; else after a load of its own (one at
