@@ -11,6 +11,7 @@ from django.conf import settings
 
 from backends.models import Deployment, Server
 from scheduler.eta import Host, Place, Waiter, forecast, line_order, load_left_s
+from scheduler.load_estimate import expected_load_s
 from scheduler.models import WAITING_STATES, Request, State
 from scheduler.reasons import not_before
 from scheduler.reasons_shown import server_fraction
@@ -45,8 +46,10 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
         for s in Server.objects.all()
     ]
     places = []
-    for d in Deployment.objects.select_related("model"):
-        load_s = d.avg_load_s or DEFAULT_LOAD_S
+    deployments = list(Deployment.objects.select_related("model"))
+    expected = expected_load_s(deployments, lambda d: d.model_id)
+    for i, d in enumerate(deployments):
+        load_s = d.avg_load_s or expected.get(i) or DEFAULT_LOAD_S
         run_s = d.avg_inference_s or DEFAULT_RUN_S
         left = 0.0
         if d.state == "loading" and d.load_started_at:

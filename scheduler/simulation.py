@@ -45,6 +45,7 @@ from .decisions import (
     Unload,
 )
 from .eta import Accuracy
+from .load_estimate import model_name, with_expected_loads
 from .policy import plan
 from .simulation_eta import EtaBook
 from .simulation_workload import INTERACTIVE, ModelSpec, Workload
@@ -175,7 +176,7 @@ class _PolicySimulation:
         for _ in range(MAX_PASSES_PER_INSTANT):
             snapshot = Snapshot(
                 self.servers,
-                tuple(self.deployments.values()),
+                with_expected_loads(tuple(self.deployments.values()), model_name),
                 tuple(self.waiting.values()),
                 self.config,
             )

@@ -8,6 +8,7 @@ from datetime import datetime
 from uuid import UUID
 
 from .eta import Accuracy, Host, Place, Waiter, forecast, line_order, load_left_s
+from .load_estimate import model_name, with_expected_loads
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView
 
 DEFAULT_RUN_S = 5.0  # before any request of any model has finished
@@ -49,7 +50,8 @@ class EtaBook:
         for at, did in self.sent_at.values():
             left = self.run_s(deployments[did].model) - (now - at).total_seconds()
             serving.setdefault(did, []).append(max(left, 0.0))
-        places = [self.place(d, now, tuple(serving.get(d.id, ()))) for d in deployments.values()]
+        views = with_expected_loads(tuple(deployments.values()), model_name)
+        places = [self.place(d, now, tuple(serving.get(d.id, ()))) for d in views]
         hosts = [Host(s.id, s.slots, dict(s.capacity)) for s in servers]
         step = self.config.aging_step_s
         line = sorted(

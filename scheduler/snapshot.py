@@ -60,6 +60,8 @@ class DeploymentView:
     """Unloaded by Switchyard to make room for another load (a restore may bring it back)."""
     last_priority: int | None = None
     avg_load_s: float | None = None
+    """Its measured average load time; before one is measured, what to expect of its first
+    load where there is a basis (`load_estimate.with_expected_loads`), else None."""
     load_failures: int = 0
     next_load_at: datetime | None = None
     last_error_code: str = ""

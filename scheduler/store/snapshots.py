@@ -10,6 +10,7 @@ from backends.adapters.registry import stops_loads
 from backends.models import ModelType
 
 from .. import sql
+from ..load_estimate import model_name, with_expected_loads
 from ..models import WAITING_STATES, Request, State
 from ..snapshot import (
     DeploymentView,
@@ -83,8 +84,12 @@ class SnapshotReader:
         keys = _key_views(key_rows, processing_rows)
         return Snapshot(
             servers=_server_views(server_rows),
-            deployments=tuple(
-                DeploymentView(*(sql.aware(value) for value in row[1:])) for row in deployment_rows
+            deployments=with_expected_loads(
+                tuple(
+                    DeploymentView(*(sql.aware(value) for value in row[1:]))
+                    for row in deployment_rows
+                ),
+                model_name,
             ),
             requests=tuple(requests.values()),
             config=config,
