@@ -74,6 +74,15 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
     return hosts, places
 
 
+def first_load_s(d: Deployment) -> float | None:
+    """What a deployment never measured is expected to take to load (`load_estimate`: the
+    same model elsewhere, else its size at its server's speed); None without a basis. One
+    small read of every deployment, made only for such a load under way."""
+    rows = list(Deployment.objects.only("id", "server_id", "model_id", "size_mb", "avg_load_s"))
+    at = next((i for i, row in enumerate(rows) if row.pk == d.pk), None)
+    return None if at is None else expected_load_s(rows, lambda row: row.model_id).get(at)
+
+
 def expected_runs() -> dict[tuple[int, int], float]:
     """Expected run time per model and class, as the history task keeps it (a class's
     requests run longer or shorter than the model's average: a burst of short background

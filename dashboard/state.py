@@ -57,12 +57,16 @@ def server_status(s: Server, now: datetime) -> dict:
 
 def load_progress(d: Deployment, now: datetime) -> dict | None:
     """How far a load has come: the adapter's own figure when it reports one, else the time
-    elapsed over the deployment's moving average of load time, marked as an estimate."""
+    elapsed over the deployment's moving average of load time (before one is measured, what
+    its first load is expected to take), marked as an estimate."""
     if d.state != DeploymentState.LOADING or d.load_started_at is None:
         return None
     elapsed = max((now - d.load_started_at).total_seconds(), 0.0)
+    reported = server_fraction(d)
     expected = d.avg_load_s
-    if (reported := server_fraction(d)) is not None:
+    if expected is None and reported is None:
+        expected = forecast.first_load_s(d)
+    if reported is not None:
         fraction, estimated = reported, False
     elif expected:
         fraction, estimated = min(elapsed / expected, ESTIMATE_CAP), True

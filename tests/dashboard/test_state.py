@@ -137,6 +137,17 @@ def test_load_progress_is_estimated_from_the_moving_average_otherwise():
     assert state.load_progress(d, NOW + timedelta(seconds=60))["fraction"] == 0.99
 
 
+def test_a_first_load_is_estimated_from_the_same_model_on_another_server():
+    factories.deployment(factories.server("other"), "m", avg_load_s=16.0)
+    d = started_loading(factories.server(), "m", 4)
+    progress = state.load_progress(d, NOW)
+    assert (progress["expected_s"], progress["fraction"], progress["estimated"]) == (
+        16.0,
+        0.25,
+        True,
+    )
+
+
 def test_waiting_rows_are_in_line_order_with_place_and_eta():
     srv = factories.server("sim", slots=1)
     loaded = factories.deployment(srv, "a", state=DeploymentState.LOADED, avg_inference_s=2.0)
