@@ -5,6 +5,7 @@ changing anything live.
 
 What the rows cannot say is filled in, and `gaps` counts each fill:
 - a model's load time is the mean of its deployments' measured loads (`avg_load_s`), else
+  of what its size at each server's measured speed says (`load_estimate`), else
   `DEFAULT_LOAD_S`;
 - a request's run time is how long it ran (`finished_at - started_at`); one that never ran
   (expired, failed, cancelled, still waiting) takes the median of its model's measured runs
@@ -24,6 +25,7 @@ from datetime import datetime
 from backends.models import Deployment, ModelType, Server
 
 from .api.intake import max_wait_s
+from .load_estimate import expected_load_s
 from .models import Priority, Request
 from .simulation_workload import ModelSpec, ServerSpec, Workload, WorkloadRequest
 
@@ -56,7 +58,10 @@ def trace_from_history(since: datetime, until: datetime) -> History:
     by_model: dict[str, list[Deployment]] = defaultdict(list)
     for d in deployments:
         by_model[d.model.name].append(d)
-    models = tuple(_model_spec(name, found, gaps) for name, found in by_model.items())
+    sized = {
+        deployments[i].pk: s for i, s in expected_load_s(deployments, lambda d: d.model_id).items()
+    }
+    models = tuple(_model_spec(name, found, sized, gaps) for name, found in by_model.items())
 
     rows = [
         (created, model, priority, _ran_s(started, finished))
@@ -114,14 +119,20 @@ def _server_spec(s: Server) -> ServerSpec:
     )
 
 
-def _model_spec(name: str, found: list[Deployment], gaps: Counter) -> ModelSpec:
-    measured = [d.avg_load_s for d in found if d.avg_load_s is not None]
-    if not measured:
-        gaps["load time: the default"] += 1
+def _model_spec(
+    name: str, found: list[Deployment], sized: dict[int, float], gaps: Counter
+) -> ModelSpec:
+    """`sized`: a deployment's expected first load, where `load_estimate` has a basis."""
+    load_s = [d.avg_load_s for d in found if d.avg_load_s is not None]
+    if not load_s:
+        load_s = [sized[d.pk] for d in found if d.pk in sized]
+        gaps[
+            "load time: its size at its servers' speed" if load_s else "load time: the default"
+        ] += 1
     sizes = [d.size_mb for d in found if d.size_mb]
     return ModelSpec(
         name,
-        round(statistics.fmean(measured), 3) if measured else DEFAULT_LOAD_S,
+        round(statistics.fmean(load_s), 3) if load_s else DEFAULT_LOAD_S,
         tuple(d.server.name for d in found),
         type=str(found[0].model.type),
         size_mb=max(sizes) if sizes else None,

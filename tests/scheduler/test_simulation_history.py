@@ -23,8 +23,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def past_hour():
-    """gpu-a serves qwen (loads measured at 12 and 18 s) and embed (never loaded); gpu-b
-    serves qwen too; the disabled gpu-off alone serves old. An hour of requests."""
+    """gpu-a serves qwen (loads measured at 12 and 18 s), embed and coder (never loaded;
+    coder's size known); gpu-b serves qwen too; the disabled gpu-off alone serves old. An
+    hour of requests."""
     now = timezone.now()
     a = factories.server("gpu-a", slots=2, max_llm=2, memory_mb=24_000)
     b = factories.server("gpu-b")
@@ -33,6 +34,7 @@ def past_hour():
     factories.deployment(b, "qwen", avg_load_s=18.0, size_mb=6_000)
     factories.model("embed", type="embedding")
     factories.deployment(a, "embed")
+    factories.deployment(a, "coder", size_mb=2_500)
     factories.deployment(off, "old")
 
     def at(minutes: float):
@@ -75,8 +77,10 @@ def test_the_trace_is_the_servers_models_and_requests_of_the_window(past_hour, s
         ),
         ServerSpec("gpu-b", capacity={"llm": 1, "embedding": 1, "reranking": 1}),
     )
-    # The mean of the measured loads, the largest size; the unmeasured gets the default.
+    # The mean of the measured loads, the largest size; one never measured its size at its
+    # server's speed (gpu-a read 5 GB in 12 s: 2.5 GB in 6 s), else the default.
     assert trace.models == (
+        ModelSpec("coder", 6.0, ("gpu-a",), size_mb=2_500),
         ModelSpec("embed", DEFAULT_LOAD_S, ("gpu-a",), type="embedding"),
         ModelSpec("qwen", 15.0, ("gpu-a", "gpu-b"), size_mb=6_000),
     )
@@ -89,6 +93,7 @@ def test_the_trace_is_the_servers_models_and_requests_of_the_window(past_hour, s
     )
     assert found.left_out == 1  # `old`: only the disabled server has it
     assert found.gaps == {
+        "load time: its size at its servers' speed": 1,
         "load time: the default": 1,
         "run time: the model's median": 1,
         "run time: the default": 1,
@@ -101,9 +106,12 @@ def test_simulate_replays_the_history_and_saves_it(past_hour, tmp_path):
     saved = tmp_path / "history.json"
     call_command("simulate", "--history", "1", "--write-trace", str(saved), stdout=out)
     printed = out.getvalue()
-    assert "Filled in where the rows say nothing: load time: the default (1);" in printed
+    assert (
+        "Filled in where the rows say nothing: load time: its size at its servers' speed (1);"
+        in printed
+    )
     assert "Left out: 1 requests for models no enabled server serves" in printed
-    assert "5 requests (this installation's last 1 hours), 2 servers, 2 models" in printed
+    assert "5 requests (this installation's last 1 hours), 2 servers, 3 models" in printed
     assert "interactive wait p95" in printed and "met   lost: 0" in printed
     assert len(read_workload(saved).requests) == 5
 
