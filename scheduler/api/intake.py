@@ -149,8 +149,9 @@ def validate_body(kind: str, body: Any) -> dict[str, Any]:
         raise fields.invalid_type(field, "messages must be an array of messages")
     if value is None or value == "" or value == []:
         article = "an" if field[0] in "aeiou" else "a"
-        message = "messages must be a non-empty array" if chat else ""
-        message = message or f"you must provide {article} {field} parameter"
+        message = f"you must provide {article} {field} parameter"
+        if chat:
+            message = "messages must be a non-empty array"
         raise ApiError(400, message, param=field, code="missing")
     fields.check(kind, body)
     return body
