@@ -72,6 +72,8 @@ def translate(path: str, raw: bytes) -> tuple[str, bytes, dict]:
     model = body.get("model")
     stream = path != "/api/embed" and body.get("stream", True) is not False
     shape = shape_of(path, model, stream)
+    if loads_only(path, body):
+        return RequestKind.CHAT, raw, {**shape, "load_only": True}
     if path == "/api/embed":
         kind, out = RequestKind.EMBEDDING, {"model": model, "input": body.get("input")}
         if "dimensions" in body:
@@ -94,6 +96,31 @@ def translate(path: str, raw: bytes) -> tuple[str, bytes, dict]:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}  # the last line's token counts
     return kind, json.dumps(out).encode(), shape
+
+
+def loads_only(path: str, body: dict) -> bool:
+    """Ollama's call to load a model and do nothing else: a chat without messages, or a
+    generate without a prompt or images (its CLI sends one before `ollama run`)."""
+    if path == "/api/chat":
+        return not body.get("messages")
+    return path == "/api/generate" and not body.get("prompt") and not body.get("images")
+
+
+async def load_only(shape: dict, api_key) -> Reply:
+    """A load-only call (`loads_only`), answered at once in Ollama's shape for a model the
+    key may use and a server has: Switchyard loads a model when a request for it needs it,
+    by its own rules (as for `keep_alive`), so there is nothing to wait for."""
+    name = shape["model"]
+    try:
+        if not isinstance(name, str) or not name:
+            raise refuse("model must be a model's name", "model")
+        await model_list.deployed_model(api_key, name)
+    except ApiError as error:
+        return Reply(error.status, error.headers(), error_body(error.body()))
+    said = {"message": {"role": "assistant", "content": ""}}
+    if shape["path"] != "/api/chat":
+        said = {"response": ""}
+    return Reply(200, {}, {**head(shape), **said, "done": True, "done_reason": "load"})
 
 
 def sampling(options: Any) -> dict:

@@ -75,6 +75,9 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         except ApiError as error:
             await send_reply(send, Reply.error(error), ollama)
             return
+        if ollama.get("load_only"):  # answered in Ollama's shape already
+            await send_reply(send, await ollama_api.load_only(ollama, api_key))
+            return
     priority = header(scope, b"x-priority")
     idempotency_key = header(scope, b"idempotency-key")
     progress = header(scope, b"x-switchyard-progress")

@@ -187,12 +187,31 @@ def test_errors_are_ollamas_and_bad_input_stores_nothing(live):
         client(live).chat(model="nope", messages=[{"role": "user", "content": "hi"}])
     assert unknown.value.status_code == 404
     assert "nope" in unknown.value.error
-    refused = httpx.post(f"{live.url}/api/chat", json={"model": "qwen", "format": 3}, timeout=10)
+    hi = [{"role": "user", "content": "hi"}]
+    refused = httpx.post(
+        f"{live.url}/api/chat", json={"model": "qwen", "messages": hi, "format": 3}, timeout=10
+    )
     assert refused.status_code == 400
     assert refused.json() == {"error": 'format must be "json" or a JSON schema'}
     broken = httpx.post(f"{live.url}/api/chat", content=b"{", timeout=10)
     assert broken.status_code == 400 and set(broken.json()) == {"error"}
     assert not Request.objects.exists()
+
+
+def test_a_call_that_only_loads_is_answered_at_once_and_stores_nothing(live, upstream):
+    """Ollama's CLI loads a model (a chat without messages) before `ollama run`; Ollama
+    answers `done_reason: load`. Switchyard answers at once: it loads a model when a request
+    for it needs it. A model the caller may not use is refused as on any call."""
+    loaded = client(live).chat(model="qwen3:8b")  # by an alias
+    assert (loaded.done, loaded.done_reason, loaded.message.content) == (True, "load", "")
+    [streamed] = list(client(live).chat(model="qwen", stream=True))
+    assert streamed.done_reason == "load"
+    generated = client(live).generate(model="qwen", stream=False)
+    assert (generated.done_reason, generated.response) == ("load", "")
+    with pytest.raises(ollama.ResponseError) as unknown:
+        client(live).chat(model="nope")
+    assert unknown.value.status_code == 404
+    assert not Request.objects.exists() and upstream.received == []
 
 
 @pytest.mark.auth

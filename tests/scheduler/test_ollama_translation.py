@@ -11,6 +11,8 @@ from scheduler.api import intake, ollama_api
 from scheduler.api.errors import ApiError
 from scheduler.api.inference import Reply
 
+HI = [{"role": "user", "content": "hi"}]
+
 
 def translated(path: str, body: dict) -> tuple[str, dict, dict]:
     kind, raw, shape = ollama_api.translate(path, json.dumps(body).encode())
@@ -70,7 +72,7 @@ def test_a_schema_format_asks_for_that_schema_and_minus_one_tokens_for_no_limit(
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     _, body, _ = translated(
         "/api/chat",
-        {"model": "m", "messages": [], "format": schema, "options": {"num_predict": -1}},
+        {"model": "m", "messages": HI, "format": schema, "options": {"num_predict": -1}},
     )
     assert body["response_format"] == {
         "type": "json_schema",
@@ -80,8 +82,23 @@ def test_a_schema_format_asks_for_that_schema_and_minus_one_tokens_for_no_limit(
     assert body["stream_options"] == {"include_usage": True}
 
 
+def test_a_call_without_messages_or_prompt_only_loads():
+    for path, body in [
+        ("/api/chat", {"model": "m"}),
+        ("/api/chat", {"model": "m", "messages": [], "format": "yaml"}),  # as Ollama: loads
+        ("/api/generate", {"model": "m", "prompt": ""}),
+    ]:
+        assert translated(path, body)[2]["load_only"], (path, body)
+    for path, body in [
+        ("/api/chat", {"model": "m", "messages": HI}),
+        ("/api/generate", {"model": "m", "prompt": "hi"}),
+        ("/api/generate", {"model": "m", "images": ["aGk="]}),
+    ]:
+        assert "load_only" not in translated(path, body)[2], (path, body)
+
+
 def test_think_turns_thinking_on_or_off_or_sets_an_effort():
-    on = translated("/api/chat", {"model": "m", "messages": [], "think": False})[1]
+    on = translated("/api/chat", {"model": "m", "messages": HI, "think": False})[1]
     assert on["chat_template_kwargs"] == {"enable_thinking": False}
     effort = translated("/api/generate", {"model": "m", "prompt": "hi", "think": "high"})[1]
     assert effort["reasoning_effort"] == "high" and "chat_template_kwargs" not in effort
@@ -90,10 +107,10 @@ def test_think_turns_thinking_on_or_off_or_sets_an_effort():
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": "m", "messages": [], "options": [1]}, "options"),
+        ({"model": "m", "messages": HI, "options": [1]}, "options"),
         ({"model": "m", "messages": [{"role": "user", "images": "x"}]}, "messages[0].images"),
-        ({"model": "m", "messages": [], "format": "yaml"}, "format"),
-        ({"model": "m", "messages": [], "think": "very"}, "think"),
+        ({"model": "m", "messages": HI, "format": "yaml"}, "format"),
+        ({"model": "m", "messages": HI, "think": "very"}, "think"),
         (
             {"model": "m", "messages": [{"role": "assistant", "tool_calls": {"a": 1}}]},
             "messages[0].tool_calls",
