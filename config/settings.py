@@ -241,6 +241,8 @@ SWITCHYARD = {
     "NO_SERVER_GRACE_S": env.float("SWITCHYARD_NO_SERVER_GRACE_S", default=15.0),
     "RESCUE_S": env.float("SWITCHYARD_RESCUE_S", default=30.0),
     "RESTORE_WINDOW_S": env.float("SWITCHYARD_RESTORE_WINDOW_S", default=3600.0),
+    # How far back a conversation's last turn is looked for (prompt-cache affinity); 0: off.
+    "CACHE_AFFINITY_S": env.float("SWITCHYARD_CACHE_AFFINITY_S", default=1800.0),
     # The longest a job may ask to wait (its `max_wait_s`).
     "MAX_JOB_WAIT_S": env.float("SWITCHYARD_MAX_JOB_WAIT_S", default=86_400.0),
     # Batches (OpenAI's Batch API): requests a batch may hold, and an uploaded file's size.

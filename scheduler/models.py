@@ -113,6 +113,20 @@ class Request(models.Model):
     # A line of a batch (the batches app): one call made it, so it counts against no queue
     # bound and no key's pace (docs/api.md, "Batches").
     in_batch = models.BooleanField(default=False, help_text="Stored as a line of a batch.")
+    # The conversation it continues (docs/api.md, "Prompt-cache affinity"): a hash of the
+    # caller's `prompt_cache_key`, else of its model and first turn. Indexed below.
+    affinity_key = models.CharField(
+        max_length=32, blank=True, default="", help_text="Its conversation, hashed."
+    )
+    cache_server = models.ForeignKey(
+        "backends.Server",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
+        help_text="Where its conversation's last turn ran: preferred while it has a free slot.",
+    )
     # Why it waits, as the last pass that changed it said: {"kind", "text", "details"}
     # (scheduler/reasons.py). Written only when it changes (scheduler/store/reasons.py).
     reason = models.JSONField(null=True, blank=True, help_text="Why it waits (the policy's).")
@@ -152,6 +166,12 @@ class Request(models.Model):
                 fields=["api_key", "priority", "created_at", "id"],
                 name="waiting_by_key",
                 condition=models.Q(state__in=["pending", "needs_loading", "ready"]),
+            ),
+            # A conversation's last turn, found as its next one arrives.
+            models.Index(
+                fields=["affinity_key", "created_at"],
+                name="requests_by_affinity",
+                condition=~models.Q(affinity_key=""),
             ),
             # What each key has processing, read on every pass: no more entries than slots.
             models.Index(

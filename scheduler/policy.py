@@ -189,8 +189,18 @@ class _Pass(Routing, Switching, Dispatching, Housekeeping):
             ]
         return self.found[key]
 
-    def least_busy(self, deployments: list[DeploymentView]) -> DeploymentView | None:
-        return min(deployments, key=lambda d: (self.busyness(d.server_id), d.id), default=None)
+    def least_busy(
+        self, deployments: list[DeploymentView], warm: int | None = None
+    ) -> DeploymentView | None:
+        """The deployment on the least busy server; but the one on `warm` (where a request's
+        conversation last ran: its prompt cache may still hold it) while that server has a
+        free slot. Affinity never makes a request wait."""
+
+        def order(d: DeploymentView) -> tuple:
+            busy = self.busyness(d.server_id)
+            return (not (d.server_id == warm and busy < 1), busy, d.id)
+
+        return min(deployments, key=order, default=None)
 
     def busyness(self, server_id: int) -> float:
         busy = self.in_flight[server_id] + self.ready_on_server[server_id]

@@ -83,7 +83,7 @@ class Routing:
     def route_quietly(self, r: RequestView) -> bool:
         """Routes that disturb nothing: loaded with room or a short queue and no long line
         ahead; a load under way."""
-        loaded = self.least_busy(self.candidates(r.model, "loaded"))
+        loaded = self.least_busy(self.candidates(r.model, "loaded"), r.cache_server)
         if loaded is not None and not self.crowded(loaded) and not self.long_line(r, loaded):
             self.route_to(r, loaded, ready=True, reason="model loaded there")
             return True
@@ -105,7 +105,7 @@ class Routing:
             elif (head := self.held_heads.get(r.model)) in self.notes:
                 self.notes[r.id] = self.notes[head]
             return
-        loaded = self.least_busy(self.candidates(r.model, "loaded"))
+        loaded = self.least_busy(self.candidates(r.model, "loaded"), r.cache_server)
         loading = self.least_busy(self.candidates(r.model, "loading"))
         if loaded is not None:
             # A long line ahead of it there: load it where it is sent soon, if that pays.
@@ -217,5 +217,7 @@ class Routing:
 
     def route_to(self, r: RequestView, d: DeploymentView, ready: bool, reason: str) -> None:
         server = self.servers[d.server_id].name
+        if ready and d.server_id == r.cache_server:
+            reason += ", where its conversation's last turn ran"
         self.decisions.append(Route(r.id, d.id, ready, f"{reason} ({server})"))
         self.set_request(r, state="ready" if ready else "needs_loading", deployment_id=d.id)

@@ -127,6 +127,9 @@ class RequestView:
     config's `no_server_grace_s`); a job may ask for longer."""
     api_key: int | None = None
     """The id of the API key that sent it; None with SWITCHYARD_AUTH=off."""
+    cache_server: int | None = None
+    """The server its conversation's last turn ran on, whose prompt cache may still hold
+    it: preferred while it has a free slot (`policy._Pass.least_busy`)."""
 
 
 @dataclass(frozen=True, slots=True)

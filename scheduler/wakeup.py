@@ -32,19 +32,27 @@ class Arrival(NamedTuple):
     request_id: uuid.UUID
     model: str
     api_key: int = 0
+    cache_server: int = 0
+    """The server its conversation's last turn ran on (0: none known); sent on arrival
+    only there (`FastPaths.send_on_arrival`)."""
 
     def payload(self) -> str:
-        return f"{self.priority:d} {self.request_id.hex} {self.api_key:d} {self.model}"
+        return (
+            f"{self.priority:d} {self.request_id.hex} {self.api_key:d} {self.cache_server:d}"
+            f" {self.model}"
+        )
 
     @classmethod
     def parse(cls, payload: str) -> "Arrival | None":
         """None for anything else (a NOTIFY sent by hand, say): news all the same."""
-        parts = payload.split(" ", 3)
-        if len(parts) != 4:
+        parts = payload.split(" ", 4)
+        if len(parts) != 5:
             return None
-        priority, request_id, api_key, model = parts
+        priority, request_id, api_key, cache_server, model = parts
         try:
-            return cls(int(priority), uuid.UUID(hex=request_id), model, int(api_key))
+            return cls(
+                int(priority), uuid.UUID(hex=request_id), model, int(api_key), int(cache_server)
+            )
         except ValueError:
             return None
 

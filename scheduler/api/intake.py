@@ -16,7 +16,7 @@ from backends.models import Model, ModelType
 
 from .. import sql, wakeup, webhooks
 from ..models import WAITING_STATES, Priority, Request, RequestKind, State, Trace
-from . import fields
+from . import affinity, fields
 from .errors import ApiError
 from .idempotency import Claim, claim_in_transaction
 from .queue_bound import queue_bound
@@ -195,6 +195,7 @@ def accept(
     check_grace(no_server_grace_s, level, longest)
     stream = bool(body.get("stream", False)) and kind not in NEVER_STREAMED
     fields = {"id": request_id} if request_id else {}
+    conversation, cache_server = affinity.of(kind, body)
     request = Request(
         kind=kind,
         model_name=body["model"],
@@ -204,6 +205,8 @@ def accept(
         api_key=api_key,
         callback_url=callback_url,
         no_server_grace_s=no_server_grace_s,
+        affinity_key=conversation,
+        cache_server_id=cache_server,
         **fields,
     )
     request.idempotency = idempotency
@@ -269,7 +272,11 @@ def store(request: Request, caller_waits: bool, model: str, by_name: bool, note:
         # the pass, which counts what its key and team have processing, sends it.
         quota = request.api_key is not None and request.api_key.has_processing_quota()
         arrival = wakeup.Arrival(
-            request.priority, request.id, "" if quota else model, request.api_key_id or 0
+            request.priority,
+            request.id,
+            "" if quota else model,
+            request.api_key_id or 0,
+            request.cache_server_id or 0,
         )
         wakeup.notify_in_transaction(arrival)
 

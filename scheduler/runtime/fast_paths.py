@@ -170,6 +170,8 @@ class FastPaths:
             return False
         if self.room.get(planned.server_id, 0) <= 0:
             return False
+        if arrived.cache_server not in (0, planned.server_id):
+            return False  # its conversation's server may be free: a pass weighs that
         self.room[planned.server_id] -= 1
         rt.spawn(f"arrive {arrived.request_id}", self.arrive(arrived.request_id, planned))
         return True

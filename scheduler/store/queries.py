@@ -42,7 +42,7 @@ MODEL_NAMES_SQL = sql.prepared(f"SELECT id, name FROM {MODELS} ORDER BY id")
 REQUEST_VIEW_SQL = (
     "SELECT r.id, r.model_id, r.priority, r.state, CAST(r.created_at AS TEXT),"
     f" CAST(r.expires_at AS TEXT), r.deployment_id, CAST(r.not_before AS TEXT), r.api_key_id,"
-    " r.no_server_grace_s"
+    " r.no_server_grace_s, r.cache_server_id"
     f" FROM {REQUESTS} r"
 )
 # The API keys and their teams, for fair share and quotas (small tables), and how many
