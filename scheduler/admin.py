@@ -83,6 +83,7 @@ class RequestAdmin(ReadOnlyAdmin):
                     "state",
                     "why",
                     ("server", "deployment", "worker"),
+                    ("affinity_key", "cache_server"),
                     ("attempts", "not_before"),
                     ("error_code", "error"),
                 ]
@@ -110,7 +111,7 @@ class RequestAdmin(ReadOnlyAdmin):
         "stream",
         "in_batch",
     ]
-    search_fields = ["id", "model_name", "error"]
+    search_fields = ["id", "model_name", "error", "=affinity_key"]  # a conversation's turns
     date_hierarchy = "created_at"
     # Newest first, by the index of arrival: the model's own order (class, then arrival)
     # has no index over finished requests, and sorted the whole table on every page.

@@ -116,7 +116,7 @@ class Request(models.Model):
     # The conversation it continues (docs/api.md, "Prompt-cache affinity"): a hash of the
     # caller's `prompt_cache_key`, else of its model and first turn. Indexed below.
     affinity_key = models.CharField(
-        max_length=32, blank=True, default="", help_text="Its conversation, hashed."
+        "conversation", max_length=32, blank=True, default="", help_text="Its conversation, hashed."
     )
     cache_server = models.ForeignKey(
         "backends.Server",
@@ -125,6 +125,7 @@ class Request(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
         db_index=False,
+        verbose_name="last turn's server",
         help_text="Where its conversation's last turn ran: preferred while it has a free slot.",
     )
     # Why it waits, as the last pass that changed it said: {"kind", "text", "details"}

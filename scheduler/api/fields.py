@@ -53,6 +53,7 @@ TYPES: dict[str, tuple[Any, str]] = {
     "stream": (lambda v: isinstance(v, bool), "a boolean"),
     "echo": (lambda v: isinstance(v, bool), "a boolean"),
     "user": (lambda v: isinstance(v, str), "a string"),
+    "prompt_cache_key": (lambda v: isinstance(v, str), "a string"),
     "suffix": (lambda v: v is None or isinstance(v, str), "a string"),
     "encoding_format": (lambda v: isinstance(v, str), "a string"),
     "stop": (lambda v: v is None or _strings(v), "a string or an array of strings"),

@@ -39,6 +39,11 @@ SAMPLING = {
     "seed": {"type": "integer"},
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "user": {"type": "string"},
+    "prompt_cache_key": {
+        "type": "string",
+        "description": "Names the conversation: its turns go to the server that ran the last"
+        " one while it has a free slot (prompt-cache affinity).",
+    },
     "priority": {"type": "string", "enum": ["interactive", "high", "normal", "background"]},
 }
 TOKENS = {

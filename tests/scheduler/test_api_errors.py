@@ -42,6 +42,7 @@ CASES = [
     ("POST", "/v1/chat/completions", chat(max_tokens=0), 400, "invalid_value"),
     ("POST", "/v1/chat/completions", chat(temperature="hot"), 400, "invalid_type"),
     ("POST", "/v1/chat/completions", chat(stream="yes"), 400, "invalid_type"),
+    ("POST", "/v1/chat/completions", chat(prompt_cache_key=7), 400, "invalid_type"),
     ("POST", "/api/v1/requests", job(chat(messages=[{}])), 400, "invalid_value"),
     ("POST", "/v1/chat/completions", chat(messages=[{}]), 400, "invalid_value"),
     ("POST", "/v1/chat/completions", chat(messages=["hi"]), 400, "invalid_type"),
