@@ -173,14 +173,17 @@ class FastPaths:
         if arrived.cache_server not in (0, planned.server_id):
             return False  # its conversation's server may be free: a pass weighs that
         self.room[planned.server_id] -= 1
-        rt.spawn(f"arrive {arrived.request_id}", self.arrive(arrived.request_id, planned))
+        rt.spawn(f"arrive {arrived.request_id}", self.arrive(arrived, planned))
         return True
 
-    async def arrive(self, request_id: Any, planned: SendOnArrival) -> SentOnArrival | None:
+    async def arrive(self, arrived: Arrival, planned: SendOnArrival) -> SentOnArrival | None:
         """Route and send a new request as planned (with those arriving meanwhile, in one
         transaction). None, and the next pass decides, if the database refused it: the slot
         or the model gone, or the request taken by another worker."""
+        request_id = arrived.request_id
         reason = "model loaded there, sent on arrival"
+        if arrived.cache_server == planned.server_id:
+            reason = "model loaded there, where its conversation's last turn ran, sent on arrival"
         route = Route(request_id, planned.deployment_id, True, reason)
         if not await self.arrival_sends.submit(route):
             self.on_arrival.clear()

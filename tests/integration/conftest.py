@@ -64,6 +64,23 @@ def router(llama_server_binary, tiny_models, tmp_path):
 
 
 @pytest.fixture
+def single(llama_server_binary, tiny_models, tmp_path):
+    """Start a single-model llama-server: `single("tiny-5mb", "--sleep-idle-seconds", "1")`."""
+    started: list[real_llama.RealLlamaServer] = []
+
+    def start(
+        name: str, *args: str, wait_loaded: bool = True, ctx: int = 512
+    ) -> real_llama.RealLlamaServer:
+        argv = ["-m", tiny_models[name], "--alias", name, "-c", str(ctx), "-np", "2", *args]
+        started.append(real_llama.RealLlamaServer(argv, tmp_path, wait_loaded=wait_loaded))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
 def switchyard(transactional_db):
     """Start Switchyard's real processes on the test database (create servers and models
     first): the web app and a worker in processes of their own on PostgreSQL with Redis,

@@ -21,29 +21,11 @@ from tests.integration.test_real_llama_router import (
     streamed,
     text_of,
 )
-from tests.support import real_llama
 
 pytest.importorskip("gguf", reason="needs the integration extra: pip install -e '.[integration]'")
 from tests.support import tiny_gguf  # noqa: E402 (needs gguf)
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def single(llama_server_binary, tiny_models, tmp_path):
-    """Start a single-model llama-server: `single("tiny-5mb", "--sleep-idle-seconds", "1")`."""
-    started: list[real_llama.RealLlamaServer] = []
-
-    def start(
-        name: str, *args: str, wait_loaded: bool = True, ctx: int = 512
-    ) -> real_llama.RealLlamaServer:
-        argv = ["-m", tiny_models[name], "--alias", name, "-c", str(ctx), "-np", "2", *args]
-        started.append(real_llama.RealLlamaServer(argv, tmp_path, wait_loaded=wait_loaded))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def deploy(server: Server, name: str, server_model_id: str, type: str = ModelType.LLM) -> None:

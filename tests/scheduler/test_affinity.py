@@ -4,6 +4,7 @@ HTTP servers (the policy's rule itself: test_policy_affinity.py)."""
 
 import asyncio
 import threading
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -11,8 +12,11 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from backends.models import DeploymentState
+from scheduler import wakeup
 from scheduler.api import affinity, intake
-from scheduler.models import TERMINAL_STATES, Request, State
+from scheduler.decisions import SendOnArrival
+from scheduler.models import TERMINAL_STATES, Priority, Request, State
+from scheduler.runtime import Runtime
 from tests import factories
 from tests.support.openai_upstream import Upstream
 from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
@@ -175,3 +179,15 @@ async def test_the_next_turn_goes_back_to_the_server_of_the_last(knobs, window_s
         for upstream in upstreams.values():
             upstream.gate = None
             upstream.close()
+
+
+def test_an_arrival_whose_conversation_ran_elsewhere_is_left_to_a_pass():
+    """The last pass planned the next m1 arrival for server 2; one whose last turn ran on
+    server 1 is not sent there on arrival (server 1 may have a free slot: a pass weighs
+    it), and the planned room stays for the next arrival."""
+    rt = Runtime()
+    rt.fast.install([SendOnArrival("m1", 2, 2, 1)], 0, {2: 1})
+    rt.idle = True
+    rt.news(wakeup.Arrival(Priority.NORMAL, uuid.uuid4(), "m1", cache_server=1))
+    assert rt.fast.arrivals == [(Priority.NORMAL, 0)] and not rt.effects.tasks
+    assert rt.fast.room == {2: 1}
