@@ -1,6 +1,6 @@
 """Prompt-cache affinity, at the door: which conversation a request continues, and the server
 that ran its last turn. The policy prefers that server while it has a free slot, since its
-prompt cache may still hold the conversation (`Routing`, scheduler/README.md).
+prompt cache may still hold the conversation (`policy._Pass.least_busy`).
 
 A conversation is named by the caller's `prompt_cache_key` (OpenAI's field for this), else
 by its model and its start: the messages up to and including the first user message, with
