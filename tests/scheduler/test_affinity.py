@@ -94,16 +94,19 @@ def two_servers(db):
 
 
 def turn_ran_on(srv, messages: list, state: str = State.COMPLETED, age_s: float = 0) -> None:
-    """A stored turn, as a request that ran on `srv`."""
+    """A stored turn, as a request that ran on `srv` (None: one that reached no server)."""
     key, _ = affinity.conversation("chat", chat(messages))
     created = timezone.now() - timedelta(seconds=age_s)
     factories.request("m1", state=state, server=srv, affinity_key=key, created_at=created)
 
 
-def test_a_next_turn_is_stored_with_the_server_of_its_last_turn(two_servers):
+@pytest.mark.parametrize("latest", [State.COMPLETED, State.PROCESSING, State.FAILED])
+def test_a_next_turn_is_stored_with_the_server_of_its_last_turn(two_servers, latest):
+    """The latest turn that reached a server, whatever became of it there."""
     a, b = two_servers
     turn_ran_on(a, FIRST, age_s=60)
-    turn_ran_on(b, FIRST)  # the latest
+    turn_ran_on(b, FIRST, state=latest, age_s=30)
+    turn_ran_on(None, FIRST, state=State.EXPIRED)  # never sent: no cache anywhere
     stored = intake.accept("chat", chat(SECOND))
     assert stored.affinity_key == affinity.conversation("chat", chat(FIRST))[0]
     assert Request.objects.get(pk=stored.pk).cache_server_id == b.pk
@@ -115,11 +118,8 @@ def test_a_first_turn_is_stored_with_its_key_and_no_server(two_servers):
     assert stored.affinity_key and stored.cache_server_id is None
 
 
-@pytest.mark.parametrize(
-    "state, age_s", [(State.FAILED, 0), (State.COMPLETED, affinity.window_s() + 60)]
-)
-def test_a_failed_or_old_turn_names_no_server(two_servers, state, age_s):
-    turn_ran_on(two_servers[1], FIRST, state=state, age_s=age_s)
+def test_a_turn_older_than_the_window_names_no_server(two_servers):
+    turn_ran_on(two_servers[1], FIRST, age_s=affinity.window_s() + 60)
     assert intake.accept("chat", chat(SECOND)).cache_server_id is None
 
 
