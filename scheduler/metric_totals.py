@@ -85,6 +85,10 @@ def count_requests(totals: Totals, rows: models.QuerySet) -> None:
     """Add what the requests in `rows` count for: outcomes, retries, waits, processing."""
     started = Q(started_at__isnull=False)
     served = started & Q(state__in=[State.COMPLETED, State.FAILED], finished_at__isnull=False)
+    # Turns that continued a conversation, where its last turn ran or not (prompt-cache
+    # affinity: docs/api.md).
+    continued = Q(state=State.COMPLETED, cache_server__isnull=False)
+    back = continued & Q(server=F("cache_server"))
     grouped = (
         rows.annotate(wait=_duration("created_at", "started_at"))
         .annotate(processing=_duration("started_at", "finished_at"))
@@ -92,6 +96,8 @@ def count_requests(totals: Totals, rows: models.QuerySet) -> None:
         .annotate(
             **{s: Count("pk", filter=Q(state=s)) for s in TERMINAL_STATES},
             retries=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)),
+            turns_back=Count("pk", filter=back),
+            turns_moved=Count("pk", filter=continued & ~back),
             **_histogram("wait", WAIT_BUCKETS, started),
             **_histogram("processing", PROCESSING_BUCKETS, served),
         )
@@ -104,6 +110,9 @@ def count_requests(totals: Totals, rows: models.QuerySet) -> None:
                 totals.count("requests", (*labels, ("outcome", state)), row[state])
         if row["retries"]:
             totals.count("request_retries", labels, row["retries"])
+        for ran_on, turns in (("last_server", "turns_back"), ("other_server", "turns_moved")):
+            if row[turns]:
+                totals.count("conversation_turns", (*labels, ("ran_on", ran_on)), row[turns])
         for name, bounds in (("wait", WAIT_BUCKETS), ("processing", PROCESSING_BUCKETS)):
             if row[f"{name}_count"]:
                 buckets = [row[f"{name}_le_{i}"] for i in range(len(bounds))]

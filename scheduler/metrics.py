@@ -31,6 +31,8 @@ CLASSES = [p.label for p in Priority]
 COUNTERS = {
     "requests": "Finished requests by class, model and outcome (the terminal state)",
     "request_retries": "Attempts of requests beyond their first, by class and model",
+    "conversation_turns": "Completed turns that continued a conversation, by class, model and"
+    " whether they ran on the server of its last turn (prompt-cache affinity)",
     "loads": "Model loads by server, model and outcome (loaded, failed or stopped)",
     "restores": "Loads started by restore on idle (nobody asked for them), by server and model",
     "evictions": "Models unloaded to make room for another, by server and model",

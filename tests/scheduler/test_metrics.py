@@ -81,6 +81,9 @@ def test_gauges_counters_and_histograms(client, token):
     finished("qwen", wait_s=0.2, run_s=3, priority=Priority.INTERACTIVE)
     finished("qwen", wait_s=40, run_s=1, priority=Priority.INTERACTIVE, attempts=3)
     finished("qwen", wait_s=1, run_s=1, state="failed")
+    other = factories.server("gpu-2")
+    for ran_on in (srv, srv, other):  # turns whose conversation's last turn ran on gpu-1
+        finished("qwen", wait_s=1, run_s=1, server=ran_on, cache_server=srv)
     MetricEvent.record("load", "gpu-1", "qwen", 12.0)
     MetricEvent.record("load_failed", "gpu-1", "qwen")
     MetricEvent.record("load_stopped", "gpu-1", "qwen")
@@ -105,6 +108,9 @@ def test_gauges_counters_and_histograms(client, token):
         == 1
     )
     assert got["switchyard_request_retries_total", fast] == 2
+    turns = (("class", "normal"), ("model", "qwen"))
+    assert got["switchyard_conversation_turns_total", (*turns, ("ran_on", "last_server"))] == 2
+    assert got["switchyard_conversation_turns_total", (*turns, ("ran_on", "other_server"))] == 1
     assert got["switchyard_request_wait_seconds_bucket", (*fast, ("le", "0.25"))] == 1
     assert got["switchyard_request_wait_seconds_bucket", (*fast, ("le", "60"))] == 2
     assert got["switchyard_request_wait_seconds_count", fast] == 2
