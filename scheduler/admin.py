@@ -3,7 +3,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import Count, Q
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
 from django.utils.text import Truncator
 
 from backends.admin import server_label
@@ -61,7 +64,7 @@ class RequestAdmin(ReadOnlyAdmin):
         "took",
         "attempts",
     ]
-    readonly_fields = ["why"]
+    readonly_fields = ["why", "conversation"]
     # The request's own page: what was asked, where it is, when, then the bodies. Its stored
     # reason is shown as `why` (live, as the pages say it), not as the policy's JSON.
     fieldsets = [
@@ -83,7 +86,7 @@ class RequestAdmin(ReadOnlyAdmin):
                     "state",
                     "why",
                     ("server", "deployment", "worker"),
-                    ("affinity_key", "cache_server"),
+                    ("conversation", "cache_server"),
                     ("attempts", "not_before"),
                     ("error_code", "error"),
                 ]
@@ -111,7 +114,7 @@ class RequestAdmin(ReadOnlyAdmin):
         "stream",
         "in_batch",
     ]
-    search_fields = ["id", "model_name", "error", "=affinity_key"]  # a conversation's turns
+    search_fields = ["id", "model_name", "error", "^affinity_key"]  # a conversation's turns
     date_hierarchy = "created_at"
     # Newest first, by the index of arrival: the model's own order (class, then arrival)
     # has no index over finished requests, and sorted the whole table on every page.
@@ -159,6 +162,16 @@ class RequestAdmin(ReadOnlyAdmin):
         if obj.error_code:
             return Truncator(f"{obj.error_code}: {obj.error}").chars(WHY_CHARS)
         return "-"
+
+    @admin.display(description="conversation")
+    def conversation(self, obj: Request) -> str:
+        """Its conversation's key, short, as a link to every turn of it."""
+        if not obj.affinity_key:
+            return "-"
+        turns = reverse("admin:scheduler_request_changelist")
+        query = urlencode({"q": obj.affinity_key})
+        short = obj.affinity_key[:8]
+        return format_html('<a href="{}?{}">{}… (its turns)</a>', turns, query, short)
 
     @admin.action(description="Cancel selected requests (stopping those at their servers)")
     def cancel(self, request, queryset):

@@ -239,3 +239,21 @@ def test_request_list_says_why_each_waits_and_how_each_failed(admin_client):
     assert "no_server_available: no server can serve qwen3-8b: gpu-a is down" in page
     detail = admin_client.get(reverse("admin:scheduler_request_change", args=[waiting.pk]))
     assert "no load of qwen3-8b can start now" in detail.content.decode()
+
+
+def test_a_request_page_links_to_every_turn_of_its_conversation(admin_client):
+    """The conversation's short key links to the list of its turns (found by its key), and
+    the server of its last turn is shown beside it."""
+    sim = factories.server("sim-1")
+    key = "a70a88d045ffe1e85ca0685b57e7632d"
+    first = factories.request("m", state=State.COMPLETED, server=sim, affinity_key=key)
+    second = factories.request("m", affinity_key=key, cache_server=sim)
+    factories.request("m", affinity_key="0" * 32)  # another conversation
+    html = admin_client.get(reverse("admin:scheduler_request_change", args=[second.pk]))
+    html = html.content.decode()
+    link = f"{changelist('request')}?q={key}"
+    assert f'<a href="{link}">a70a88d0… (its turns)</a>' in html
+    assert "Last turn&#x27;s server" in html and "sim-1" in html
+    turns = admin_client.get(link).content.decode()
+    assert str(first.pk)[:8] in turns and str(second.pk)[:8] in turns
+    assert "2 results" in turns
