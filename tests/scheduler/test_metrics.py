@@ -200,6 +200,7 @@ def test_the_example_dashboard_and_alerts_use_only_metrics_that_exist(client, to
     srv = factories.server("gpu-1")
     factories.deployment(srv, "qwen", state="loaded")
     finished("qwen", wait_s=1, run_s=1, attempts=2)
+    finished("qwen", wait_s=1, run_s=1, server=srv, cache_server=srv)  # a conversation's turn
     Worker.objects.create(host="h", pid=1)
     for kind in ("load", "eviction", "breaker_trip"):
         MetricEvent.record(kind, "gpu-1", "qwen", 1.0)
