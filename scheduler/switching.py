@@ -34,10 +34,11 @@ class Switching:
     ) -> bool:
         """Start a load for `r` with the least disruption: where it is then sent soon first,
         then free room, then the fewest evictions, then the cheapest, then the server with
-        the fewest waiting requests. Fails `r` when no server ever could; otherwise it waits
-        (with a `Defer` when a rule lifts at a known time). With `leave` (its model loaded
-        behind a long line there), only where `r` is sent soon, evicting only what its wait
-        there is worth (`may_evict_to_leave`)."""
+        the fewest waiting requests, then best fit, then its conversation's last server.
+        Fails `r` when no server ever could; otherwise it waits (with a `Defer` when a rule
+        lifts at a known time). With `leave` (its model loaded behind a long line there),
+        only where `r` is sent soon, evicting only what its wait there is worth
+        (`may_evict_to_leave`)."""
         wakes: Wakes = []
         options: list[tuple[tuple, DeploymentView, tuple[int, ...]]] = []
         reasons: list[NoRoom] = []
@@ -71,7 +72,10 @@ class Switching:
                 cost = sum(self.victim_cost(self.deployments[e]) for e in outcome)
                 waiting = self.routed[d.server_id]
                 spare = self.spare_after(d, outcome)
-                options.append(((len(outcome), cost, waiting, spare, d.id), d, outcome))
+                # Ties go to where its conversation last ran: a server that saves its slots'
+                # caches on unload (llama.cpp's --slot-save-path) restores them on a load.
+                elsewhere = d.server_id != r.cache_server
+                options.append(((len(outcome), cost, waiting, spare, elsewhere, d.id), d, outcome))
 
         if len(options) > 1:  # where it is sent soon first (the line is counted only then)
             options = [((not self.sent_soon(r, d.server_id), *k), d, e) for k, d, e in options]

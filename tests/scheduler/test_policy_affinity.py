@@ -1,6 +1,7 @@
-"""Prompt-cache affinity, the policy's side (scheduler/README.md, "Routing"): a request
-goes to the server where its conversation's last turn ran while that server has a free
-slot, and otherwise as any other request would. Pure: hand-built snapshots."""
+"""Prompt-cache affinity, the policy's side (scheduler/README.md, "Prompt-cache affinity"):
+a request goes to the server where its conversation's last turn ran while that server has
+a free slot, and otherwise as any other request would; a load that could go to either of
+two servers alike goes there. Pure: hand-built snapshots."""
 
 from scheduler.decisions import Dispatch, Route, StartLoad
 from scheduler.policy import plan
@@ -61,10 +62,29 @@ def test_requests_routed_there_already_count_against_the_free_slot():
 
 
 def test_a_last_server_without_the_model_loaded_starts_no_load():
-    """Its model has left s2 (the cache went with it): it goes where the model is loaded,
-    and nothing is loaded for it on s2."""
+    """Its model has left s2: it goes where the model is loaded, and nothing is loaded for
+    it on s2."""
     r = req("a", cache_server=2)
     deployments = [dep(1, 1, "a", "loaded"), dep(2, 2, "a")]
     decisions = plan(snap([server(1), server(2)], deployments, [r]), at(0))
     assert of(decisions, Dispatch) == [Dispatch(r.id, 1)]
     assert of(decisions, StartLoad) == []
+
+
+def test_a_load_that_could_go_anywhere_goes_where_its_conversation_last_ran():
+    """Its model is loaded nowhere and both servers are empty alike: the load goes to s2,
+    where a server that saved its slots' caches restores them. Breaks if the tie went to
+    the lower id as before."""
+    r = req("a", cache_server=2)
+    deployments = [dep(1, 1, "a"), dep(2, 2, "a")]
+    decisions = plan(snap([server(1), server(2)], deployments, [r]), at(0))
+    assert [d.deployment_id for d in of(decisions, StartLoad)] == [2]
+
+
+def test_the_conversation_only_breaks_ties_between_loads():
+    """s2 would have to evict a model to load it, s1 has room: s1, though the conversation
+    last ran on s2 (an eviction costs a reload; a cache is only a chance)."""
+    r = req("a", cache_server=2)
+    deployments = [dep(1, 1, "a"), dep(2, 2, "a"), dep(3, 2, "x", "loaded")]
+    decisions = plan(snap([server(1), server(2)], deployments, [r]), at(0))
+    assert [d.deployment_id for d in of(decisions, StartLoad)] == [1]
