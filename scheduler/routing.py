@@ -10,6 +10,10 @@ from . import reasons as waits
 from .decisions import Fail, Route
 from .snapshot import DeploymentView, RequestView
 
+# Said of a route to the server that took the request's conversation's last turn (the
+# send-on-arrival fast path says it too).
+AT_CONVERSATION = "where its conversation's last turn ran"
+
 
 class Routing:
     """Step 2, routing pending requests. A mixin of `policy._Pass`: it works on the pass's state."""
@@ -218,6 +222,6 @@ class Routing:
     def route_to(self, r: RequestView, d: DeploymentView, ready: bool, reason: str) -> None:
         server = self.servers[d.server_id].name
         if ready and d.server_id == r.cache_server:
-            reason += ", where its conversation's last turn ran"
+            reason += f", {AT_CONVERSATION}"
         self.decisions.append(Route(r.id, d.id, ready, f"{reason} ({server})"))
         self.set_request(r, state="ready" if ready else "needs_loading", deployment_id=d.id)

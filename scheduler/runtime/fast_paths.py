@@ -28,6 +28,7 @@ from django.conf import settings
 from ..decisions import Route, SendNext, SendOnArrival
 from ..group_commit import GroupCommit
 from ..models import State
+from ..routing import AT_CONVERSATION
 from ..snapshot import Snapshot
 from ..store import PlannedSend
 from ..wakeup import Arrival
@@ -183,7 +184,7 @@ class FastPaths:
         request_id = arrived.request_id
         reason = "model loaded there, sent on arrival"
         if arrived.cache_server == planned.server_id:
-            reason = "model loaded there, where its conversation's last turn ran, sent on arrival"
+            reason = f"model loaded there, {AT_CONVERSATION}, sent on arrival"
         route = Route(request_id, planned.deployment_id, True, reason)
         if not await self.arrival_sends.submit(route):
             self.on_arrival.clear()

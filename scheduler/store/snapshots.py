@@ -195,20 +195,19 @@ def _request_views(rows: list[tuple], names: dict[int, str]) -> Iterator[Request
 def _request_view(row: tuple, model: str) -> RequestView:
     """The view of a row as read (kept: a deep line's head is mostly the same rows, unchanged,
     pass after pass, and building a view costs more than finding it)."""
-    rid, _, priority, state, created_at, expires_at, deployment_id, not_before, *rest = row
-    api_key, grace, cache_server = rest
+    rid, _, priority, state, created, expires, deployment_id, not_before, key, grace, cache = row
     return RequestView(
         id=sql.uuid_of(rid),
         model=model,
         priority=priority,
         state=state,
-        created_at=sql.timestamp(created_at),
-        expires_at=sql.timestamp(expires_at),
+        created_at=sql.timestamp(created),
+        expires_at=sql.timestamp(expires),
         deployment_id=deployment_id,
         not_before=sql.timestamp(not_before),
-        api_key=api_key,
+        api_key=key,
         no_server_grace_s=grace,
-        cache_server=cache_server,
+        cache_server=cache,
     )
 
 

@@ -15,11 +15,11 @@ from backends.models import DeploymentState
 from scheduler import wakeup
 from scheduler.api import affinity, intake
 from scheduler.decisions import SendOnArrival
-from scheduler.models import TERMINAL_STATES, Priority, Request, State
+from scheduler.models import Priority, Request, State
 from scheduler.runtime import Runtime
 from tests import factories
 from tests.support.openai_upstream import Upstream
-from tests.support.running import Running, db_thread_closed  # noqa: F401 (fixture)
+from tests.support.running import Running, all_ended, db_thread_closed  # noqa: F401 (fixture)
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 FIRST = [SYSTEM, {"role": "user", "content": "Name a colour."}]
@@ -133,10 +133,6 @@ def test_a_window_of_zero_turns_affinity_off(two_servers, knobs):
 # -- through the worker ---------------------------------------------------------------------
 
 db = sync_to_async
-
-
-def all_ended() -> bool:
-    return not Request.objects.exclude(state__in=TERMINAL_STATES).exists()
 
 
 @pytest.mark.parametrize("window_s, next_turn_to", [(1800.0, "b"), (0.0, "a")])

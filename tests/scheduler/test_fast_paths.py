@@ -23,13 +23,13 @@ from backends.models import Deployment, DeploymentState, Model, Server
 from scheduler import store, wakeup
 from scheduler.api import intake
 from scheduler.decisions import SendNext, SendOnArrival
-from scheduler.models import TERMINAL_STATES, Priority, Request, State
+from scheduler.models import Priority, Request, State
 from scheduler.runtime import Runtime, ServerTasks
 from scheduler.runtime.fast_paths import PassArrivals
 from scheduler.snapshot import RequestView, Snapshot
 from tests import factories
 from tests.support.openai_upstream import Upstream
-from tests.support.running import Running, db_thread_closed, one_loaded_request, state_of  # noqa: F401 (fixture)
+from tests.support.running import Running, all_ended, db_thread_closed, one_loaded_request, state_of  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("db_thread_closed")]
 db = sync_to_async
@@ -44,10 +44,6 @@ def loaded_upstream(upstream: Upstream, slots: int) -> None:
 def accept(content: str, priority: str = "normal", stream: bool = False) -> Request:
     body = {"model": "m1", "messages": [{"role": "user", "content": content}], "stream": stream}
     return intake.accept("chat", body, priority)
-
-
-def all_ended() -> bool:
-    return not Request.objects.exclude(state__in=TERMINAL_STATES).exists()
 
 
 def outcomes() -> tuple[list, set[str]]:

@@ -16,11 +16,16 @@ from django.db import connections
 from backends.adapters.simulated import simulated_server
 from backends.models import Deployment, DeploymentState
 from scheduler import wakeup
-from scheduler.models import Request
+from scheduler.models import TERMINAL_STATES, Request
 from scheduler.runtime import Runtime
 from tests import factories
 
 TIMEOUT_S = 15.0
+
+
+def all_ended() -> bool:
+    """No request is left unended (a fact for `Running.until`)."""
+    return not Request.objects.exclude(state__in=TERMINAL_STATES).exists()
 
 
 class Running:
