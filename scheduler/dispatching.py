@@ -52,9 +52,13 @@ class Dispatching:
 
     def free_slot_for(self, r: RequestView) -> DeploymentView | None:
         """Its own deployment if it has a free slot, else another server with its model
-        loaded and a free slot: a queue on a busy server drains onto an idle one."""
+        loaded and a free slot (its conversation's last server first): a queue on a busy
+        server drains onto an idle one."""
         own = self.deployments[r.deployment_id]
-        others = sorted(self.candidates(r.model, "loaded"), key=lambda d: d.id)
+        others = sorted(
+            self.candidates(r.model, "loaded"),
+            key=lambda d: (d.server_id != r.cache_server, d.id),
+        )
         for d in [own, *others]:
             if d.state == "loaded" and self.room(d) > 0:
                 return d

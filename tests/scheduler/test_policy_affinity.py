@@ -88,3 +88,16 @@ def test_the_conversation_only_breaks_ties_between_loads():
     deployments = [dep(1, 1, "a"), dep(2, 2, "a"), dep(3, 2, "x", "loaded")]
     decisions = plan(snap([server(1), server(2)], deployments, [r]), at(0))
     assert [d.deployment_id for d in of(decisions, StartLoad)] == [1]
+
+
+def test_a_queue_drains_onto_the_conversations_last_server_first():
+    """Queued behind s3's busy slot, it may drain onto s1 or s2, both free: s2, where its
+    conversation last ran. Breaks if the drain took the lowest id (s1)."""
+    r = req("a", state="ready", deployment_id=3, cache_server=2)
+    deployments = [
+        dep(1, 1, "a", "loaded"),
+        dep(2, 2, "a", "loaded"),
+        dep(3, 3, "a", "loaded", in_flight=1),
+    ]
+    decisions = plan(snap([server(1), server(2), server(3)], deployments, [r]), at(0))
+    assert of(decisions, Dispatch) == [Dispatch(r.id, 2)]
