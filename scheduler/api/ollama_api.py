@@ -1,29 +1,23 @@
-"""Ollama's own API in front of the same line: `POST /api/chat`, `/api/generate` and
-`/api/embed`; `GET /api/tags`, `/api/ps` and `/api/version`, `POST /api/show`; for apps
-written for Ollama.
+"""Ollama's own API in front of the same line, for apps written for Ollama: the calls that
+run a model, `POST /api/chat`, `/api/generate` and `/api/embed` (served by the bare ASGI
+app); its listing calls are in `ollama_listing.py`.
 
 A call is translated into the OpenAI request it means (a chat, a completion for a `raw`
 generate, an embedding) and stored, queued and served like any other; its answer is
 translated back: one JSON object, or (Ollama streams by default) newline-delimited JSON
 objects ending with one that says `"done": true`. Errors are Ollama's `{"error": "…"}`.
-What Switchyard decides for itself is ignored: `keep_alive` (it keeps models loaded or not
-by its own rules), `options.num_ctx` (the server's setting)."""
+What Switchyard decides for itself is ignored: `keep_alive` (it loads and unloads models by
+its own rules), `options.num_ctx` (the server's setting)."""
 
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_GET, require_POST
-
-from access import auth
-from backends.models import Deployment, DeploymentState, Model
-
 from ..models import RequestKind
 from . import model_list
 from .errors import ApiError
-from .inference import Reply, key_of, parse_json
+from .inference import Reply
 
 PATHS = ("/api/chat", "/api/generate", "/api/embed")  # served by the bare ASGI app
 LISTING = ("/api/tags", "/api/ps", "/api/show", "/api/version")  # by Django, as the rest
@@ -73,7 +67,8 @@ def translate(path: str, raw: bytes) -> tuple[str, bytes, dict]:
     stream = path != "/api/embed" and body.get("stream", True) is not False
     shape = shape_of(path, model, stream)
     if loads_only(path, body):
-        return RequestKind.CHAT, raw, {**shape, "load_only": True}
+        done = "unload" if unloads(body.get("keep_alive")) else "load"
+        return RequestKind.CHAT, raw, {**shape, "load_only": True, "done_reason": done}
     if path == "/api/embed":
         kind, out = RequestKind.EMBEDDING, {"model": model, "input": body.get("input")}
         if "dimensions" in body:
@@ -106,10 +101,23 @@ def loads_only(path: str, body: dict) -> bool:
     return path == "/api/generate" and not body.get("prompt") and not body.get("images")
 
 
+def unloads(keep_alive: Any) -> bool:
+    """Ollama's `keep_alive` of zero (`0`, `"0"`, `"0s"`, `"0m"`): with nothing to run,
+    the call that unloads a model (`ollama stop`)."""
+    if isinstance(keep_alive, str):
+        keep_alive = keep_alive.strip().rstrip("hms")
+    try:
+        return float(keep_alive) == 0
+    except (TypeError, ValueError):
+        return False
+
+
 async def load_only(shape: dict, api_key) -> Reply:
     """A load-only call (`loads_only`), answered at once in Ollama's shape for a model the
     key may use and a server has: Switchyard loads a model when a request for it needs it,
-    by its own rules (as for `keep_alive`), so there is nothing to wait for."""
+    and unloads it, by its own rules (as for `keep_alive`), so there is nothing to wait for.
+    An unload call is answered as Ollama answers it (`done_reason: unload`); the model,
+    which other callers may be using, leaves when the policy decides."""
     name = shape["model"]
     try:
         if not isinstance(name, str) or not name:
@@ -120,7 +128,9 @@ async def load_only(shape: dict, api_key) -> Reply:
     said = {"message": {"role": "assistant", "content": ""}}
     if shape["path"] != "/api/chat":
         said = {"response": ""}
-    return Reply(200, {}, {**head(shape), **said, "done": True, "done_reason": "load"})
+    return Reply(
+        200, {}, {**head(shape), **said, "done": True, "done_reason": shape["done_reason"]}
+    )
 
 
 def sampling(options: Any) -> dict:
@@ -391,106 +401,3 @@ def last(shape: dict, said: dict) -> dict:
     if said["calls"]:
         message["tool_calls"] = [tool_call_in(c) for _, c in sorted(said["calls"].items())]
     return {"message": message, **done}
-
-
-# -- listing ---------------------------------------------------------------------------------
-
-DETAILS = {"format": "", "family": "", "families": None, "parameter_size": ""}
-TYPE_CAPABILITIES = {"llm": ["completion"], "embedding": ["embedding"], "reranking": []}
-# Switchyard knows no architecture; Ollama's clients read `<architecture>.context_length`.
-ARCHITECTURE = "switchyard"
-
-
-def capabilities(model: Model) -> list[str]:
-    """Ollama's `capabilities` of a model: what its type does, then what it takes besides
-    text, where known (`tools`, `vision`, `thinking`)."""
-    return TYPE_CAPABILITIES.get(model.type, []) + list(model.capabilities or [])
-
-
-def model_info(model: Model) -> dict:
-    """Its context length, where the operator or a server has said it, under the keys
-    Ollama's clients read."""
-    if model.context_length is None:
-        return {}
-    return {
-        "general.architecture": ARCHITECTURE,
-        f"{ARCHITECTURE}.context_length": model.context_length,
-    }
-
-
-def ollama_error(error: ApiError) -> JsonResponse:
-    return JsonResponse(error_body(error.body()), status=error.status, headers=error.headers())
-
-
-@require_GET
-async def tags(http: HttpRequest) -> HttpResponse:
-    """`GET /api/tags`: the models the caller may use that some server has a deployment of,
-    by name and alias, as `GET /v1/models` lists them."""
-    try:
-        api_key = await auth.acaller(key_of(http))
-    except ApiError as error:
-        return ollama_error(error)
-    offered = await model_list.offered(api_key)
-    return JsonResponse({"models": [described(name, model) for name, model in offered]})
-
-
-@require_GET
-async def ps(http: HttpRequest) -> HttpResponse:
-    """`GET /api/ps`: the models loaded now on some server, that the caller may use."""
-    try:
-        api_key = await auth.acaller(key_of(http))
-    except ApiError as error:
-        return ollama_error(error)
-    loaded = Deployment.objects.filter(state=DeploymentState.LOADED).select_related("model")
-    found: dict[str, dict] = {}
-    async for d in loaded.order_by("model__name"):
-        if d.model.name not in found and model_list.may_use(api_key, d.model.names):
-            size = (d.size_mb or 0) * 1024 * 1024
-            running = {"expires_at": None, "size_vram": size}  # none: Switchyard decides
-            if d.model.context_length is not None:
-                running["context_length"] = d.model.context_length
-            found[d.model.name] = {**described(d.model.name, d.model, size), **running}
-    return JsonResponse({"models": list(found.values())})
-
-
-@require_POST
-async def show(http: HttpRequest) -> HttpResponse:
-    """`POST /api/show` `{"model"}`: what a model can do (`capabilities`) and its context
-    length where known (`model_info`), as retrieving it from `/v1/models` finds it."""
-    try:
-        api_key = await auth.acaller(key_of(http))
-        body = parse_json(http.body)
-        name = (body.get("model") or body.get("name")) if isinstance(body, dict) else None
-        if not isinstance(name, str):
-            raise refuse("model must be a model's name", "model")
-        model = await model_list.deployed_model(api_key, name)
-    except ApiError as error:
-        return ollama_error(error)
-    return JsonResponse(
-        {
-            "modelfile": "",
-            "parameters": "",
-            "template": "",
-            "details": DETAILS,
-            "model_info": model_info(model),
-            "capabilities": capabilities(model),
-        }
-    )
-
-
-def described(name: str, model: Model, size: int = 0) -> dict:
-    return {
-        "name": name,
-        "model": name,
-        "modified_at": "1970-01-01T00:00:00Z",  # Switchyard knows no date for a model
-        "size": size,
-        "digest": "",
-        "details": DETAILS,
-        "type": model.type,
-        "capabilities": capabilities(model),
-    }
-
-
-@require_GET
-async def version(http: HttpRequest) -> HttpResponse:
-    return JsonResponse({"version": VERSION})

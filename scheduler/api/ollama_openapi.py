@@ -46,7 +46,10 @@ COMMON = {
     "think": {
         "oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["low", "medium", "high"]}]
     },
-    "keep_alive": {"description": "Ignored: Switchyard decides when a model goes."},
+    "keep_alive": {
+        "description": "Ignored: Switchyard decides when a model goes. On a call with nothing"
+        " to run, 0 is answered done_reason unload (as `ollama stop` expects), unloading nothing."
+    },
 }
 IMAGES = {"type": "array", "items": {"type": "string", "description": "Base64 image data"}}
 SCHEMAS: dict[str, Any] = {

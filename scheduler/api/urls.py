@@ -1,16 +1,16 @@
 from django.urls import path
 
-from . import config, jobs, keys, model_list, ollama_api, own_key, queue, servers, usage
+from . import config, jobs, keys, model_list, ollama_listing, own_key, queue, servers, usage
 
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
     path("v1/models", model_list.list_models, name="models"),
     # Model names may hold slashes and colons (org/model, qwen3:8b).
     path("v1/models/<path:name>", model_list.retrieve_model, name="model"),
-    path("api/tags", ollama_api.tags, name="ollama-tags"),
-    path("api/ps", ollama_api.ps, name="ollama-ps"),
-    path("api/show", ollama_api.show, name="ollama-show"),
-    path("api/version", ollama_api.version, name="ollama-version"),
+    path("api/tags", ollama_listing.tags, name="ollama-tags"),
+    path("api/ps", ollama_listing.ps, name="ollama-ps"),
+    path("api/show", ollama_listing.show, name="ollama-show"),
+    path("api/version", ollama_listing.version, name="ollama-version"),
     path("api/v1/requests", jobs.RequestList.as_view(), name="request-list"),
     path("api/v1/requests/<uuid:request_id>", jobs.request_detail, name="request-detail"),
     path("api/v1/queue", queue.Queue.as_view(), name="queue"),

@@ -200,14 +200,21 @@ def test_errors_are_ollamas_and_bad_input_stores_nothing(live):
 
 def test_a_call_that_only_loads_is_answered_at_once_and_stores_nothing(live, upstream):
     """Ollama's CLI loads a model (a chat without messages) before `ollama run`; Ollama
-    answers `done_reason: load`. Switchyard answers at once: it loads a model when a request
-    for it needs it. A model the caller may not use is refused as on any call."""
+    answers `done_reason: load` (`unload` for `ollama stop`'s `keep_alive: 0`). Switchyard
+    answers at once: it loads a model when a request for it needs it. A model the caller
+    may not use is refused as on any call."""
     loaded = client(live).chat(model="qwen3:8b")  # by an alias
     assert (loaded.done, loaded.done_reason, loaded.message.content) == (True, "load", "")
     [streamed] = list(client(live).chat(model="qwen", stream=True))
     assert streamed.done_reason == "load"
     generated = client(live).generate(model="qwen", stream=False)
     assert (generated.done_reason, generated.response) == ("load", "")
+    # `ollama stop`: a generate without a prompt that keeps the model 0 s, answered as
+    # Ollama answers it; the model leaves by Switchyard's rules (others may be using it).
+    stopped = client(live).generate(model="qwen", stream=False, keep_alive=0)
+    assert (stopped.done, stopped.done_reason) == (True, "unload")
+    assert client(live).chat(model="qwen", keep_alive="0s").done_reason == "unload"
+    assert client(live).chat(model="qwen", keep_alive="5m").done_reason == "load"
     with pytest.raises(ollama.ResponseError) as unknown:
         client(live).chat(model="nope")
     assert unknown.value.status_code == 404
