@@ -220,7 +220,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "model_column",
         "server_column",
         "state_column",
-        "load_cause",
+        "loaded_for",
         "in_flight_column",
         "size_mb",
         "device",
@@ -288,6 +288,14 @@ class DeploymentAdmin(admin.ModelAdmin):
             return f"loading, {load['elapsed_s']:.0f} s"
         about = "~" if load["estimated"] else ""
         return f"loading, {about}{load['fraction']:.0%}"
+
+    @admin.display(description="loaded for", ordering="load_cause")
+    def loaded_for(self, deployment: Deployment) -> str:
+        """Who asked for its load, while it is loading or loaded. Once it has gone, "-":
+        beside "unloaded", the old cause reads as a load to come (its page keeps it)."""
+        if deployment.state not in (DeploymentState.LOADING, DeploymentState.LOADED):
+            return "-"
+        return deployment.get_load_cause_display() or "-"
 
     @admin.display(description="in flight", ordering="in_flight")
     def in_flight_column(self, deployment: Deployment) -> str:

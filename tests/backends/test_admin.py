@@ -272,3 +272,16 @@ def test_deployment_list_says_in_few_columns_what_keeps_it_and_what_failed(admin
     assert '<td class="field-kept">pinned, mon-fri 08:00-18:00</td>' in page
     assert '<td class="field-in_flight_column">1/2</td>' in page
     assert '<td class="field-error_column">2 failed loads: out of memory</td>' in page
+
+
+def test_deployment_list_says_what_a_model_is_loaded_for_only_while_it_is(admin_client, fleet):
+    """`loaded for` beside a loaded or loading model; an unloaded one's last cause is not
+    shown there (it would read as a load to come), its page still has it."""
+    sim, real = fleet
+    Deployment.objects.filter(server=sim).update(load_cause="restore")
+    gone = factories.deployment(real, "gemma", state="unloaded", load_cause="preload")
+    page = admin_client.get(changelist("deployment")).content.decode()
+    assert '<td class="field-loaded_for">restore on idle</td>' in page
+    assert '<td class="field-loaded_for">preload</td>' not in page
+    detail = admin_client.get(reverse("admin:backends_deployment_change", args=[gone.pk]))
+    assert "preload" in detail.content.decode()
