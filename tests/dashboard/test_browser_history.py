@@ -101,6 +101,29 @@ def test_charts_timeline_and_classes_render_with_data(with_history, browser_page
     screenshot(page, "admin-requests")
 
 
+@pytest.fixture
+def one_busy_minute(served):
+    User.objects.create_superuser("operator", "op@example.com", "a-long-password")
+    minute = floor_minute(timezone.now()) - timedelta(minutes=5)
+    MinuteStat.objects.bulk_create(
+        MinuteStat(minute=minute, priority=p, finished=3, wait_p50_s=4.0, wait_p95_s=9.0)
+        for p in Priority.values
+    )
+    return served()
+
+
+def test_a_minute_alone_with_waits_is_drawn_as_dots(one_busy_minute, browser_page):
+    """Requests that finished in one minute only, after a quiet hour: their waits have no
+    neighbour to draw a line to, so each class's is a dot (else the wait charts show
+    nothing). The counts (finished, waiting) are 0 around it, so they draw lines."""
+    page = browser_page
+    sign_in(page, one_busy_minute.url)
+    expect(page.locator(".charts")).to_have_attribute("data-loaded", "1h")
+    for name in ("p50", "p95"):
+        expect(page.locator(f"#chart-{name}")).to_have_attribute("data-dots", "4")
+    expect(page.locator("#chart-finished")).to_have_attribute("data-dots", "0")
+
+
 def test_a_load_bar_says_when_a_load_runs_past_its_estimate(with_history, browser_page):
     """An estimated bar (the server reports no fraction) stops short of full; past the
     estimate its label says so instead of "99%"."""

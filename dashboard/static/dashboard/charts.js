@@ -14,6 +14,8 @@ const SwitchyardCharts = (() => {
     const node = document.getElementById(id);
     const rows = [history.minutes, ...history.classes.map((c) => data[c])];
     const width = Math.max(node.clientWidth, 240);
+    node.dataset.points = String(history.minutes.length);
+    node.dataset.dots = String(rows.slice(1).reduce((n, data) => n + loneAt(data).length, 0));
     if (charts[id] && charts[id].range === range) {
       charts[id].plot.setData(rows);
       if (charts[id].plot.width !== width) charts[id].plot.setSize({width, height: 170});
@@ -22,15 +24,14 @@ const SwitchyardCharts = (() => {
     if (charts[id]) charts[id].plot.destroy();
     const plot = new uPlot({
       width, height: 170,
-      scales: {x: {time: true}, y: {range: (u, min, max) => [0, Math.max(max || 0, 1)]}},
+      scales: {x: {time: true}, y: {range: (u, min, max) => [0, Math.max(max || 0, 1) * 1.08]}},
       series: [{value: (u, v) => (v === null ? "–" : stamp(new Date(v * 1000)))},
         ...history.classes.map((c) => ({
-          label: c, stroke: COLORS[c], width: 1.5,
+          label: c, stroke: COLORS[c], width: 1.5, points: {size: 5, fill: COLORS[c], filter: lone},
           value: (u, v) => (v === null ? "–" : unit === "s" ? secs(v) : String(v)),
         }))],
       axes: [{values: (u, splits) => splits.map((v) => hhmm(new Date(v * 1000)))}, {size: 50}],
     }, rows, node);
-    node.dataset.points = String(history.minutes.length);
     charts[id] = {plot, range};
   }
 
@@ -61,6 +62,16 @@ const SwitchyardCharts = (() => {
         el("span", {class: "span-label"}, `${s.model} ${secs(s.stay_s)}`));
         return bar;
       })))));
+  }
+
+  // A value with no neighbours (the waits of the one minute in which requests finished)
+  // draws no line: it is drawn as a dot, or it would not show at all.
+  const loneAt = (data) => data.flatMap((v, i) => (v !== null && data[i - 1] == null && data[i + 1] == null ? [i] : []));
+
+  function lone(u, seriesIdx, shown) {
+    if (shown) return null;  // uPlot draws every point already
+    const at = loneAt(u.data[seriesIdx]);
+    return at.length ? at : null;
   }
 
   const hhmm = (d) => `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}`;
