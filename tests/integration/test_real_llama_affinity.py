@@ -102,9 +102,10 @@ def test_a_turn_whose_model_left_every_server_is_loaded_back_where_its_cache_was
         assert first["timings"]["cache_n"] == 0 and first["timings"]["prompt_n"] > 60
         operate(live, "a", "enable")
         operate(live, "b", "unload", model="tiny")
+        tiny = Deployment.objects.filter(model__name="tiny")
         eventually(
-            lambda: not Deployment.objects.filter(model__name="tiny", state="loaded").exists(),
-            what="tiny unloaded everywhere",
+            lambda: set(tiny.values_list("state", flat=True)) == {"unloaded"},
+            what="tiny unloaded everywhere (not still unloading on b)",
         )
 
         reply = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
