@@ -1,19 +1,22 @@
 """What PostgreSQL read from the requests table, by its own statistics: a read's cost as
 the table grows, without timing it."""
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from scheduler.models import Request
 from tests.support.polling import eventually
 
 REQUESTS = Request._meta.db_table
+T = TypeVar("T")
 
 
 def other_sessions() -> list[tuple]:
-    """Other sessions at work on this database (idle ones read nothing and hold no
-    snapshot): their reads count in entries_read(), and an open snapshot of theirs keeps
-    PostgreSQL from marking dead index entries as such."""
+    """Other sessions at work on this database (idle ones hold no snapshot): an open
+    snapshot of theirs keeps PostgreSQL from marking dead index entries as such."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid, application_name, state, left(query, 80) FROM pg_stat_activity"
@@ -40,14 +43,25 @@ def unvacuumed():
         cursor.execute(f"ALTER TABLE {REQUESTS} RESET (autovacuum_enabled)")
 
 
-def entries_read() -> int:
-    """Index entries and table rows read from the requests table so far (every session's)."""
+def entries_read_by(read: Callable[[], T]) -> tuple[T, int]:
+    """`read()`'s result, and the index entries and table rows it read from the requests
+    table: run in a transaction of its own and counted by PostgreSQL for that transaction,
+    so no other session's reads count (another test's process still at work)."""
+    with transaction.atomic():
+        before = _read_in_transaction()
+        result = read()
+        return result, _read_in_transaction() - before
+
+
+def _read_in_transaction() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")  # done before the next query
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        # Of the table, the rows its sequential scans read; of an index, the entries its
+        # scans returned (pg_stat_xact_user_tables' seq_tup_read, and pg_stat_user_indexes'
+        # idx_tup_read, which has no view of its own for the transaction).
         cursor.execute(
-            "SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = %s)"
-            " + (SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = %s)",
+            "SELECT pg_stat_get_xact_tuples_returned(%s::regclass) + coalesce(sum("
+            "pg_stat_get_xact_tuples_returned(indexrelid)), 0) FROM pg_index"
+            " WHERE indrelid = %s::regclass",
             [REQUESTS, REQUESTS],
         )
         return int(cursor.fetchone()[0])
