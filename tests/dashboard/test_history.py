@@ -220,6 +220,27 @@ def test_the_eta_accuracy_is_in_metrics(client, settings):
     assert "switchyard_eta_median_error_seconds 1.0" in text
 
 
+@pytest.mark.parametrize(
+    ("ran", "expected_s"),
+    [
+        ({"m": 2.0, "other": 8.0}, 2.0),  # the same model, on another server
+        ({"other": 3.0, "third": 5.0}, 4.0),  # the mean of the models that ran
+        ({}, forecast.DEFAULT_RUN_S),  # nothing ran yet
+    ],
+)
+def test_a_model_never_run_on_a_server_is_expected_to_run_as_it_did_elsewhere(ran, expected_s):
+    """The second of two requests on gpu-2's one slot waits for the first's run. m never
+    ran there: its run on a server now down, else the mean of what ran, else 5 s (as
+    `simulate`'s forecast expects). Breaks if every never-run deployment were 5 s."""
+    down = factories.server("gpu-1", health="down")
+    for name, run_s in ran.items():
+        factories.deployment(down, name, avg_inference_s=run_s)
+    factories.deployment(factories.server("gpu-2", slots=1), "m", state=DS.LOADED)
+    first, second = (factories.request("m", created_at=at(-i)) for i in (2, 1))
+    etas = forecast.head(NOW).etas
+    assert (etas[first.pk], etas[second.pk]) == (0.0, expected_s)
+
+
 def test_the_forecast_uses_the_run_time_of_the_requests_class():
     srv = factories.server("gpu-1", slots=1)
     d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=2.0)
