@@ -4,14 +4,21 @@ A fixed number of reads: servers, deployments, the requests running now, and the
 the line (at most `limit` rows, in the policy's order). Rows further back are never ahead
 of these, so the head's ETAs do not depend on them."""
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
 
 from backends.models import Deployment, Server
-from scheduler.eta import Host, Place, Waiter, forecast, line_order, load_left_s
+from scheduler.eta import (
+    Host,
+    Place,
+    Waiter,
+    expected_run_s,
+    forecast,
+    line_order,
+    load_left_s,
+)
 from scheduler.load_estimate import expected_load_s
 from scheduler.models import WAITING_STATES, Request, State
 from scheduler.reasons import not_before
@@ -20,7 +27,6 @@ from scheduler.reasons_shown import server_fraction
 from .models import RunStat
 
 DEFAULT_LOAD_S = 10.0  # the policy's default, for a model never loaded here
-DEFAULT_RUN_S = 5.0  # before any request of any model has run
 LINE_READ = 1000
 
 
@@ -49,10 +55,10 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
     places = []
     deployments = list(Deployment.objects.select_related("model"))
     expected = expected_load_s(deployments, lambda d: d.model_id)
-    run_elsewhere = expected_run_s(deployments)
+    means = run_means(deployments)
     for i, d in enumerate(deployments):
         load_s = d.avg_load_s or expected.get(i) or DEFAULT_LOAD_S
-        run_s = d.avg_inference_s or run_elsewhere(d.model_id)
+        run_s = d.avg_inference_s or expected_run_s(means, d.model_id)
         left = 0.0
         if d.state == "loading" and d.load_started_at:
             elapsed = (now - d.load_started_at).total_seconds()
@@ -76,17 +82,14 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
     return hosts, places
 
 
-def expected_run_s(deployments: list[Deployment]) -> Callable[[int], float]:
-    """What a model's requests are expected to run on a server where none has run yet: its
-    mean on the servers where it has, else the mean of the models that have run, else
-    DEFAULT_RUN_S (as `manage.py simulate`'s forecast, whose accuracy is measured)."""
+def run_means(deployments: list[Deployment]) -> dict[int, float]:
+    """Each model's mean run time over the servers where it has run: what it is expected to
+    run on one where it has not (`eta.expected_run_s`, as `manage.py simulate` expects)."""
     runs: dict[int, list[float]] = {}
     for d in deployments:
         if d.avg_inference_s:
             runs.setdefault(d.model_id, []).append(d.avg_inference_s)
-    by_model = {model: sum(v) / len(v) for model, v in runs.items()}
-    overall = sum(by_model.values()) / len(by_model) if by_model else DEFAULT_RUN_S
-    return lambda model_id: by_model.get(model_id, overall)
+    return {model: sum(v) / len(v) for model, v in runs.items()}
 
 
 def first_load_s(d: Deployment) -> float | None:

@@ -16,13 +16,22 @@ within TOLERANCE of the ETA they were first given (`dashboard/eta_checks.py` liv
 import heapq
 import math
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 TOLERANCE = 0.20
 FLOOR_S = 1.0  # an ETA of a second or less is right within a second
 # Below this a server's load fraction says too little to scale from (a first tick).
 MIN_REPORTED = 0.05
+DEFAULT_RUN_S = 5.0  # before any request of any model has run
+
+
+def expected_run_s(means: Mapping[Hashable, float], model: Hashable) -> float:
+    """What a model's requests are expected to run, from each model's mean run time so far:
+    its own, else (it never ran) the mean of the models that have run, else DEFAULT_RUN_S."""
+    if model in means:
+        return means[model]
+    return sum(means.values()) / len(means) if means else DEFAULT_RUN_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,19 @@ load time, each model's mean run time."""
 from datetime import datetime
 from uuid import UUID
 
-from .eta import Accuracy, Host, Place, Waiter, forecast, line_order, load_left_s
+from .eta import (
+    Accuracy,
+    Host,
+    Place,
+    Waiter,
+    expected_run_s,
+    forecast,
+    line_order,
+    load_left_s,
+)
 from .load_estimate import model_name, with_expected_loads
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView
 
-DEFAULT_RUN_S = 5.0  # before any request of any model has finished
 RECENT_WEIGHT = 0.3
 
 
@@ -23,7 +31,8 @@ class EtaBook:
         self.given: dict[UUID, tuple[datetime, float]] = {}
         self.sent_at: dict[UUID, tuple[datetime, int]] = {}  # serving: when, where
         self.load_started: dict[int, datetime] = {}
-        self.runs: dict[str, tuple[int, float]] = {}  # model: (count, mean seconds)
+        self.run_counts: dict[str, int] = {}  # model: requests finished
+        self.run_means: dict[str, float] = {}  # model: their mean seconds
         self.class_runs: dict[tuple[str, int], tuple[int, float]] = {}  # (model, class)
         self.priority: dict[UUID, int] = {}
 
@@ -32,11 +41,7 @@ class EtaBook:
         return found[1] if found else None
 
     def run_s(self, model: str) -> float:
-        if model in self.runs:
-            return self.runs[model][1]
-        if not self.runs:
-            return DEFAULT_RUN_S
-        return sum(m for _, m in self.runs.values()) / len(self.runs)
+        return expected_run_s(self.run_means, model)
 
     def give(
         self,
@@ -105,8 +110,8 @@ class EtaBook:
     def finished(self, rid: UUID, model: str, now: datetime) -> None:
         at, _ = self.sent_at.pop(rid)
         took = (now - at).total_seconds()
-        n, mean = self.runs.get(model, (0, 0.0))
-        self.runs[model] = (n + 1, mean + (took - mean) / (n + 1))
+        n, mean = self.run_counts.get(model, 0), self.run_means.get(model, 0.0)
+        self.run_counts[model], self.run_means[model] = n + 1, mean + (took - mean) / (n + 1)
         # Per model and class, a moving average: a burst of short jobs is learned quickly.
         key = (model, self.priority.pop(rid))
         n, mean = self.class_runs.get(key, (0, took))

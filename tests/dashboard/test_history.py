@@ -12,6 +12,7 @@ from backends.models import Deployment
 from backends.models import DeploymentState as DS
 from dashboard import charts, eta_checks, forecast, history
 from dashboard.models import EtaCheck, LoadSpan, MinuteStat, RunStat
+from scheduler.eta import DEFAULT_RUN_S
 from scheduler.models import Priority, State
 from tests import factories
 
@@ -225,7 +226,7 @@ def test_the_eta_accuracy_is_in_metrics(client, settings):
     [
         ({"m": 2.0, "other": 8.0}, 2.0),  # the same model, on another server
         ({"other": 3.0, "third": 5.0}, 4.0),  # the mean of the models that ran
-        ({}, forecast.DEFAULT_RUN_S),  # nothing ran yet
+        ({}, DEFAULT_RUN_S),  # nothing ran yet
     ],
 )
 def test_a_model_never_run_on_a_server_is_expected_to_run_as_it_did_elsewhere(ran, expected_s):
