@@ -11,7 +11,13 @@ from django.core.exceptions import (
     SuspiciousOperation,
 )
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from rest_framework.exceptions import APIException, NotFound, ParseError, ValidationError
+from rest_framework.exceptions import (
+    APIException,
+    NotFound,
+    ParseError,
+    UnsupportedMediaType,
+    ValidationError,
+)
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
@@ -93,6 +99,8 @@ def openai_exception_handler(exc, context) -> Response | None:
         message = str(exc.detail[0])
     else:
         message = str(exc.detail)
+    if isinstance(exc, UnsupportedMediaType):  # curl -d sends a form type unless told
+        message += " Send JSON, with the header `Content-Type: application/json`."
     code = {ParseError: "invalid_json", NotFound: "not_found"}.get(type(exc), exc.default_code)
     error = ApiError(response.status_code, message, param=param, code=code)
     return Response(error.body(), status=response.status_code)

@@ -120,6 +120,18 @@ def test_a_job_body_over_the_upload_limit_is_413(live):
     assert Request.objects.count() == 0
 
 
+def test_a_job_sent_as_a_form_is_told_to_send_json(live):
+    """curl -d sends `application/x-www-form-urlencoded` unless told otherwise."""
+    r = httpx.post(
+        live.url + "/api/v1/requests",
+        content=json.dumps(job(chat())),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert_openai_error(r, 415, "unsupported_media_type")
+    assert "Content-Type: application/json" in r.json()["error"]["message"]
+    assert Request.objects.count() == 0
+
+
 def test_wait_s_must_be_a_finite_number(live):
     r = send(live, "POST", "/api/v1/requests", job(chat()))
     assert r.status_code == 202
