@@ -7,7 +7,10 @@ and a flat default (10 s) is wrong by minutes for a 70B model. What else is know
 1. the same model's loads measured on other servers (the mean of their averages): the
    same weights from a similar disk;
 2. its size at its server's own speed: the megabytes a second of the loads measured there,
-   for those whose size is known (a server that read 20 GB in 40 s reads 9 GB in about 18).
+   for those whose size is known (a server that read 20 GB in 40 s reads 9 GB in about 18);
+3. its size at the speed of the loads measured on all servers, where its own has none yet:
+   a server's disk may be slower or faster, but a 16 GB model is not a 10 s load because
+   its server is new.
 
 The first that has something to go on is used; with neither, the caller's default stays."""
 
@@ -31,7 +34,7 @@ T = TypeVar("T", bound=Loadable)
 
 def expected_load_s(deployments: list[T], model_of: Callable[[T], Hashable]) -> dict[int, float]:
     """{index in `deployments`: the load time to expect} for each one never measured for
-    which there is a basis (1, else 2 above)."""
+    which there is a basis (1, else 2, else 3 above)."""
     by_model: dict[Hashable, list[float]] = defaultdict(list)
     read_mb: dict[int, float] = defaultdict(float)
     read_s: dict[int, float] = defaultdict(float)
@@ -50,6 +53,8 @@ def expected_load_s(deployments: list[T], model_of: Callable[[T], Hashable]) -> 
             found[i] = sum(elsewhere) / len(elsewhere)
         elif d.size_mb and read_mb.get(d.server_id):
             found[i] = d.size_mb * read_s[d.server_id] / read_mb[d.server_id]
+        elif d.size_mb and read_mb:
+            found[i] = d.size_mb * sum(read_s.values()) / sum(read_mb.values())
     return found
 
 

@@ -5,7 +5,8 @@ changing anything live.
 
 What the rows cannot say is filled in, and `gaps` counts each fill:
 - a model's load time is the mean of its deployments' measured loads (`avg_load_s`), else
-  of what its size at each server's measured speed says (`load_estimate`), else
+  of what its size at its server's measured speed (else all servers') says
+  (`load_estimate`), else
   `DEFAULT_LOAD_S`;
 - a request's run time is how long it ran (`finished_at - started_at`); one that never ran
   (expired, failed, cancelled, still waiting) takes the median of its model's measured runs

@@ -1,5 +1,6 @@
 """What a model's first load on a server is expected to take: the same model measured
-elsewhere, else its size at its server's measured speed, else the default."""
+elsewhere, else its size at its server's measured speed, else at all servers' measured
+speed, else the default."""
 
 import pytest
 
@@ -38,12 +39,29 @@ def test_else_its_size_at_its_servers_measured_speed():
         dep(1, 1, "big", avg=40.0, size=20_000),
         dep(2, 1, "small", avg=8.0, size=4_000),
         dep(3, 1, "new", size=9_000),
-        dep(4, 2, "elsewhere", size=9_000),  # nothing measured on its server
-        dep(5, 1, "unsized"),  # no size: nothing to scale
+        dep(4, 1, "unsized"),  # no size: nothing to scale
     ]
     assert expected_load_s(views, model_name) == {2: pytest.approx(18.0)}
     estimated = with_expected_loads(tuple(views), model_name)
-    assert [d.avg_load_s for d in estimated] == [40.0, 8.0, pytest.approx(18.0), None, None]
+    assert [d.avg_load_s for d in estimated] == [40.0, 8.0, pytest.approx(18.0), None]
+
+
+def test_else_its_size_at_the_speed_measured_on_all_servers():
+    # Nothing measured on server 3 yet; servers 1 and 2 read 30 GB in 50 s between them, so
+    # 9 GB in 15 s there. Server 1's own speed (2 s a GB) still comes first on server 1.
+    views = [
+        dep(1, 1, "big", avg=40.0, size=20_000),
+        dep(2, 2, "mid", avg=10.0, size=10_000),
+        dep(3, 3, "new", size=9_000),
+        dep(4, 1, "new", size=9_000),
+        dep(5, 3, "unsized"),
+    ]
+    assert expected_load_s(views, model_name) == {
+        2: pytest.approx(15.0),
+        3: pytest.approx(18.0),
+    }
+    # With no size known anywhere, there is no speed to go by: the default stays.
+    assert expected_load_s([dep(1, 1, "a", avg=5.0), dep(2, 2, "b", size=9_000)], model_name) == {}
 
 
 @pytest.mark.django_db
