@@ -16,6 +16,7 @@ from scheduler.models import Request
 from tests import factories
 from tests.conftest import database_url, free_port
 from tests.support.manage_process import ROOT, ManageProcess
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EXIT_WITHIN_S = 15.0
@@ -23,14 +24,16 @@ EXIT_WITHIN_S = 15.0
 
 def listening(port: int, web: ManageProcess) -> None:
     """Until the port takes connections (daphne says nothing when it does)."""
-    deadline = time.monotonic() + 30
-    while True:
+
+    def takes_connections() -> bool:
+        assert web.proc.poll() is None, "".join(web.log)
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
+            return True
         except OSError:
-            assert time.monotonic() < deadline and web.proc.poll() is None, "".join(web.log)
-            time.sleep(0.05)
+            return False
+
+    eventually(takes_connections, what=f"port {port} taking connections")
 
 
 @pytest.mark.parametrize(
@@ -68,10 +71,12 @@ def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
 
     caller = threading.Thread(target=wait_for_answer)
     caller.start()
-    deadline = time.monotonic() + 30
-    while not Request.objects.exists():  # another process stores it: poll the table
-        assert time.monotonic() < deadline and web.proc.poll() is None, "".join(web.log)
-        time.sleep(0.05)
+
+    def stored() -> bool:  # another process stores it: poll the table
+        assert web.proc.poll() is None, "".join(web.log)
+        return Request.objects.exists()
+
+    eventually(stored, what="the request stored")
 
     started = time.monotonic()
     web.proc.send_signal(signal.SIGTERM)

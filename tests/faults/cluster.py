@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 
 from tests.conftest import free_port
+from tests.support.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
@@ -35,16 +36,6 @@ KNOBS = {
     "LOG_LEVEL": "INFO",
     "PYTHONUNBUFFERED": "1",
 }
-
-
-def until(check, timeout_s: float, what: str):
-    """Poll `check` until truthy: for processes outside this one, that tell nothing."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def as_postgres(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -112,7 +103,7 @@ class PrivateRedis:
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.folder)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        until(self.answers, 10, "redis-server")
+        eventually(self.answers, 10, "redis-server")
 
     def answers(self) -> bool:
         done = subprocess.run(
@@ -165,7 +156,7 @@ class Process:
                 stderr=subprocess.STDOUT,
             )
         seen = len(self.log().splitlines()) if mode == "a" else 0
-        until(lambda: ready in "\n".join(self.log().splitlines()[seen:]), 60, f"{self.name}")
+        eventually(lambda: ready in "\n".join(self.log().splitlines()[seen:]), 60, f"{self.name}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

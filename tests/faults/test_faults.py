@@ -13,8 +13,9 @@ from collections import Counter
 import pytest
 from django.conf import settings
 
-from tests.faults.cluster import KNOBS, PG_BIN, Cluster, until
+from tests.faults.cluster import KNOBS, PG_BIN, Cluster
 from tests.faults.load import FaultyUpstream, Load, audit
+from tests.support.polling import eventually
 
 FULL = os.environ.get("SWITCHYARD_FAULTS") == "all"
 REDIS_DOWN_S = 20 if FULL else 3
@@ -53,9 +54,9 @@ def fresh(cluster, upstream):
     if upstream.httpd is None:
         upstream.start()
     upstream.hits.clear()
-    until(lambda: cluster.pg.query("SELECT 1"), 30, "PostgreSQL")
+    eventually(lambda: cluster.pg.query("SELECT 1"), 30, "PostgreSQL")
     # The last scenario's faults behind it: the upstream up and its model loaded again.
-    until(
+    eventually(
         lambda: cluster.pg.query(
             "SELECT 1 FROM backends_server s JOIN backends_deployment d ON d.server_id = s.id"
             " WHERE s.health = 'up' AND d.state = 'loaded'"
@@ -72,7 +73,7 @@ def fresh(cluster, upstream):
 def served_again(load: Load, since: int) -> None:
     """Until a caller after the `since`th is served (the fault behind, the server back)."""
     served = lambda: any(o.status == 200 and not o.code for o in load.outcomes[since:])  # noqa: E731
-    until(served, 120, "a caller served once the fault is over")
+    eventually(served, 120, "a caller served once the fault is over")
 
 
 def waiting(cluster: Cluster) -> int:
@@ -85,7 +86,7 @@ def waiting(cluster: Cluster) -> int:
 
 def settle(cluster: Cluster, timeout_s: float = 90) -> None:
     """Until every stored request has reached a terminal state."""
-    until(
+    eventually(
         lambda: (
             not cluster.pg.query(
                 "SELECT 1 FROM scheduler_request WHERE state NOT IN"
@@ -195,7 +196,7 @@ def test_a_worker_killed_mid_request(fresh, upstream):
     cluster = fresh
     upstream.mode = "stall"
     load = Load(cluster.urls, callers=4).start()
-    until(lambda: sum(upstream.hits.values()) >= 2, 30, "requests at the upstream")
+    eventually(lambda: sum(upstream.hits.values()) >= 2, 30, "requests at the upstream")
     victim = cluster.workers[1]
     victim.signal(signal.SIGKILL)
     upstream.mode = "ok"
@@ -235,7 +236,7 @@ def test_a_worker_drains_on_sigterm(fresh, upstream):
     worker = fresh.workers[0]
     restarts = worker.restarts
     worker.signal(signal.SIGTERM)  # it drains and exits; its supervisor starts it again
-    until(lambda: worker.restarts > restarts, 60, "the drained worker to exit")
+    eventually(lambda: worker.restarts > restarts, 60, "the drained worker to exit")
     load.wait_for(len(load.outcomes) + 20)
     audited("worker SIGTERM", fresh, upstream, load)
 
@@ -274,7 +275,7 @@ def test_callers_fail_fast_while_the_upstream_refuses_connections(fresh, upstrea
     def failed_fast() -> list:
         return [o for o in load.outcomes[down_at:] if o.code == "no_server_available"]
 
-    until(lambda: len(failed_fast()) >= 16, 120, "callers told no_server_available")
+    eventually(lambda: len(failed_fast()) >= 16, 120, "callers told no_server_available")
     failed = failed_fast()
     upstream.start()
     served_again(load, len(load.outcomes))

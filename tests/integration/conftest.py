@@ -1,13 +1,12 @@
 """The real llama.cpp `llama-server` (build b11434) with tiny generated models, and
 Switchyard's own processes in front of it."""
 
-import time
-from collections.abc import Callable
+import functools
 from pathlib import Path
 
 import pytest
 
-from tests.support import real_llama
+from tests.support import polling, real_llama
 from tests.support.switchyard_processes import Switchyard
 
 WAIT_S = 60.0
@@ -96,13 +95,5 @@ def switchyard(transactional_db):
         s.stop()
 
 
-def eventually(fact: Callable[[], object], timeout: float = WAIT_S, what: str = ""):
-    """fact()'s first truthy value: for facts another process makes true (a server's state,
-    a row a worker writes), asked again every 50 ms until the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if value := fact():
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {timeout}s: {what or fact}")
-        time.sleep(0.05)
+# Integration facts (a load of a real model, a router's restart) take longer than most.
+eventually = functools.partial(polling.eventually, timeout=WAIT_S)
