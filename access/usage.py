@@ -27,7 +27,7 @@ def _count(name: str) -> Cast:
     return Cast(KT(f"result__usage__{name}"), BigIntegerField())
 
 
-def _completion_tokens() -> Coalesce:
+def completion_tokens() -> Coalesce:
     """As a chat completion names them, or a Responses API response and a message do."""
     return Coalesce(_count("completion_tokens"), _count("output_tokens"))
 
@@ -52,7 +52,7 @@ def _sums(requests) -> Usage:
         .annotate(
             requests=Count("id"),
             prompt_tokens=Sum(_prompt_tokens(), default=0),
-            completion_tokens=Sum(_completion_tokens(), default=0),
+            completion_tokens=Sum(completion_tokens(), default=0),
             processing=Sum(
                 ExpressionWrapper(
                     F("finished_at") - Coalesce("started_at", "finished_at"),

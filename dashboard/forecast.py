@@ -101,16 +101,55 @@ def first_load_s(d: Deployment) -> float | None:
     return None if at is None else expected_load_s(rows, lambda row: row.model_id).get(at)
 
 
-def expected_runs() -> dict[tuple[int, int], float]:
-    """Expected run time per model and class, as the history task keeps it (a class's
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """Expected run times per model and class, as the history task keeps them (a class's
     requests run longer or shorter than the model's average: a burst of short background
-    jobs, long interactive chats). A few rows."""
-    return {
-        (model_id, priority): run_s
-        for model_id, priority, run_s in RunStat.objects.values_list(
-            "model_id", "priority", "run_s"
-        )
-    }
+    jobs, long interactive chats), and their token lines (`eta.token_line`)."""
+
+    run_s: dict[tuple[int, int], float]
+    lines: dict[tuple[int, int], tuple[float, float]]
+
+    @classmethod
+    def read(cls) -> "Runs":
+        """A few rows: one per model and class that ran."""
+        rows = RunStat.objects.values_list("model_id", "priority", "run_s", "base_s", "token_s")
+        run_s, lines = {}, {}
+        for model_id, priority, run, base, token in rows:
+            run_s[(model_id, priority)] = run
+            if base is not None and token is not None:
+                lines[(model_id, priority)] = (base, token)
+        return cls(run_s, lines)
+
+    def most_s(self, model_id: int, priority: int, payload: object) -> float | None:
+        """The longest a request should run: the tokens it asks for at most, on the token
+        line of its model and class (of its model's other classes, before its own has one).
+        A request for 16 tokens among 200-token answers is over sooner."""
+        asked = asked_tokens(payload)
+        if not asked:
+            return None
+        line = self.lines.get((model_id, priority))
+        if line is None:
+            others = [v for (m, _), v in self.lines.items() if m == model_id]
+            if not others:
+                return None
+            line = (
+                sum(base for base, _ in others) / len(others),
+                sum(token for _, token in others) / len(others),
+            )
+        return line[0] + asked * line[1]
+
+
+def asked_tokens(payload: object) -> int | None:
+    """The most tokens a request lets its answer have, if it says (`max_tokens`, or the
+    names the newer chat API and the Responses API give it)."""
+    if not isinstance(payload, dict):
+        return None
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = payload.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def held_s(reason: dict | None, now: datetime) -> float:
@@ -145,14 +184,15 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
         ),
     )
     hosts, places = hosts_and_places(now)
-    runs = expected_runs()
+    runs = Runs.read()
     line = [
         Waiter(
             r.pk,
             r.model_id,
             r.deployment_id,
-            runs.get((r.model_id, r.priority)),
+            runs.run_s.get((r.model_id, r.priority)),
             held_s(r.reason, now),
+            runs.most_s(r.model_id, r.priority, r.payload),
         )
         for r in requests
     ]

@@ -16,9 +16,11 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Max
 from django.utils import timezone
 
+from access.usage import completion_tokens
 from backends.models import Deployment
 from backends.models import DeploymentState as DS
 from scheduler import faults
+from scheduler.eta import token_line
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State
 from scheduler.pool_threads import in_pool_thread
 
@@ -105,43 +107,65 @@ def close(span: LoadSpan, at: datetime, failed: bool) -> None:
 # -- minutes ---------------------------------------------------------------------------------
 
 
+RunSamples = dict[tuple[int, int], list[tuple[float, int | None]]]
+"""By model and class: each completed request's run time, and the tokens it generated."""
+
+
 def minute_rows(
-    since: datetime, until: datetime, runs: dict | None = None
+    since: datetime, until: datetime, runs: RunSamples | None = None
 ) -> dict[tuple[datetime, int], list[float]]:
     """The waits of the requests that finished in [since, until), by minute and class
     (read through the index of finished requests); and into `runs`, if given, the run
-    times of those completed, by model and class."""
+    times of those completed and the tokens they generated, by model and class."""
     waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
     rows = Request.objects.filter(
         state__in=TERMINAL_STATES, finished_at__gte=since, finished_at__lt=until
-    ).values_list("priority", "created_at", "started_at", "finished_at", "state", "model_id")
-    for priority, created_at, started_at, finished_at, state, model_id in rows:
+    )
+    fields = ["priority", "created_at", "started_at", "finished_at", "state", "model_id"]
+    if runs is not None:
+        rows = rows.annotate(generated=completion_tokens())
+        fields.append("generated")
+    for row in rows.values_list(*fields):
+        priority, created_at, started_at, finished_at, state, model_id = row[:6]
         waits[(floor_minute(finished_at), priority)].append(
             waited_s(created_at, started_at, finished_at)
         )
         if runs is not None and state == State.COMPLETED and started_at and model_id:
-            runs[(model_id, priority)].append((finished_at - started_at).total_seconds())
+            ran = (finished_at - started_at).total_seconds()
+            runs[(model_id, priority)].append((ran, row[6]))
     return waits
 
 
-def update_runs(runs: dict[tuple[int, int], list[float]], now: datetime) -> None:
+def moved(old: float | None, new: float | None) -> float | None:
+    """A moving average `old` moved RUN_WEIGHT of the way toward `new`."""
+    if old is None or new is None:
+        return new if old is None else old
+    return old + RUN_WEIGHT * (new - old)
+
+
+def update_runs(runs: RunSamples, now: datetime) -> None:
     """Move each model and class's expected run time toward the mean of the minutes just
-    rolled up (a few rows: one per model and class that ran)."""
+    rolled up, and its token line toward theirs (`eta.token_line`, of the runs whose server
+    counted their tokens): a few rows, one per model and class that ran."""
     known = {
         (r.model_id, r.priority): r
         for r in RunStat.objects.filter(model_id__in=[m for m, _ in runs])
     }
     for (model_id, priority), values in runs.items():
-        mean = sum(values) / len(values)
+        mean = sum(ran for ran, _ in values) / len(values)
+        base_s, token_s = token_line((ran, n) for ran, n in values if n) or (None, None)
         stat = known.get((model_id, priority))
         if stat is None:
-            RunStat.objects.bulk_create(
-                [RunStat(model_id=model_id, priority=priority, run_s=mean, updated_at=now)],
-                ignore_conflicts=True,
-            )
+            stat = RunStat(model_id=model_id, priority=priority, run_s=mean, updated_at=now)
+            stat.base_s, stat.token_s = base_s, token_s
+            RunStat.objects.bulk_create([stat], ignore_conflicts=True)
         else:
-            stat.run_s += RUN_WEIGHT * (mean - stat.run_s)
-            RunStat.objects.filter(pk=stat.pk).update(run_s=stat.run_s, updated_at=now)
+            RunStat.objects.filter(pk=stat.pk).update(
+                run_s=moved(stat.run_s, mean),
+                base_s=moved(stat.base_s, base_s),
+                token_s=moved(stat.token_s, token_s),
+                updated_at=now,
+            )
 
 
 def count_waiting() -> dict[int, int]:
@@ -162,7 +186,7 @@ def roll_up(now: datetime) -> int:
     until = min(this_minute, first + BACKFILL_STEP * MINUTE)
     if first >= until:
         return 0
-    runs: dict[tuple[int, int], list[float]] = defaultdict(list)
+    runs: RunSamples = defaultdict(list)
     waits = minute_rows(first, until, runs)
     update_runs(runs, now)
     waiting = count_waiting() if until == this_minute else {}

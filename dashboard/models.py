@@ -31,11 +31,16 @@ class MinuteStat(models.Model):
 
 class RunStat(models.Model):
     """How long a model's requests of one class run, as a moving average over the minutes
-    rolled up (each minute's mean weighs `history.RUN_WEIGHT`): what the ETA expects."""
+    rolled up (each minute's mean weighs `history.RUN_WEIGHT`): what the ETA expects. And
+    their token line, where the servers counted the tokens they generated: `base_s` before
+    the first token, `token_s` per token (`eta.token_line`). A request that asks for fewer
+    tokens than they generated is expected to end sooner."""
 
     model_id = models.BigIntegerField()
     priority = models.PositiveSmallIntegerField()
     run_s = models.FloatField()
+    base_s = models.FloatField(null=True, blank=True)
+    token_s = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField()
 
     class Meta:

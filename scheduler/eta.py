@@ -34,6 +34,27 @@ def expected_run_s(means: Mapping[Hashable, float], model: Hashable) -> float:
     return sum(means.values()) / len(means) if means else DEFAULT_RUN_S
 
 
+def token_line(runs: Iterable[tuple[float, int]]) -> tuple[float, float] | None:
+    """(base_s, token_s): the line `run = base_s + token_s × generated tokens` that fits
+    these runs best (least squares): what a request takes before its first token (its
+    prompt) and per token after. None while the runs generated fewer than two different
+    counts of tokens: with one count, the prompt's part and the tokens' cannot be told
+    apart. Neither part is below 0 (a line through 0 instead, or a flat one)."""
+    pairs = [(float(n), ran) for ran, n in runs]
+    if len({n for n, _ in pairs}) < 2:
+        return None
+    mean_n = sum(n for n, _ in pairs) / len(pairs)
+    mean_run = sum(ran for _, ran in pairs) / len(pairs)
+    spread = sum((n - mean_n) ** 2 for n, _ in pairs)
+    token_s = sum((n - mean_n) * (ran - mean_run) for n, ran in pairs) / spread
+    if token_s <= 0:
+        return mean_run, 0.0
+    base_s = mean_run - token_s * mean_n
+    if base_s < 0:
+        return 0.0, sum(n * ran for n, ran in pairs) / sum(n * n for n, _ in pairs)
+    return base_s, token_s
+
+
 @dataclass(frozen=True, slots=True)
 class Place:
     """A deployment as the forecast sees it. `busy_s`: what is left of each request it
@@ -68,6 +89,13 @@ class Waiter:
     # Seconds until the policy lets it go at the earliest (a hold's end, a retry's backoff),
     # as its reason says: only the policy knows its holds.
     not_before_s: float = 0.0
+    # The longest it should run: the tokens it asks for at most, at its model's token line.
+    most_s: float | None = None
+
+    def run_on(self, p: Place) -> float:
+        """Its expected run on `p`."""
+        run_s = p.run_s if self.run_s is None else self.run_s
+        return run_s if self.most_s is None else min(run_s, self.most_s)
 
 
 def line_order(priority: int, waited_s: float, aging_step_s: float) -> int:
@@ -147,7 +175,7 @@ def forecast(
         p = places.get(w.deployment_id) if w.deployment_id is not None else None
         if p is not None and p.id in ready_at:
             kept[w.id] = max(ready_at[p.id], w.not_before_s)
-            run_s = p.run_s if w.run_s is None else w.run_s
+            run_s = w.run_on(p)
             work[p.id] = max(work[p.id], kept[w.id]) + run_s / servers[p.server_id].host.slots
     queues: dict[int, list[tuple[int, Hashable, float, float]]] = {h: [] for h in servers}
     queued = dict.fromkeys(places, 0)
@@ -182,7 +210,7 @@ def forecast(
             continue
         start, ready, victim, p = best
         server = servers[p.server_id]
-        run_s = p.run_s if w.run_s is None else w.run_s
+        run_s = w.run_on(p)
         if w.id not in kept:
             if p.id not in ready_at:
                 ready_at[p.id] = server.load_free = ready

@@ -35,11 +35,10 @@ def request(model_name: str, priority: int = Priority.NORMAL, **fields) -> Reque
         kind=fields.pop("kind", "chat"),
         model_name=model_name,
         model=model(model_name),
-        payload={
-            "model": model_name,
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2,
-        },
+        payload=fields.pop(
+            "payload",
+            {"model": model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        ),
         priority=priority,
         expires_at=now + timedelta(seconds=600),
         **fields,

@@ -13,7 +13,7 @@ from backends.models import DeploymentState as DS
 from dashboard import charts, eta_checks, forecast, history
 from dashboard.models import EtaCheck, LoadSpan, MinuteStat, RunStat
 from scheduler.eta import DEFAULT_RUN_S
-from scheduler.models import Priority, State
+from scheduler.models import Priority, Request, State
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -273,3 +273,78 @@ def test_the_forecast_uses_the_run_time_of_the_requests_class():
     )
     history.roll_up(NOW + timedelta(minutes=1))
     assert RunStat.objects.get().run_s == 30.0 - history.RUN_WEIGHT * 20
+
+
+def test_a_request_that_asks_for_fewer_tokens_is_expected_to_end_sooner():
+    """Background jobs of `m` took 4 s for 100 tokens and 8 s for 300 (as the servers
+    counted them): 2 s for the prompt and 0.02 s a token. A job that asks for 50 tokens at
+    most is expected to run 3 s; one that says nothing, or asks for more than they
+    generated, their mean run (6 s)."""
+    srv = factories.server("gpu-1", slots=1)
+    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
+    minute = history.floor_minute(NOW)
+    for ran, tokens in ((4, 100), (8, 300)):
+        factories.request(
+            "m",
+            Priority.BACKGROUND,
+            state=State.COMPLETED,
+            server=srv,
+            deployment=d,
+            started_at=minute - timedelta(seconds=30),
+            finished_at=minute - timedelta(seconds=30 - ran),
+            result={"usage": {"prompt_tokens": 900, "completion_tokens": tokens}},
+        )
+    history.roll_up(NOW)
+    stat = RunStat.objects.get()
+    assert (stat.run_s, stat.base_s, stat.token_s) == pytest.approx((6.0, 2.0, 0.02))
+
+    def job(created: int, **asked) -> Request:
+        payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **asked}
+        return factories.request("m", Priority.BACKGROUND, created_at=at(created), payload=payload)
+
+    short, unsaid, long, last = job(-4, max_tokens=50), job(-3), job(-2, max_tokens=1000), job(-1)
+    etas = forecast.head(NOW).etas
+    assert [etas[r.pk] for r in (short, unsaid, long, last)] == pytest.approx([0.0, 3.0, 9.0, 15.0])
+
+    # A class that has not run yet: its deployment's average (5 s), no longer than the
+    # tokens asked for take on the token line of the model's other classes.
+    Request.objects.filter(state=State.PENDING).delete()
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    chats = [
+        factories.request("m", Priority.INTERACTIVE, created_at=at(-i), payload=payload)
+        for i in (2, 1)
+    ]
+    etas = forecast.head(NOW).etas
+    assert [etas[r.pk] for r in chats] == pytest.approx([0.0, 2.1])
+
+    # With one count of tokens, the prompt's part and the tokens' cannot be told apart:
+    # no line, and no request is expected to end sooner.
+    RunStat.objects.all().delete()
+    Request.objects.all().delete()
+    for _ in range(2):
+        factories.request(
+            "m",
+            Priority.BACKGROUND,
+            state=State.COMPLETED,
+            started_at=minute,
+            finished_at=minute + timedelta(seconds=4),
+            result={"usage": {"completion_tokens": 100}},
+        )
+    history.roll_up(NOW + timedelta(minutes=1))
+    assert RunStat.objects.values_list("base_s", "token_s").get() == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("payload", "asked"),
+    [
+        ({"max_tokens": 16}, 16),
+        ({"max_completion_tokens": 32}, 32),
+        ({"max_output_tokens": 64}, 64),
+        ({"max_tokens": True}, None),
+        ({"max_tokens": 0}, None),
+        ({}, None),
+        (None, None),
+    ],
+)
+def test_the_tokens_a_request_asks_for(payload, asked):
+    assert forecast.asked_tokens(payload) == asked

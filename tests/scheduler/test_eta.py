@@ -1,5 +1,7 @@
 """The ETA forecast, pure: snapshots by hand, seconds out."""
 
+import pytest
+
 from scheduler.eta import (
     Accuracy,
     Host,
@@ -8,6 +10,7 @@ from scheduler.eta import (
     forecast,
     line_order,
     load_left_s,
+    token_line,
     within,
 )
 
@@ -16,6 +19,30 @@ def place(id, server, model, state="loaded", **fields) -> Place:
     fields.setdefault("load_s", 10.0)
     fields.setdefault("run_s", 2.0)
     return Place(id=id, server_id=server, model=model, state=state, **fields)
+
+
+def test_a_token_line_parts_the_prompt_from_the_tokens():
+    # 2 s before the first token, 0.02 s a token.
+    assert token_line([(4.0, 100), (8.0, 300), (6.0, 200)]) == pytest.approx((2.0, 0.02))
+    assert token_line([(4.0, 100), (4.0, 100)]) is None  # one count: cannot be told apart
+    assert token_line([]) is None
+    # Longer answers that ran shorter: no time per token, the mean run.
+    assert token_line([(8.0, 100), (4.0, 300)]) == (6.0, 0.0)
+    # A line that would start below 0 goes through 0: 1 s for 100, 4 s for 200.
+    base_s, token_s = token_line([(1.0, 100), (4.0, 200)])
+    assert base_s == 0.0 and token_s == pytest.approx((100 + 800) / (100**2 + 200**2))
+
+
+def test_a_waiter_runs_no_longer_than_its_most():
+    p = place(1, 1, "a", run_s=10.0)
+    assert Waiter(1, "a").run_on(p) == 10.0
+    assert Waiter(1, "a", run_s=6.0).run_on(p) == 6.0
+    assert Waiter(1, "a", run_s=6.0, most_s=2.5).run_on(p) == 2.5
+    assert Waiter(1, "a", most_s=30.0).run_on(p) == 10.0  # a most never lengthens it
+    etas = forecast(
+        [Host(1, slots=1)], [p], [Waiter(1, "a", most_s=1.0), Waiter(2, "a"), Waiter(3, "a")]
+    )
+    assert etas == {1: 0.0, 2: 1.0, 3: 11.0}
 
 
 def test_a_loaded_model_with_free_slots_is_sent_at_once_then_rounds_of_its_run():
