@@ -36,13 +36,13 @@ def available(s: Server, now: datetime) -> bool:
     return s.cooldown_until is None or s.cooldown_until <= now
 
 
-def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
-    busy: dict[int, list[datetime]] = {}
-    running = Request.objects.filter(state=State.PROCESSING).values_list(
-        "deployment_id", "started_at"
+def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Place]]:
+    busy: dict[int, list[Request]] = {}
+    running = Request.objects.filter(state=State.PROCESSING).only(
+        "deployment_id", "started_at", "model_id", "priority", "payload"
     )
-    for deployment_id, started_at in running:
-        busy.setdefault(deployment_id, []).append(started_at or now)
+    for r in running:
+        busy.setdefault(r.deployment_id, []).append(r)
     hosts = [
         Host(
             s.pk,
@@ -73,9 +73,7 @@ def hosts_and_places(now: datetime) -> tuple[list[Host], list[Place]]:
                 run_s=run_s,
                 model_type=d.model.type,
                 load_left_s=left,
-                busy_s=tuple(
-                    max(run_s - (now - at).total_seconds(), 0.0) for at in busy.get(d.pk, ())
-                ),
+                busy_s=tuple(runs.left_s(r, run_s, now) for r in busy.get(d.pk, ())),
                 idle_s=(now - d.last_used_at).total_seconds() if d.last_used_at else 1e9,
             )
         )
@@ -139,6 +137,15 @@ class Runs:
             )
         return line[0] + asked * line[1]
 
+    def left_s(self, r: Request, run_s: float, now: datetime) -> float:
+        """What is left of a running request's run: its model and class's expected run (else
+        `run_s`, its deployment's), no longer than the tokens it asks for take."""
+        expected = self.run_s.get((r.model_id, r.priority), run_s)
+        most = self.most_s(r.model_id, r.priority, r.payload)
+        if most is not None:
+            expected = min(expected, most)
+        return max(expected - (now - (r.started_at or now)).total_seconds(), 0.0)
+
 
 def asked_tokens(payload: object) -> int | None:
     """The most tokens a request lets its answer have, if it says (`max_tokens`, or the
@@ -183,8 +190,8 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
             str(r.pk),
         ),
     )
-    hosts, places = hosts_and_places(now)
     runs = Runs.read()
+    hosts, places = hosts_and_places(now, runs)
     line = [
         Waiter(
             r.pk,

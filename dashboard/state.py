@@ -81,13 +81,15 @@ def load_progress(d: Deployment, now: datetime) -> dict | None:
     }
 
 
-def run_left_s(r: Request, now: datetime) -> float | None:
-    """Seconds until a running request ends, by its deployment's moving average of run
-    time; None when there is none yet."""
+def run_left_s(r: Request, now: datetime, runs: forecast.Runs | None = None) -> float | None:
+    """Seconds until a running request ends, as the forecast expects it (`Runs.left_s`:
+    its model and class's run time, else its deployment's moving average, no longer than
+    the tokens it asks for take); None when nothing has run there yet."""
     d = r.deployment
     if r.state != State.PROCESSING or d is None or d.avg_inference_s is None or not r.started_at:
         return None
-    return seconds(max(d.avg_inference_s - (now - r.started_at).total_seconds(), 0.0))
+    runs = runs or forecast.Runs.read()
+    return seconds(runs.left_s(r, d.avg_inference_s, now))
 
 
 def eta_of(r: Request, position: int | None, now: datetime) -> float | None:
@@ -198,6 +200,7 @@ def overview(now: datetime | None = None) -> dict:
         .select_related("server", "api_key__team")
         .order_by("-finished_at", "-created_at")[:RECENT_SHOWN]
     )
+    runs = forecast.Runs.read()
     return {
         "at": iso(now),
         "servers": [server_row(s, now) for s in servers],
@@ -208,7 +211,7 @@ def overview(now: datetime | None = None) -> dict:
             {
                 **request_row(r, now),
                 "caller": caller(r),
-                "eta_s": run_left_s(r, now),
+                "eta_s": run_left_s(r, now, runs),
                 "started_at": iso(r.started_at),
             }
             for r in running

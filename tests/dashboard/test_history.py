@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from backends.models import Deployment
 from backends.models import DeploymentState as DS
-from dashboard import charts, eta_checks, forecast, history
+from dashboard import charts, eta_checks, forecast, history, state
 from dashboard.models import EtaCheck, LoadSpan, MinuteStat, RunStat
 from scheduler.eta import DEFAULT_RUN_S
 from scheduler.models import Priority, Request, State
@@ -332,6 +332,34 @@ def test_a_request_that_asks_for_fewer_tokens_is_expected_to_end_sooner():
         )
     history.roll_up(NOW + timedelta(minutes=1))
     assert RunStat.objects.values_list("base_s", "token_s").get() == (None, None)
+
+
+def test_a_running_request_that_asks_for_few_tokens_frees_its_slot_sooner():
+    """Its model and class run 6 s, 2 s + 0.02 s a token: one running for 1 s that asks
+    for 50 tokens at most ends in 2 s (not 5), and the request behind it is sent then."""
+    srv = factories.server("gpu-1", slots=1)
+    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
+    RunStat.objects.create(
+        model_id=d.model_id,
+        priority=Priority.BACKGROUND,
+        run_s=6.0,
+        base_s=2.0,
+        token_s=0.02,
+        updated_at=NOW,
+    )
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+    running = factories.request(
+        "m",
+        Priority.BACKGROUND,
+        state=State.PROCESSING,
+        server=srv,
+        deployment=d,
+        started_at=at(-1),
+        payload=payload,
+    )
+    behind = factories.request("m", Priority.BACKGROUND, created_at=at(-1))
+    assert forecast.head(NOW).etas[behind.pk] == pytest.approx(2.0)
+    assert state.run_left_s(running, NOW) == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize(
