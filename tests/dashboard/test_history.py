@@ -25,6 +25,21 @@ def at(seconds: float):
     return NOW + timedelta(seconds=seconds)
 
 
+def background_ran(started_at, ran_s: float, tokens: int | None = None, **fields) -> Request:
+    """A background request of `m` that completed after running `ran_s` seconds, having
+    generated `tokens` (as its server counted them) if given."""
+    usage = {"result": {"usage": {"completion_tokens": tokens}}} if tokens else {}
+    return factories.request(
+        "m",
+        Priority.BACKGROUND,
+        state=State.COMPLETED,
+        started_at=started_at,
+        finished_at=started_at + timedelta(seconds=ran_s),
+        **usage,
+        **fields,
+    )
+
+
 def test_a_models_stay_is_followed_from_load_to_unload():
     d = factories.deployment(factories.server("gpu-1"), "m", state=DS.UNLOADED)
     history.record_loads(at(0))
@@ -247,15 +262,7 @@ def test_the_forecast_uses_the_run_time_of_the_requests_class():
     d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=2.0)
     minute = history.floor_minute(NOW)
     for _ in range(2):  # background jobs of this model ran 30 s each in the last minute
-        factories.request(
-            "m",
-            Priority.BACKGROUND,
-            state=State.COMPLETED,
-            server=srv,
-            deployment=d,
-            started_at=minute - timedelta(seconds=50),
-            finished_at=minute - timedelta(seconds=20),
-        )
+        background_ran(minute - timedelta(seconds=50), 30, server=srv, deployment=d)
     history.roll_up(NOW)
     assert RunStat.objects.get().run_s == 30.0
     jobs = [factories.request("m", Priority.BACKGROUND, created_at=at(-i)) for i in (3, 2)]
@@ -264,13 +271,7 @@ def test_the_forecast_uses_the_run_time_of_the_requests_class():
     assert [line.etas[r.pk] for r in (chat, *jobs)] == [0.0, 2.0, 32.0]
 
     # The next minute's 10 s jobs move it by RUN_WEIGHT of the way.
-    factories.request(
-        "m",
-        Priority.BACKGROUND,
-        state=State.COMPLETED,
-        started_at=minute + timedelta(seconds=10),
-        finished_at=minute + timedelta(seconds=20),
-    )
+    background_ran(minute + timedelta(seconds=10), 10)
     history.roll_up(NOW + timedelta(minutes=1))
     assert RunStat.objects.get().run_s == 30.0 - history.RUN_WEIGHT * 20
 
@@ -284,16 +285,7 @@ def test_a_request_that_asks_for_fewer_tokens_is_expected_to_end_sooner():
     d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
     minute = history.floor_minute(NOW)
     for ran, tokens in ((4, 100), (8, 300)):
-        factories.request(
-            "m",
-            Priority.BACKGROUND,
-            state=State.COMPLETED,
-            server=srv,
-            deployment=d,
-            started_at=minute - timedelta(seconds=30),
-            finished_at=minute - timedelta(seconds=30 - ran),
-            result={"usage": {"prompt_tokens": 900, "completion_tokens": tokens}},
-        )
+        background_ran(minute - timedelta(seconds=30), ran, tokens, server=srv, deployment=d)
     history.roll_up(NOW)
     stat = RunStat.objects.get()
     assert (stat.run_s, stat.base_s, stat.token_s) == pytest.approx((6.0, 2.0, 0.02))
@@ -322,14 +314,7 @@ def test_a_request_that_asks_for_fewer_tokens_is_expected_to_end_sooner():
     RunStat.objects.all().delete()
     Request.objects.all().delete()
     for _ in range(2):
-        factories.request(
-            "m",
-            Priority.BACKGROUND,
-            state=State.COMPLETED,
-            started_at=minute,
-            finished_at=minute + timedelta(seconds=4),
-            result={"usage": {"completion_tokens": 100}},
-        )
+        background_ran(minute, 4, 100)
     history.roll_up(NOW + timedelta(minutes=1))
     assert RunStat.objects.values_list("base_s", "token_s").get() == (None, None)
 
