@@ -32,6 +32,16 @@ def completion_tokens() -> Coalesce:
     return Coalesce(_count("completion_tokens"), _count("output_tokens"))
 
 
+# The names a request gives the most tokens its answer may have: the chat API's, its newer
+# one, the Responses API's (Ollama's `num_predict` and a message's arrive as `max_tokens`).
+TOKEN_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def asked_tokens() -> Coalesce:
+    """The most tokens a request let its answer have, where it said."""
+    return Coalesce(*(Cast(KT(f"payload__{name}"), BigIntegerField()) for name in TOKEN_CAPS))
+
+
 def _prompt_tokens() -> Coalesce:
     """As a chat completion names them, or a Responses API response and a message do. A
     message's `input_tokens` leave out those read from or written to the prompt cache,

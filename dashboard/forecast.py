@@ -9,6 +9,7 @@ from datetime import datetime
 
 from django.conf import settings
 
+from access.usage import TOKEN_CAPS
 from backends.models import Deployment, Server
 from scheduler.eta import (
     Host,
@@ -103,56 +104,70 @@ def first_load_s(d: Deployment) -> float | None:
 class Runs:
     """Expected run times per model and class, as the history task keeps them (a class's
     requests run longer or shorter than the model's average: a burst of short background
-    jobs, long interactive chats), and their token lines (`eta.token_line`)."""
+    jobs, long interactive chats), with their token lines (`eta.token_line`) and the mean
+    length of their answers that no cap cut short."""
 
     run_s: dict[tuple[int, int], float]
     lines: dict[tuple[int, int], tuple[float, float]]
+    natural: dict[tuple[int, int], float]
 
     @classmethod
     def read(cls) -> "Runs":
         """A few rows: one per model and class that ran."""
-        rows = RunStat.objects.values_list("model_id", "priority", "run_s", "base_s", "token_s")
-        run_s, lines = {}, {}
-        for model_id, priority, run, base, token in rows:
+        rows = RunStat.objects.values_list(
+            "model_id", "priority", "run_s", "base_s", "token_s", "natural_tokens"
+        )
+        run_s, lines, natural = {}, {}, {}
+        for model_id, priority, run, base, token, tokens in rows:
             run_s[(model_id, priority)] = run
             if base is not None and token is not None:
                 lines[(model_id, priority)] = (base, token)
-        return cls(run_s, lines)
+            if tokens:
+                natural[(model_id, priority)] = tokens
+        return cls(run_s, lines, natural)
 
-    def most_s(self, model_id: int, priority: int, payload: object) -> float | None:
-        """The longest a request should run: the tokens it asks for at most, on the token
-        line of its model and class (of its model's other classes, before its own has one).
-        A request for 16 tokens among 200-token answers is over sooner."""
-        asked = asked_tokens(payload)
-        if not asked:
-            return None
-        line = self.lines.get((model_id, priority))
+    def expected_s(
+        self, model_id: int, priority: int, payload: object, otherwise: float | None
+    ) -> float | None:
+        """A request's expected run on its model and class's token line (of its model's
+        other classes, before its own has one): for as many tokens as their answers end
+        by themselves with, or as it asks for at most if fewer (a request for 16 tokens
+        among 200-token answers is over sooner). `otherwise` without a line, or with
+        neither count of tokens known."""
+        line = _own_or_mean(self.lines, model_id, priority)
         if line is None:
-            others = [v for (m, _), v in self.lines.items() if m == model_id]
-            if not others:
-                return None
-            line = (
-                sum(base for base, _ in others) / len(others),
-                sum(token for _, token in others) / len(others),
-            )
-        return line[0] + asked * line[1]
+            return otherwise
+        natural = _own_or_mean(self.natural, model_id, priority)
+        asked = asked_tokens(payload)
+        tokens = min(asked, natural) if asked and natural else (asked or natural)
+        return otherwise if tokens is None else line[0] + tokens * line[1]
 
     def left_s(self, r: Request, run_s: float, now: datetime) -> float:
-        """What is left of a running request's run: its model and class's expected run (else
-        `run_s`, its deployment's), no longer than the tokens it asks for take."""
-        expected = self.run_s.get((r.model_id, r.priority), run_s)
-        most = self.most_s(r.model_id, r.priority, r.payload)
-        if most is not None:
-            expected = min(expected, most)
-        return max(expected - (now - (r.started_at or now)).total_seconds(), 0.0)
+        """What is left of a running request's run: as `expected_s` expects it, else its
+        model and class's run time, else `run_s` (its deployment's)."""
+        otherwise = self.run_s.get((r.model_id, r.priority), run_s)
+        expected = self.expected_s(r.model_id, r.priority, r.payload, otherwise)
+        return max((expected or run_s) - (now - (r.started_at or now)).total_seconds(), 0.0)
+
+
+def _own_or_mean(found: dict, model_id: int, priority: int):
+    """The model and class's own figure, else the mean over the model's other classes
+    (a number, or a tuple of numbers taken part by part), else None."""
+    if (model_id, priority) in found:
+        return found[(model_id, priority)]
+    others = [v for (m, _), v in found.items() if m == model_id]
+    if not others:
+        return None
+    if isinstance(others[0], tuple):
+        return tuple(sum(parts) / len(others) for parts in zip(*others, strict=True))
+    return sum(others) / len(others)
 
 
 def asked_tokens(payload: object) -> int | None:
-    """The most tokens a request lets its answer have, if it says (`max_tokens`, or the
-    names the newer chat API and the Responses API give it)."""
+    """The most tokens a request lets its answer have, if it says (`usage.TOKEN_CAPS`)."""
     if not isinstance(payload, dict):
         return None
-    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+    for name in TOKEN_CAPS:
         value = payload.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
@@ -197,9 +212,10 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
             r.pk,
             r.model_id,
             r.deployment_id,
-            runs.run_s.get((r.model_id, r.priority)),
+            runs.expected_s(
+                r.model_id, r.priority, r.payload, runs.run_s.get((r.model_id, r.priority))
+            ),
             held_s(r.reason, now),
-            runs.most_s(r.model_id, r.priority, r.payload),
         )
         for r in requests
     ]

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Max
 from django.utils import timezone
 
-from access.usage import completion_tokens
+from access.usage import asked_tokens, completion_tokens
 from backends.models import Deployment
 from backends.models import DeploymentState as DS
 from scheduler import faults
@@ -107,8 +107,9 @@ def close(span: LoadSpan, at: datetime, failed: bool) -> None:
 # -- minutes ---------------------------------------------------------------------------------
 
 
-RunSamples = dict[tuple[int, int], list[tuple[float, int | None]]]
-"""By model and class: each completed request's run time, and the tokens it generated."""
+RunSamples = dict[tuple[int, int], list[tuple[float, int | None, int | None]]]
+"""By model and class: each completed request's run time, the tokens it generated and the
+tokens it asked for at most."""
 
 
 def minute_rows(
@@ -116,15 +117,16 @@ def minute_rows(
 ) -> dict[tuple[datetime, int], list[float]]:
     """The waits of the requests that finished in [since, until), by minute and class
     (read through the index of finished requests); and into `runs`, if given, the run
-    times of those completed and the tokens they generated, by model and class."""
+    times of those completed, the tokens they generated and those they asked for at most,
+    by model and class."""
     waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
     rows = Request.objects.filter(
         state__in=TERMINAL_STATES, finished_at__gte=since, finished_at__lt=until
     )
     fields = ["priority", "created_at", "started_at", "finished_at", "state", "model_id"]
     if runs is not None:
-        rows = rows.annotate(generated=completion_tokens())
-        fields.append("generated")
+        rows = rows.annotate(generated=completion_tokens(), asked=asked_tokens())
+        fields += ["generated", "asked"]
     for row in rows.values_list(*fields):
         priority, created_at, started_at, finished_at, state, model_id = row[:6]
         waits[(floor_minute(finished_at), priority)].append(
@@ -132,7 +134,7 @@ def minute_rows(
         )
         if runs is not None and state == State.COMPLETED and started_at and model_id:
             ran = (finished_at - started_at).total_seconds()
-            runs[(model_id, priority)].append((ran, row[6]))
+            runs[(model_id, priority)].append((ran, row[6], row[7]))
     return waits
 
 
@@ -145,25 +147,29 @@ def moved(old: float | None, new: float | None) -> float | None:
 
 def update_runs(runs: RunSamples, now: datetime) -> None:
     """Move each model and class's expected run time toward the mean of the minutes just
-    rolled up, and its token line toward theirs (`eta.token_line`, of the runs whose server
-    counted their tokens): a few rows, one per model and class that ran."""
+    rolled up, and, of the runs whose server counted their tokens, its token line
+    (`eta.token_line`) and the mean length of the answers no cap cut short (fewer tokens
+    than asked for, or none asked): a few rows, one per model and class that ran."""
     known = {
         (r.model_id, r.priority): r
         for r in RunStat.objects.filter(model_id__in=[m for m, _ in runs])
     }
     for (model_id, priority), values in runs.items():
-        mean = sum(ran for ran, _ in values) / len(values)
-        base_s, token_s = token_line((ran, n) for ran, n in values if n) or (None, None)
+        mean = sum(ran for ran, _, _ in values) / len(values)
+        base_s, token_s = token_line((ran, n) for ran, n, _ in values if n) or (None, None)
+        uncut = [n for _, n, asked in values if n and (asked is None or n < asked)]
+        natural = sum(uncut) / len(uncut) if uncut else None
         stat = known.get((model_id, priority))
         if stat is None:
             stat = RunStat(model_id=model_id, priority=priority, run_s=mean, updated_at=now)
-            stat.base_s, stat.token_s = base_s, token_s
+            stat.base_s, stat.token_s, stat.natural_tokens = base_s, token_s, natural
             RunStat.objects.bulk_create([stat], ignore_conflicts=True)
         else:
             RunStat.objects.filter(pk=stat.pk).update(
                 run_s=moved(stat.run_s, mean),
                 base_s=moved(stat.base_s, base_s),
                 token_s=moved(stat.token_s, token_s),
+                natural_tokens=moved(stat.natural_tokens, natural),
                 updated_at=now,
             )
 

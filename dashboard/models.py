@@ -31,16 +31,18 @@ class MinuteStat(models.Model):
 
 class RunStat(models.Model):
     """How long a model's requests of one class run, as a moving average over the minutes
-    rolled up (each minute's mean weighs `history.RUN_WEIGHT`): what the ETA expects. And
-    their token line, where the servers counted the tokens they generated: `base_s` before
-    the first token, `token_s` per token (`eta.token_line`). A request that asks for fewer
-    tokens than they generated is expected to end sooner."""
+    rolled up (each minute's mean weighs `history.RUN_WEIGHT`): what the ETA expects. And,
+    where the servers counted the tokens they generated, their token line (`base_s` before
+    the first token, `token_s` per token: `eta.token_line`) and `natural_tokens`, the mean
+    length of the answers that ended before any cap their request set: a request is
+    expected to generate that many, or the tokens it asks for at most if fewer."""
 
     model_id = models.BigIntegerField()
     priority = models.PositiveSmallIntegerField()
     run_s = models.FloatField()
     base_s = models.FloatField(null=True, blank=True)
     token_s = models.FloatField(null=True, blank=True)
+    natural_tokens = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField()
 
     class Meta:

@@ -89,13 +89,10 @@ class Waiter:
     # Seconds until the policy lets it go at the earliest (a hold's end, a retry's backoff),
     # as its reason says: only the policy knows its holds.
     not_before_s: float = 0.0
-    # The longest it should run: the tokens it asks for at most, at its model's token line.
-    most_s: float | None = None
 
     def run_on(self, p: Place) -> float:
         """Its expected run on `p`."""
-        run_s = p.run_s if self.run_s is None else self.run_s
-        return run_s if self.most_s is None else min(run_s, self.most_s)
+        return p.run_s if self.run_s is None else self.run_s
 
 
 def line_order(priority: int, waited_s: float, aging_step_s: float) -> int:

@@ -25,9 +25,14 @@ def at(seconds: float):
     return NOW + timedelta(seconds=seconds)
 
 
+def chat(**asked) -> dict:
+    """A chat's payload, with the tokens it asks for at most (`max_tokens=…`) if any."""
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **asked}
+
+
 def background_ran(started_at, ran_s: float, tokens: int | None = None, **fields) -> Request:
     """A background request of `m` that completed after running `ran_s` seconds, having
-    generated `tokens` (as its server counted them) if given."""
+    generated `tokens` (as its server counted them) if given; no cap asked unless given."""
     usage = {"result": {"usage": {"completion_tokens": tokens}}} if tokens else {}
     return factories.request(
         "m",
@@ -35,8 +40,7 @@ def background_ran(started_at, ran_s: float, tokens: int | None = None, **fields
         state=State.COMPLETED,
         started_at=started_at,
         finished_at=started_at + timedelta(seconds=ran_s),
-        **usage,
-        **fields,
+        **{"payload": chat(), **usage, **fields},
     )
 
 
@@ -277,10 +281,10 @@ def test_the_forecast_uses_the_run_time_of_the_requests_class():
 
 
 def test_a_request_that_asks_for_fewer_tokens_is_expected_to_end_sooner():
-    """Background jobs of `m` took 4 s for 100 tokens and 8 s for 300 (as the servers
-    counted them): 2 s for the prompt and 0.02 s a token. A job that asks for 50 tokens at
-    most is expected to run 3 s; one that says nothing, or asks for more than they
-    generated, their mean run (6 s)."""
+    """Background jobs of `m` took 4 s for 100 tokens and 8 s for 300, answers no cap cut
+    short (as the servers counted them): 2 s for the prompt and 0.02 s a token, 200 tokens
+    on average. A job that asks for 50 tokens at most is expected to run 3 s; one that says
+    nothing, or asks for more than they generate, 6 s."""
     srv = factories.server("gpu-1", slots=1)
     d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
     minute = history.floor_minute(NOW)
@@ -288,34 +292,62 @@ def test_a_request_that_asks_for_fewer_tokens_is_expected_to_end_sooner():
         background_ran(minute - timedelta(seconds=30), ran, tokens, server=srv, deployment=d)
     history.roll_up(NOW)
     stat = RunStat.objects.get()
-    assert (stat.run_s, stat.base_s, stat.token_s) == pytest.approx((6.0, 2.0, 0.02))
+    assert (stat.run_s, stat.base_s, stat.token_s, stat.natural_tokens) == pytest.approx(
+        (6.0, 2.0, 0.02, 200)
+    )
 
     def job(created: int, **asked) -> Request:
-        payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **asked}
-        return factories.request("m", Priority.BACKGROUND, created_at=at(created), payload=payload)
+        return factories.request(
+            "m", Priority.BACKGROUND, created_at=at(created), payload=chat(**asked)
+        )
 
     short, unsaid, long, last = job(-4, max_tokens=50), job(-3), job(-2, max_tokens=1000), job(-1)
     etas = forecast.head(NOW).etas
     assert [etas[r.pk] for r in (short, unsaid, long, last)] == pytest.approx([0.0, 3.0, 9.0, 15.0])
 
-    # A class that has not run yet: its deployment's average (5 s), no longer than the
-    # tokens asked for take on the token line of the model's other classes.
+    # A class that has not run yet: on the token line of the model's other classes, not
+    # its deployment's average (5 s).
     Request.objects.filter(state=State.PENDING).delete()
-    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     chats = [
-        factories.request("m", Priority.INTERACTIVE, created_at=at(-i), payload=payload)
+        factories.request("m", Priority.INTERACTIVE, created_at=at(-i), payload=chat(max_tokens=5))
         for i in (2, 1)
     ]
     etas = forecast.head(NOW).etas
     assert [etas[r.pk] for r in chats] == pytest.approx([0.0, 2.1])
 
-    # With one count of tokens, the prompt's part and the tokens' cannot be told apart:
-    # no line, and no request is expected to end sooner.
-    RunStat.objects.all().delete()
-    Request.objects.all().delete()
+
+def test_answers_cut_at_their_cap_say_a_request_runs_as_long_as_it_asks():
+    """Every answer so far was as long as its request allowed (16 tokens in 1.1 s, 200 in
+    13.3 s): no natural length is known, so a request for 200 is expected to run 13.3 s,
+    not the class's mean of 7.2 s."""
+    srv = factories.server("gpu-1", slots=1)
+    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
+    minute = history.floor_minute(NOW)
+    for ran, tokens in ((1.1, 16), (13.3, 200)):
+        background_ran(
+            minute - timedelta(seconds=30),
+            ran,
+            tokens,
+            server=srv,
+            deployment=d,
+            payload=chat(max_tokens=tokens),
+        )
+    history.roll_up(NOW)
+    assert RunStat.objects.values_list("natural_tokens", flat=True).get() is None
+    long = factories.request(
+        "m", Priority.BACKGROUND, created_at=at(-2), payload=chat(max_tokens=200)
+    )
+    behind = factories.request("m", Priority.BACKGROUND, created_at=at(-1))
+    assert forecast.head(NOW).etas[behind.pk] == pytest.approx(13.3)
+    assert forecast.head(NOW).etas[long.pk] == 0.0
+
+
+def test_one_count_of_tokens_draws_no_line():
+    """The prompt's part and the tokens' cannot be told apart: the run time alone counts."""
+    minute = history.floor_minute(NOW)
     for _ in range(2):
-        background_ran(minute, 4, 100)
-    history.roll_up(NOW + timedelta(minutes=1))
+        background_ran(minute - timedelta(seconds=30), 4, 100)
+    history.roll_up(NOW)
     assert RunStat.objects.values_list("base_s", "token_s").get() == (None, None)
 
 
@@ -330,9 +362,10 @@ def test_a_running_request_that_asks_for_few_tokens_frees_its_slot_sooner():
         run_s=6.0,
         base_s=2.0,
         token_s=0.02,
+        natural_tokens=200,
         updated_at=NOW,
     )
-    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+    payload = chat(max_tokens=50)
     running = factories.request(
         "m",
         Priority.BACKGROUND,

@@ -33,14 +33,12 @@ def test_a_token_line_parts_the_prompt_from_the_tokens():
     assert base_s == 0.0 and token_s == pytest.approx((100 + 800) / (100**2 + 200**2))
 
 
-def test_a_waiter_runs_no_longer_than_its_most():
+def test_a_waiter_runs_as_it_is_expected_to_else_as_its_place():
     p = place(1, 1, "a", run_s=10.0)
     assert Waiter(1, "a").run_on(p) == 10.0
-    assert Waiter(1, "a", run_s=6.0).run_on(p) == 6.0
-    assert Waiter(1, "a", run_s=6.0, most_s=2.5).run_on(p) == 2.5
-    assert Waiter(1, "a", most_s=30.0).run_on(p) == 10.0  # a most never lengthens it
+    assert Waiter(1, "a", run_s=2.5).run_on(p) == 2.5
     etas = forecast(
-        [Host(1, slots=1)], [p], [Waiter(1, "a", most_s=1.0), Waiter(2, "a"), Waiter(3, "a")]
+        [Host(1, slots=1)], [p], [Waiter(1, "a", run_s=1.0), Waiter(2, "a"), Waiter(3, "a")]
     )
     assert etas == {1: 0.0, 2: 1.0, 3: 11.0}
 
