@@ -126,28 +126,34 @@ class Runs:
                 natural[(model_id, priority)] = tokens
         return cls(run_s, lines, natural)
 
-    def expected_s(
-        self, model_id: int, priority: int, payload: object, otherwise: float | None
-    ) -> float | None:
+    def tokens_s(self, model_id: int, priority: int, payload: object) -> float | None:
         """A request's expected run on its model and class's token line (of its model's
         other classes, before its own has one): for as many tokens as their answers end
         by themselves with, or as it asks for at most if fewer (a request for 16 tokens
-        among 200-token answers is over sooner). `otherwise` without a line, or with
-        neither count of tokens known."""
+        among 200-token answers is over sooner). None without a line, or with neither
+        count of tokens known."""
         line = _own_or_mean(self.lines, model_id, priority)
         if line is None:
-            return otherwise
+            return None
         natural = _own_or_mean(self.natural, model_id, priority)
         asked = asked_tokens(payload)
         tokens = min(asked, natural) if asked and natural else (asked or natural)
-        return otherwise if tokens is None else line[0] + tokens * line[1]
+        return None if tokens is None else line[0] + tokens * line[1]
+
+    def expected_s(self, r: Request, otherwise: float | None = None) -> float | None:
+        """A request's expected run: from tokens where known (`tokens_s`), else its model
+        and class's run time, else `otherwise`."""
+        by_tokens = self.tokens_s(r.model_id, r.priority, r.payload)
+        if by_tokens is not None:
+            return by_tokens
+        return self.run_s.get((r.model_id, r.priority), otherwise)
 
     def left_s(self, r: Request, run_s: float, now: datetime) -> float:
-        """What is left of a running request's run: as `expected_s` expects it, else its
-        model and class's run time, else `run_s` (its deployment's)."""
-        otherwise = self.run_s.get((r.model_id, r.priority), run_s)
-        expected = self.expected_s(r.model_id, r.priority, r.payload, otherwise)
-        return max((expected or run_s) - (now - (r.started_at or now)).total_seconds(), 0.0)
+        """What is left of a running request's run: as `expected_s` expects it, else
+        `run_s` (its deployment's)."""
+        expected = self.expected_s(r, run_s)
+        assert expected is not None  # `run_s` stands in
+        return max(expected - (now - (r.started_at or now)).total_seconds(), 0.0)
 
 
 def _own_or_mean(found: dict, model_id: int, priority: int):
@@ -212,9 +218,7 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
             r.pk,
             r.model_id,
             r.deployment_id,
-            runs.expected_s(
-                r.model_id, r.priority, r.payload, runs.run_s.get((r.model_id, r.priority))
-            ),
+            runs.expected_s(r),
             held_s(r.reason, now),
         )
         for r in requests
