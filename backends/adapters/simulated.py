@@ -22,6 +22,7 @@ from .base import (
 from .http import wants_usage
 
 # Tokens as a model streams them, each with the space before it: joined they read as text.
+UNCAPPED_TOKENS = 16  # an answer's length where the caller sets no cap
 REPLY_WORDS = ["This", " answer", " comes", " from", " a", " simulated", " server", ". "]
 
 
@@ -76,10 +77,14 @@ class SimulatedAdapter(Adapter):
             raise AdapterError(ErrorCode.NOT_LOADED, f"{call.server_model_id} is not loaded")
         return self.server.options.get(call.server_model_id, {})
 
-    def _tokens(self, call: InferenceCall) -> int:
-        return int(
-            call.payload.get("max_tokens") or call.payload.get("max_completion_tokens") or 16
-        )
+    def _cap(self, call: InferenceCall) -> int | None:
+        cap = call.payload.get("max_tokens") or call.payload.get("max_completion_tokens")
+        return int(cap) if cap else None
+
+    def _finish(self, call: InferenceCall) -> str:
+        """Every answer runs to its cap where the caller set one, so it ends as a real
+        model's cut short does ("length"); uncapped, it ends by itself."""
+        return "length" if self._cap(call) else "stop"
 
     async def run(self, call: InferenceCall) -> dict[str, Any]:
         if call.kind in via_chat.APIS:
@@ -105,7 +110,7 @@ class SimulatedAdapter(Adapter):
             "total_tokens": 1 + len(words),
         }
         if call.kind == "completion":
-            choice = {"index": 0, "text": text, "finish_reason": "stop"}
+            choice = {"index": 0, "text": text, "finish_reason": self._finish(call)}
             return {
                 "id": answer_id(call.kind),
                 "object": "text_completion",
@@ -120,7 +125,7 @@ class SimulatedAdapter(Adapter):
             "object": "chat.completion",
             "created": created,
             "model": call.server_model_id,
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": self._finish(call)}],
             "usage": usage,
         }
 
@@ -128,7 +133,7 @@ class SimulatedAdapter(Adapter):
         per_token_s = 1.0 / (float(options.get("tokens_per_second", 50.0)) * self.speed)
         clock = asyncio.get_running_loop().time
         started = clock()
-        for i in range(self._tokens(call)):
+        for i in range(self._cap(call) or UNCAPPED_TOKENS):
             # Each token is due at its time from the start: a late wake-up (a busy loop)
             # does not push back every token after it.
             await asyncio.sleep(max(started + (i + 1) * per_token_s - clock(), 0.0))
@@ -158,9 +163,9 @@ class SimulatedAdapter(Adapter):
                 "model": call.server_model_id,
                 "choices": [choice],
             }
-        done = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        done = {"index": 0, "delta": {}, "finish_reason": self._finish(call)}
         if call.kind == "completion":
-            done = {"index": 0, "text": "", "finish_reason": "stop"}
+            done = {"index": 0, "text": "", "finish_reason": self._finish(call)}
         head = {
             "id": one_id,
             "object": "chat.completion.chunk" if call.kind == "chat" else "text_completion",

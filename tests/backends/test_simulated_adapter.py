@@ -78,3 +78,28 @@ async def test_the_answer_reads_as_text_whole_or_streamed():
     assert text == "This answer comes from a simulated server. This answer"
     streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert streamed.rstrip() == text
+
+
+async def test_an_answer_cut_at_its_cap_says_so_and_one_without_ends_by_itself():
+    """Apps read `finish_reason` to tell a cut answer from a whole one: the simulated model
+    runs to the cap it is given ("length", as a real one cut short says) and, with none,
+    ends by itself after its usual length ("stop"), whole or streamed."""
+    adapter = quick("sim-finish")
+    uncapped = {"messages": [{"role": "user", "content": "hi"}]}
+
+    def finish(answer: dict) -> str:
+        return answer["choices"][0]["finish_reason"]
+
+    async def streamed_finish(payload: dict) -> str:
+        call = InferenceCall("chat", "m", payload, True, {})
+        return [finish(c) async for c in adapter.stream(call)][-1]
+
+    cut = await adapter.run(InferenceCall("chat", "m", chat(3), False, {}))
+    whole = await adapter.run(InferenceCall("chat", "m", uncapped, False, {}))
+    text = await adapter.run(InferenceCall("completion", "m", {"prompt": "hi"}, False, {}))
+
+    assert (finish(cut), cut["usage"]["completion_tokens"]) == ("length", 3)
+    assert (finish(whole), whole["usage"]["completion_tokens"]) == ("stop", 16)
+    assert finish(text) == "stop"
+    assert await streamed_finish(chat(3)) == "length"
+    assert await streamed_finish(uncapped) == "stop"

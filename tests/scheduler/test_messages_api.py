@@ -87,12 +87,14 @@ def test_a_message_answered_and_streamed_with_anthropics_client(live, make_key):
     hi = [{"role": "user", "content": "hi"}]
     answer = c.messages.create(model="m", max_tokens=4, system="Be brief.", messages=hi)
     assert answer.type == "message" and len(answer.content[0].text.split()) == 4
-    assert answer.usage.output_tokens == 4 and answer.stop_reason == "end_turn"
+    # The simulated model runs to the cap it is given, and says so as Anthropic's does.
+    assert answer.usage.output_tokens == 4 and answer.stop_reason == "max_tokens"
 
     with c.messages.stream(model="m", max_tokens=3, messages=hi) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert len(text.split()) == 3 and final.content[0].text == text
+    assert final.stop_reason == "max_tokens"
     stored = Request.objects.order_by("created_at")
     assert [(r.kind, r.state) for r in stored] == [("message", State.COMPLETED)] * 2
     assert messages_api.message_text(stored[1].result) == text
