@@ -12,8 +12,20 @@ import logging
 import math
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Count, Max
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    Expression,
+    FloatField,
+    Func,
+    Max,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from access.usage import asked_tokens, completion_tokens
@@ -48,11 +60,6 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(math.ceil(q / 100 * len(ordered)) - 1, 0)]
-
-
-def waited_s(created_at: datetime, started_at: datetime | None, finished_at: datetime) -> float:
-    """Arrival to start; a request that never started waited until its end."""
-    return max(((started_at or finished_at) - created_at).total_seconds(), 0.0)
 
 
 # -- load spans ------------------------------------------------------------------------------
@@ -112,29 +119,67 @@ RunSamples = dict[tuple[int, int], list[tuple[float, int | None, int | None]]]
 tokens it asked for at most."""
 
 
+class Seconds(Func):
+    """`later - earlier` in seconds, as the database's own float: drivers read a float
+    several times faster than a timestamp with its time zone, and a busy minute holds tens
+    of thousands of finished requests (docs/performance.md, "The dashboard")."""
+
+    arity = 2
+    arg_joiner = " - "
+    template = "CAST(EXTRACT(EPOCH FROM (%(expressions)s)) AS double precision)"
+    output_field = FloatField()
+
+    def __init__(self, later: Expression | str, earlier: Expression | datetime | str) -> None:
+        if isinstance(earlier, datetime):
+            earlier = Value(earlier, output_field=DateTimeField())
+        super().__init__(later, earlier)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list]:
+        # SQLite holds a timestamp as its text, `YYYY-MM-DD HH:MM:SS[.ffffff]`: whole seconds
+        # and fractions subtracted apart keep the microseconds (julianday() keeps ms).
+        (later, later_params), (earlier, earlier_params) = (
+            compiler.compile(side) for side in self.get_source_expressions()
+        )
+        whole = "CAST(strftime('%%s', substr({0}, 1, 19)) AS INTEGER)"
+        fraction = "CAST(substr({0}, 20) AS REAL)"
+        sql = (
+            f"(({whole.format(later)} - {whole.format(earlier)})"
+            f" + ({fraction.format(later)} - {fraction.format(earlier)}))"
+        )
+        return sql, [*later_params, *earlier_params] * 2
+
+
 def minute_rows(
     since: datetime, until: datetime, runs: RunSamples | None = None
 ) -> dict[tuple[datetime, int], list[float]]:
     """The waits of the requests that finished in [since, until), by minute and class
     (read through the index of finished requests); and into `runs`, if given, the run
     times of those completed, the tokens they generated and those they asked for at most,
-    by model and class."""
+    by model and class. It reads seconds, not timestamps: the database driver reads a
+    float several times faster than a timestamp (`Seconds`)."""
     waits: dict[tuple[datetime, int], list[float]] = defaultdict(list)
     rows = Request.objects.filter(
         state__in=TERMINAL_STATES, finished_at__gte=since, finished_at__lt=until
+    ).annotate(
+        after=Seconds("finished_at", since),
+        waited=Seconds(Coalesce("started_at", "finished_at"), "created_at"),
     )
-    fields = ["priority", "created_at", "started_at", "finished_at", "state", "model_id"]
+    fields = ["priority", "after", "waited"]
     if runs is not None:
-        rows = rows.annotate(generated=completion_tokens(), asked=asked_tokens())
-        fields += ["generated", "asked"]
-    for row in rows.values_list(*fields):
-        priority, created_at, started_at, finished_at, state, model_id = row[:6]
-        waits[(floor_minute(finished_at), priority)].append(
-            waited_s(created_at, started_at, finished_at)
+        ran = When(
+            state=State.COMPLETED, model__isnull=False, then=Seconds("finished_at", "started_at")
         )
-        if runs is not None and state == State.COMPLETED and started_at and model_id:
-            ran = (finished_at - started_at).total_seconds()
-            runs[(model_id, priority)].append((ran, row[6], row[7]))
+        rows = rows.annotate(ran=Case(ran), generated=completion_tokens(), asked=asked_tokens())
+        fields += ["model_id", "ran", "generated", "asked"]
+    last = floor_minute(until - timedelta(microseconds=1))
+    for row in rows.order_by().values_list(*fields):
+        priority, after, waited = row[:3]
+        # Within the range its row was read from, whatever a float's last digits say.
+        minute = min(floor_minute(since + timedelta(seconds=max(after, 0.0))), last)
+        waits[(minute, priority)].append(max(waited, 0.0))
+        if runs is not None and row[4] is not None:
+            model_id, ran, generated, asked = row[3:]
+            runs[(model_id, priority)].append((ran, generated, asked))
     return waits
 
 

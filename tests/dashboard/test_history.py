@@ -1,6 +1,7 @@
 """The history task's writes, at fixed times: load spans followed from deployments' states,
 minutes rolled up, ETAs stamped and checked; and the charts' read of them."""
 
+import functools
 import uuid
 from datetime import timedelta
 
@@ -112,6 +113,47 @@ def test_minutes_are_rolled_up_once_with_finished_counts_waits_and_the_line():
     # After a gap, the missed minutes are rolled up without a line's length.
     assert history.roll_up(NOW + timedelta(minutes=3)) == 3 * 4
     assert MinuteStat.objects.filter(waiting__isnull=True).count() == 2 * 4
+
+
+def test_each_request_counts_in_the_minute_it_finished_to_the_microsecond():
+    """The rollup reads seconds the database computes, not timestamps: a request that ends
+    a microsecond before a minute's end counts in that minute and one that ends on the next
+    minute's first microsecond in the next; each wait keeps its microseconds, also where a
+    timestamp has none (SQLite stores it then without a fraction)."""
+    last = history.floor_minute(NOW) - timedelta(minutes=1)  # the minute just ended
+    ends = {
+        last - timedelta(microseconds=1): 0.000001,  # the minute before's last microsecond
+        last: 1.5,  # whole seconds at both ends: no fraction stored
+        last + timedelta(seconds=59, microseconds=999_999): 2.999_999,
+    }
+    for finished_at, wait in ends.items():
+        factories.request(
+            "m",
+            Priority.NORMAL,
+            state=State.COMPLETED,
+            created_at=finished_at - timedelta(seconds=wait + 0.25),
+            started_at=finished_at - timedelta(seconds=0.25),
+            finished_at=finished_at,
+        )
+
+    assert history.roll_up(NOW - timedelta(minutes=1)) == 4  # the minute before, alone
+    assert history.roll_up(NOW) == 4
+    normal = {s.minute: s for s in MinuteStat.objects.filter(priority=Priority.NORMAL)}
+    before = normal[last - timedelta(minutes=1)]
+    exact = functools.partial(pytest.approx, abs=1e-9)
+    assert (before.finished, before.wait_p50_s) == (1, exact(0.000001))
+    assert (normal[last].finished, normal[last].wait_p50_s, normal[last].wait_p95_s) == (
+        2,
+        exact(1.5),
+        exact(2.999_999),
+    )
+
+    # Read over several minutes at once, as a backfill does, and at the charts' minute.
+    waits = history.minute_rows(last - timedelta(minutes=1), NOW)
+    assert {key: sorted(values) for key, values in waits.items()} == {
+        (last - timedelta(minutes=1), Priority.NORMAL): exact([0.000001]),
+        (last, Priority.NORMAL): exact([1.5, 2.999_999]),
+    }
 
 
 def test_etas_are_stamped_for_the_head_and_checked_when_sent():
