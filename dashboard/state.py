@@ -221,7 +221,10 @@ def overview(now: datetime | None = None) -> dict:
                 **request_row(r, now),
                 "caller": caller(r),
                 "finished_at": iso(r.finished_at),
-                "took_s": seconds(max(((r.finished_at or now) - r.created_at).total_seconds(), 0)),
+                # As the admin counts it: its run, beside `waited_s`; none if never sent.
+                "took_s": seconds(max((r.finished_at - r.started_at).total_seconds(), 0))
+                if r.started_at and r.finished_at
+                else None,
                 "error": r.error,
             }
             for r in recent

@@ -97,6 +97,9 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
 
     done = page.locator(f'#recent tr[data-request="{request_id}"]')
     expect(done.locator(".pill")).to_have_text("completed")
+    # Its wait (the load) and its run, apart, as the admin lists them.
+    expect(done.locator("td").nth(7)).to_have_text(re.compile(r"^\d+\.\d s$"))
+    expect(done.locator("td").nth(8)).to_have_text(re.compile(r"^\d+\.\d s$"))
     expect(model.locator(".pill")).to_have_text("loaded")
     expect(model.locator(".load")).to_have_count(0)
     expect(page.locator("#waiting tr.empty")).to_be_visible()

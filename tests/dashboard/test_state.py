@@ -193,6 +193,7 @@ def test_running_and_recently_finished_requests():
         state=State.COMPLETED,
         server=srv,
         created_at=ago(9),
+        started_at=ago(6),
         finished_at=ago(1),
         api_key=bob,
     )
@@ -206,7 +207,8 @@ def test_running_and_recently_finished_requests():
         (str(done.pk), "completed"),
         (str(failed.pk), "failed"),
     ]
-    assert view["recent"][0]["took_s"] == 8.0
+    # Waited and ran, apart, as the admin lists them; the failed one never ran.
+    assert [(r["waited_s"], r["took_s"]) for r in view["recent"]] == [(3.0, 5.0), (6.0, None)]
     assert view["recent"][1]["error"] == "boom"
     assert [(r["priority"], r["caller"]) for r in view["recent"]] == [
         ("normal", "bob"),

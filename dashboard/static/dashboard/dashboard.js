@@ -153,7 +153,7 @@ const Switchyard = (() => {
     fillTable("recent", state.recent, "Nothing has finished yet.", (r) => [
       requestLink(r), r.model, r.priority, r.caller || "–", pill(r.state), r.server || "–",
       clock(r.finished_at),
-      secs(r.took_s), r.error ? el("span", {class: "error"}, r.error) : ""]);
+      secs(r.waited_s), secs(r.took_s), r.error ? el("span", {class: "error"}, r.error) : ""]);
   }
 
   // The p95 waits come with the history (every few seconds), the counts with each push.
