@@ -74,7 +74,15 @@ def test_every_link_and_anchor_leads_somewhere(doc: Path) -> None:
 
 
 def served(path: str) -> bool:
-    path = re.sub(r"<[^>]+>|\{[^}]+\}", str(uuid.uuid4()), path.split("?")[0])
+    """Whether Switchyard serves `path`, its placeholders (`{id}`) read as a request's UUID
+    or as a number (an intent's id)."""
+    return any(
+        served_as(re.sub(r"<[^>]+>|\{[^}]+\}", value, path.split("?")[0]))
+        for value in (str(uuid.uuid4()), "7")
+    )
+
+
+def served_as(path: str) -> bool:
     if path in KINDS or path in ollama_api.PATHS:
         return True
     if path.startswith("/ws/"):

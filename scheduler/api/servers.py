@@ -3,7 +3,8 @@
 `GET /api/v1/servers` lists each server with its health, slots in use and deployments.
 `POST /api/v1/servers/{name}/load|unload|drain|enable` records an intent: a worker's loop
 carries it out like its own decisions (see scheduler.intents), never around them. The
-answer is 202 with the intent; the server's listing shows how it went. `POST
+answer is 202 with the intent, followed at `GET /api/v1/intents/{id}`
+(`scheduler.api.intents`); `GET /api/v1/servers/{name}` is one server of the listing. `POST
 /api/v1/servers/{name}/sync` asks the server what it has at once and adds what Switchyard
 does not know (discovery, `backends.discovery`); `GET /api/v1/servers/{name}/check` says
 whether it is set up as Switchyard needs it (`backends.checkup`)."""
@@ -13,7 +14,6 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Count
-from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request as DrfRequest
@@ -30,6 +30,7 @@ from . import listing
 from .callers import StaffSession, operator_of
 from .errors import ApiError
 from .intake import find_model
+from .intents import IntentOut, intent_body, intent_url, intents
 from .strict import Strict
 
 DS = DeploymentState
@@ -59,27 +60,6 @@ class DeploymentOut(serializers.Serializer):
         help_text="When it is kept loaded, in SWITCHYARD_TIME_ZONE (empty: never)."
     )
     last_error = serializers.CharField()
-
-
-class IntentTraceOut(serializers.Serializer):
-    at = serializers.DateTimeField()
-    status = serializers.CharField()
-    reason = serializers.CharField()
-
-
-class IntentOut(serializers.Serializer):
-    id = serializers.IntegerField()
-    action = serializers.CharField()
-    server = serializers.CharField()
-    model = serializers.CharField(allow_null=True)
-    options = serializers.DictField()
-    force = serializers.BooleanField()
-    status = serializers.CharField()
-    requested_by = serializers.CharField()
-    created_at = serializers.DateTimeField()
-    finished_at = serializers.DateTimeField(allow_null=True)
-    outcome = serializers.CharField()
-    trace = IntentTraceOut(many=True)
 
 
 class ServerOut(serializers.Serializer):
@@ -115,25 +95,6 @@ class UnloadIn(Strict, serializers.Serializer):
         default=True,
         help_text="True: a busy model is unloaded once its requests finish. False: 409.",
     )
-
-
-def intent_body(intent: Intent) -> dict[str, Any]:
-    return {
-        "id": intent.pk,
-        "action": intent.action,
-        "server": intent.server.name,
-        "model": intent.deployment.model.name if intent.deployment_id else None,
-        "options": intent.options,
-        "force": intent.force,
-        "status": intent.status,
-        "requested_by": intent.requested_by,
-        "created_at": intent.created_at,
-        "finished_at": intent.finished_at,
-        "outcome": intent.outcome,
-        "trace": [
-            {"at": t.at, "status": t.status, "reason": t.reason} for t in intent.traces.all()
-        ],
-    }
 
 
 def servers_page(params) -> dict[str, Any]:
@@ -172,16 +133,12 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "last_error": d.last_error,
             }
         )
-    intents: dict[int, list[dict]] = {}
-    open_intents = (
-        Intent.objects.filter(
-            status__in=(Intent.Status.PENDING, Intent.Status.RUNNING), server_id__in=ids
-        )
-        .select_related("server", "deployment__model")
-        .prefetch_related("traces")
+    unfinished: dict[int, list[dict]] = {}
+    open_intents = intents().filter(
+        status__in=(Intent.Status.PENDING, Intent.Status.RUNNING), server_id__in=ids
     )
     for intent in open_intents:
-        intents.setdefault(intent.server_id, []).append(intent_body(intent))
+        unfinished.setdefault(intent.server_id, []).append(intent_body(intent))
     data = []
     for s in servers:
         in_flight = busy.get(s.pk, 0)
@@ -198,10 +155,33 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "last_error": s.last_error,
                 "cooldown_until": s.cooldown_until,
                 "deployments": deployments.get(s.pk, []),
-                "intents": intents.get(s.pk, []),
+                "intents": unfinished.get(s.pk, []),
             }
         )
     return data
+
+
+ERRORS = {
+    401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
+    403: OpenApiResponse(description="Not an operator, or a session's CSRF token missing"),
+    404: OpenApiResponse(description="No such server or deployment, or the model not loaded"),
+}
+
+
+class ServerDetail(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="One server, as the list shows it (operators)",
+        responses={
+            200: ServerOut,
+            **ERRORS,
+            404: OpenApiResponse(description="No such server"),
+        },
+    )
+    def get(self, request: DrfRequest, name: str) -> Response:
+        operator_of(request)
+        return Response(servers_body([server_named(name)])[0])
 
 
 class ServerList(APIView):
@@ -292,13 +272,6 @@ def asked_unload(server: Server, data: dict, by: str) -> Intent:
     return record(server, Intent.Action.UNLOAD, by, d, force=data["force"])
 
 
-ERRORS = {
-    401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
-    403: OpenApiResponse(description="Not an operator, or a session's CSRF token missing"),
-    404: OpenApiResponse(description="No such server or deployment, or the model not loaded"),
-}
-
-
 class ServerAction(APIView):
     """One of the four intents; `action` and `shape` are set by each subclass."""
 
@@ -312,14 +285,9 @@ class ServerAction(APIView):
     def post(self, request: DrfRequest, name: str) -> Response:
         caller = operator_of(request)
         data = valid(self.shape, request.data) if self.shape else {}
-        intent = self.ask(server_named(name), data, caller.name)
-        intent = (
-            Intent.objects.select_related("server", "deployment__model")
-            .prefetch_related("traces")
-            .get(pk=intent.pk)
-        )
+        intent = intents().get(pk=self.ask(server_named(name), data, caller.name).pk)
         return Response(
-            intent_body(intent), status=202, headers={"Location": reverse("server-list")}
+            intent_body(intent), status=202, headers={"Location": intent_url(intent.pk)}
         )
 
 

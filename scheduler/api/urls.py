@@ -1,6 +1,17 @@
 from django.urls import path
 
-from . import config, jobs, keys, model_list, ollama_listing, own_key, queue, servers, usage
+from . import (
+    config,
+    intents,
+    jobs,
+    keys,
+    model_list,
+    ollama_listing,
+    own_key,
+    queue,
+    servers,
+    usage,
+)
 
 # POST /v1/chat/completions, /v1/completions and /v1/embeddings: see openai_asgi.
 urlpatterns = [
@@ -16,12 +27,14 @@ urlpatterns = [
     path("api/v1/queue", queue.Queue.as_view(), name="queue"),
     path("api/v1/queue/cancel", queue.CancelQueued.as_view(), name="queue-cancel"),
     path("api/v1/servers", servers.ServerList.as_view(), name="server-list"),
+    path("api/v1/servers/<slug:name>", servers.ServerDetail.as_view(), name="server-detail"),
     path("api/v1/servers/<slug:name>/load", servers.LoadServer.as_view(), name="server-load"),
     path("api/v1/servers/<slug:name>/unload", servers.UnloadServer.as_view()),
     path("api/v1/servers/<slug:name>/drain", servers.DrainServer.as_view()),
     path("api/v1/servers/<slug:name>/enable", servers.EnableServer.as_view()),
     path("api/v1/servers/<slug:name>/sync", servers.SyncServer.as_view()),
     path("api/v1/servers/<slug:name>/check", servers.CheckServer.as_view()),
+    path("api/v1/intents/<int:intent_id>", intents.IntentDetail.as_view(), name="intent-detail"),
     path("api/v1/config", config.Config.as_view(), name="config"),
     path("api/v1/key", own_key.OwnKey.as_view(), name="own-key"),
     path("api/v1/keys", keys.KeyList.as_view(), name="key-list"),

@@ -74,8 +74,23 @@ def test_refusals(client):
     assert r.status_code == 202
     assert r.json()["status"] == "pending"
     assert r.json()["trace"][0]["reason"] == "asked by user ops through the API"
+    # Followed at its own address, as the answer's Location and `url` say.
+    url = f"/api/v1/intents/{r.json()['id']}"
+    assert r.headers["Location"] == r.json()["url"] == url
+    assert client.get(url).json() == r.json()
     listed = client.get("/api/v1/servers").json()["data"][0]
     assert listed["intents"][0]["id"] == r.json()["id"]
+    assert client.get("/api/v1/servers/gpu-1").json() == listed
+    assert client.get("/api/v1/servers/nope").json()["error"]["code"] == "server_not_found"
+    missing = client.get("/api/v1/intents/999")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "intent_not_found")
+    client.logout()
+    assert client.get(url).status_code == 401
+    assert client.get("/api/v1/servers/gpu-1").status_code == 401
+    client.force_login(users.objects.get(username="app"))
+    assert client.get(url).json()["error"]["code"] == "permission_denied"
+    assert client.get("/api/v1/servers/gpu-1").json()["error"]["code"] == "permission_denied"
+    client.force_login(users.objects.get(username="ops"))
     assert [
         (d["model"], d["state"], d["in_flight"], d["slots"], d["enabled"])
         for d in listed["deployments"]
@@ -86,11 +101,15 @@ def test_refusals(client):
     ]
 
 
-def until_done(live, headers, intent_id: int) -> dict:
-    """Re-read the servers until the intent is finished (each read a real round trip)."""
+def until_done(live, headers, intent_id: int) -> Intent:
+    """Re-read the intent until it has finished (each read a real round trip); the servers'
+    listing no longer shows it then."""
     for _ in range(2000):
-        servers = httpx.get(f"{live.url}/api/v1/servers", headers=headers).json()["data"]
-        if not any(i["id"] == intent_id for s in servers for i in s["intents"]):
+        shown = httpx.get(f"{live.url}/api/v1/intents/{intent_id}", headers=headers).json()
+        if shown["status"] in ("done", "failed"):
+            servers = httpx.get(f"{live.url}/api/v1/servers", headers=headers).json()["data"]
+            assert not any(i["id"] == intent_id for s in servers for i in s["intents"])
+            assert shown["finished_at"] and shown["trace"][-1]["status"] == shown["status"]
             return Intent.objects.get(pk=intent_id)
     raise AssertionError("the intent never finished")
 

@@ -1,0 +1,89 @@
+"""An operator's intents as the API shows them, and `GET /api/v1/intents/{id}`: one intent
+followed to its end (`done` or `failed`, with its outcome and each step's trace), as the
+jobs API follows a request. The servers' listing shows only those not yet finished."""
+
+from typing import Any
+
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request as DrfRequest
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ..models import Intent
+from .callers import StaffSession, operator_of
+from .errors import ApiError
+
+
+class IntentTraceOut(serializers.Serializer):
+    at = serializers.DateTimeField()
+    status = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class IntentOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    url = serializers.CharField(help_text="Where to follow it: GET it until `status` ends.")
+    action = serializers.CharField()
+    server = serializers.CharField()
+    model = serializers.CharField(allow_null=True)
+    options = serializers.DictField()
+    force = serializers.BooleanField()
+    status = serializers.ChoiceField(choices=Intent.Status.values)
+    requested_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField(help_text="How it ended (empty until it has).")
+    trace = IntentTraceOut(many=True)
+
+
+def intents() -> Any:
+    """Intents with what their bodies read, in one query each."""
+    return Intent.objects.select_related("server", "deployment__model").prefetch_related("traces")
+
+
+def intent_url(intent_id: int) -> str:
+    return reverse("intent-detail", args=[intent_id])
+
+
+def intent_body(intent: Intent) -> dict[str, Any]:
+    return {
+        "id": intent.pk,
+        "url": intent_url(intent.pk),
+        "action": intent.action,
+        "server": intent.server.name,
+        "model": intent.deployment.model.name if intent.deployment_id else None,
+        "options": intent.options,
+        "force": intent.force,
+        "status": intent.status,
+        "requested_by": intent.requested_by,
+        "created_at": intent.created_at,
+        "finished_at": intent.finished_at,
+        "outcome": intent.outcome,
+        "trace": [
+            {"at": t.at, "status": t.status, "reason": t.reason} for t in intent.traces.all()
+        ],
+    }
+
+
+class IntentDetail(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="An operator's intent, finished or not (operators)",
+        responses={
+            200: IntentOut,
+            401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
+            403: OpenApiResponse(description="Not an operator"),
+            404: OpenApiResponse(description="No such intent"),
+        },
+    )
+    def get(self, request: DrfRequest, intent_id: int) -> Response:
+        operator_of(request)
+        found = intents().filter(pk=intent_id).first()
+        if found is None:
+            raise ApiError(
+                404, f"No intent {intent_id}.", param="intent_id", code="intent_not_found"
+            )
+        return Response(intent_body(found))
