@@ -1,6 +1,7 @@
 """Checking a key: what is refused, the one answer it gets, and what the cache spares."""
 
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -169,3 +170,44 @@ def test_an_unknown_mode_refuses_to_start(name, value, said):
         timeout=60,
     )
     assert done.returncode != 0 and said in done.stderr
+
+
+def test_keys_are_listed_revoked_and_restored_from_the_command_line(db, capsys):
+    """An operator on the host lists the keys (never a secret), revokes one by the prefix
+    the list shows or by the whole key, and takes it back; a key made to expire says when."""
+    call_command("create_api_key", "batch", "--rpm=60", "--daily-tokens=1000", "--team=lab")
+    secret = capsys.readouterr().out.strip().splitlines()[-1]
+    call_command("create_api_key", "ops", "--operator", "--expires-in=30")
+    capsys.readouterr()
+    batch, ops = ApiKey.objects.get(name="batch"), ApiKey.objects.get(name="ops")
+    assert abs(ops.expires_at - timezone.now() - timedelta(days=30)) < timedelta(minutes=1)
+
+    call_command("list_api_keys")
+    header, *rows = [re.split(r"\s{2,}", row) for row in capsys.readouterr().out.splitlines()]
+    assert header == ["KEY", "NAME", "TEAM", "STATE", "OPERATOR", "MAX CLASS", "LIMITS", "CREATED"]
+    listed = {row[1]: row for row in rows}
+    assert listed["batch"][:7] == [
+        f"sy-{batch.prefix}",
+        "batch",
+        "lab",
+        "active",
+        "no",
+        "interactive",
+        "rpm=60 daily-tokens=1000",
+    ]
+    assert listed["ops"][3].startswith("expires 2") and listed["ops"][4] == "yes"
+    assert secret.split(".")[1] not in str(rows)
+
+    call_command("revoke_api_key", f"sy-{batch.prefix}")
+    assert "Revoked batch" in capsys.readouterr().out
+    with pytest.raises(ApiError):
+        auth.caller(f"Bearer {secret}")
+    call_command("list_api_keys", "--usable")
+    assert [row.split()[1] for row in capsys.readouterr().out.strip().splitlines()[1:]] == ["ops"]
+    call_command("revoke_api_key", secret)  # the whole key names it too
+    assert "already revoked" in capsys.readouterr().out
+    call_command("revoke_api_key", batch.prefix, "--restore")
+    assert "Restored batch" in capsys.readouterr().out
+    assert not ApiKey.objects.get(pk=batch.pk).revoked
+    with pytest.raises(CommandError, match="No API key"):
+        call_command("revoke_api_key", "sy-00000000")

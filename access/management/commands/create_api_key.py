@@ -1,7 +1,10 @@
 """python manage.py create_api_key NAME [limits]: prints the key's webhook secret, then the
 new key alone on its last line."""
 
+from datetime import timedelta
+
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from access.models import STREAM_PROGRESS, ApiKey, Team
 from scheduler.models import Priority
@@ -41,6 +44,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--operator", action="store_true", help="may use the operator API")
         parser.add_argument(
+            "--expires-in", type=positive, metavar="DAYS", help="refused after this many days"
+        )
+        parser.add_argument(
             "--stream-progress",
             choices=STREAM_PROGRESS,
             default="",
@@ -73,6 +79,9 @@ class Command(BaseCommand):
             operator=options["operator"],
             stream_progress=options["stream_progress"],
             team=team,
+            expires_at=timezone.now() + timedelta(days=options["expires_in"])
+            if options["expires_in"]
+            else None,
         )
         api_key.save()
         self.stdout.write(
