@@ -2,12 +2,13 @@
 alias, in OpenAI's shape, or in Anthropic's for Anthropic's clients (which send
 `anthropic-version` on every call)."""
 
+from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from access import auth
 from access.limits import check_model
-from backends.models import Model, ModelType
+from backends.models import Deployment, DeploymentState, Model, ModelType
 
 from ..pool_threads import in_pool_thread
 from . import intake
@@ -40,7 +41,12 @@ async def list_models(http: HttpRequest) -> HttpResponse:
 async def offered(api_key, llm_only: bool = False) -> list[tuple[str, Model]]:
     """Each name and alias, with its model, of the models the key may use (all, for a key
     with no list of models) that some server has a deployment of, by name."""
-    served = Model.objects.filter(deployments__isnull=False).distinct().order_by("name")
+    served = (
+        Model.objects.filter(deployments__isnull=False)
+        .distinct()
+        .order_by("name")
+        .annotate(loaded=loaded_somewhere())
+    )
     if llm_only:
         served = served.filter(type=ModelType.LLM)
     found = []
@@ -74,7 +80,13 @@ async def deployed_model(api_key, name: str) -> Model:
         raise ApiError(
             404, f"no server has a deployment of {model.name}", code="model_not_deployed"
         )
+    model.loaded = await model.deployments.filter(state=DeploymentState.LOADED).aexists()
     return model
+
+
+def loaded_somewhere() -> Exists:
+    """Whether some server holds the model loaded now, as `/api/ps` lists it."""
+    return Exists(Deployment.objects.filter(model_id=OuterRef("pk"), state=DeploymentState.LOADED))
 
 
 def for_anthropic(http: HttpRequest) -> bool:
@@ -87,10 +99,12 @@ def may_use(api_key, names: list[str]) -> bool:
 
 
 def model_object(name: str, model: Model, anthropic: bool = False) -> dict:
-    """A model as OpenAI's API shows one, with its type (llm, embedding, reranking) and, where
-    known, what it takes besides text and its context length; or as Anthropic's does."""
+    """A model as OpenAI's API shows one, with its type (llm, embedding, reranking), where
+    known what it takes besides text and its context length, and whether a server holds it
+    loaded now (`model.loaded`, read with it); or as Anthropic's does."""
     if anthropic:
         return {"type": "model", "id": name, "display_name": name, "created_at": EPOCH}
     shown = {"id": name, "object": "model", "created": 0, "owned_by": "switchyard"}
     known = {"capabilities": model.capabilities, "context_length": model.context_length}
-    return {**shown, "type": model.type, **{k: v for k, v in known.items() if v is not None}}
+    known = {k: v for k, v in known.items() if v is not None}
+    return {**shown, "type": model.type, **known, "loaded": model.loaded}

@@ -151,6 +151,20 @@ def test_one_model_by_name_or_alias_as_the_list_shows_it(live):
     assert c.models.retrieve("org/qwen3:8b").id == "org/qwen3:8b"
 
 
+def test_each_model_says_whether_a_server_holds_it_loaded_now(live):
+    """An app can pick a model that answers without waiting for a load: `loaded`, true
+    while some server holds it loaded (as Ollama's `/api/ps` lists them)."""
+    up = Server.objects.get(name="up")
+    cold = factories.deployment(up, "cold")
+    c = client(live)
+    listed = {m.id: m.to_dict()["loaded"] for m in c.models.list()}
+    assert listed == {"cold": False, "qwen": True, "q": True}
+    assert c.models.retrieve("cold").to_dict()["loaded"] is False
+    cold.state = "loaded"
+    cold.save()
+    assert c.models.retrieve("cold").to_dict()["loaded"] is True
+
+
 @pytest.mark.parametrize("name", ["nope", "n" * 10_000], ids=["unknown", "too-long"])
 def test_unknown_model_is_404_in_openai_shape_and_stores_nothing(live, name):
     with pytest.raises(openai.NotFoundError) as err:
