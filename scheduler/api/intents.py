@@ -29,7 +29,11 @@ class IntentOut(serializers.Serializer):
     server = serializers.CharField()
     model = serializers.CharField(allow_null=True)
     options = serializers.DictField()
-    force = serializers.BooleanField()
+    force = serializers.BooleanField(
+        allow_null=True,
+        help_text="An unload's: true, a busy model goes once its requests finish (null for"
+        " the other actions).",
+    )
     status = serializers.ChoiceField(choices=Intent.Status.values)
     requested_by = serializers.CharField()
     created_at = serializers.DateTimeField()
@@ -55,7 +59,7 @@ def intent_body(intent: Intent) -> dict[str, Any]:
         "server": intent.server.name,
         "model": intent.deployment.model.name if intent.deployment_id else None,
         "options": intent.options,
-        "force": intent.force,
+        "force": intent.force if intent.action == Intent.Action.UNLOAD else None,
         "status": intent.status,
         "requested_by": intent.requested_by,
         "created_at": intent.created_at,

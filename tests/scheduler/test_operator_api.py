@@ -72,7 +72,7 @@ def test_refusals(client):
     # force (the default): recorded, to run once its request finishes.
     r = client.post("/api/v1/servers/gpu-1/unload", {"model": "a"}, content_type="application/json")
     assert r.status_code == 202
-    assert r.json()["status"] == "pending"
+    assert (r.json()["status"], r.json()["force"]) == ("pending", True)
     assert r.json()["trace"][0]["reason"] == "asked by user ops through the API"
     # Followed at its own address, as the answer's Location and `url` say.
     url = f"/api/v1/intents/{r.json()['id']}"
@@ -133,7 +133,7 @@ def test_intents_run_through_the_scheduler(served):
     # A load's options apply to that load only: one that fails it does not stay behind.
     r = ask("load", {"model": "a", "options": {"fail_load": True}})
     assert r.status_code == 202, r.text
-    assert r.json()["options"] == {"fail_load": True}
+    assert (r.json()["options"], r.json()["force"]) == ({"fail_load": True}, None)
     done = until_done(live, headers, r.json()["id"])
     assert (done.status, done.outcome) == ("failed", "the load failed: simulated load failure")
     own = {"load_seconds": 0.01, "tokens_per_second": 10_000}
