@@ -1,17 +1,25 @@
 """The full state a dashboard shows, as plain JSON-able dicts (messages carry full state).
 
 Each function runs a fixed number of queries however many rows it shows: the overview reads
-servers, their deployments, and three bounded lists of requests, nothing per row.
+servers, their deployments, the operators' open intents and three bounded lists of
+requests, nothing per row.
 """
 
 from datetime import datetime
 
-from django.db.models import Prefetch, Q
+from django.db.models import OuterRef, Prefetch, Q, Subquery
 from django.urls import reverse
 from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
-from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
+from scheduler.models import (
+    TERMINAL_STATES,
+    WAITING_STATES,
+    Intent,
+    IntentTrace,
+    Request,
+    State,
+)
 from scheduler.reasons_shown import reported_fraction, server_fraction
 from scheduler.reasons_shown import shown as shown_reason
 from scheduler.snapshot import unused_restore
@@ -123,7 +131,32 @@ def deployment_row(d: Deployment, now: datetime) -> dict:
     }
 
 
-def server_row(s: Server, now: datetime) -> dict:
+def open_intents() -> dict[int, list[dict]]:
+    """Per server, the operators' intents not yet finished, oldest first, each with its
+    latest step: what an operator asked for and what it waits for (one read)."""
+    latest = IntentTrace.objects.filter(intent=OuterRef("pk")).order_by("-at", "-id")
+    found: dict[int, list[dict]] = {}
+    for i in (
+        Intent.objects.filter(status__in=(Intent.Status.PENDING, Intent.Status.RUNNING))
+        .select_related("deployment__model")
+        .annotate(reason=Subquery(latest.values("reason")[:1]))
+        .order_by("created_at", "id")
+    ):
+        found.setdefault(i.server_id, []).append(
+            {
+                "id": i.pk,
+                "action": i.action,
+                "model": i.deployment.model.name if i.deployment_id else None,
+                "status": i.status,
+                "reason": i.reason or "",
+                "requested_by": i.requested_by,
+                "created_at": iso(i.created_at),
+            }
+        )
+    return found
+
+
+def server_row(s: Server, now: datetime, intents: list[dict] | None = None) -> dict:
     deployments = list(s.deployments.all())  # prefetched, without the unloaded ones
     return {
         "name": s.name,
@@ -136,6 +169,7 @@ def server_row(s: Server, now: datetime) -> dict:
         "slots": s.slots,
         "in_use": sum(d.in_flight for d in deployments),
         "models": [deployment_row(d, now) for d in deployments],
+        "intents": intents or [],
     }
 
 
@@ -201,9 +235,10 @@ def overview(now: datetime | None = None) -> dict:
         .order_by("-finished_at", "-created_at")[:RECENT_SHOWN]
     )
     runs = forecast.Runs.read()
+    asked = open_intents()
     return {
         "at": iso(now),
-        "servers": [server_row(s, now) for s in servers],
+        "servers": [server_row(s, now, asked.get(s.pk)) for s in servers],
         "waiting": waiting_rows(now),
         "waiting_total": sum(c["waiting"] for c in classes),
         "classes": classes,

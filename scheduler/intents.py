@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from backends.models import Server, available_again, unavailable_from
 
-from . import wakeup
+from . import channel_hints, wakeup
 from .decisions import StartLoad, Unload
 from .eviction import NoRoom, evictions_for
 from .models import Intent, IntentTrace
@@ -161,6 +161,7 @@ def write_step(step: Step) -> None:
             outcome=step.reason if finished else "",
         )
         IntentTrace.objects.create(intent=intent, status=step.status, reason=step.reason)
+    channel_hints.dashboard_changed()  # its server's card shows the step
     log.info("intent %s (%s): %s, %s", intent.pk, intent.action, step.status, step.reason)
 
 

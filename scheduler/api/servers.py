@@ -24,7 +24,7 @@ from backends.checkup import check_server
 from backends.discovery import sync_server
 from backends.models import Deployment, DeploymentState, Server
 
-from .. import wakeup
+from .. import channel_hints, wakeup
 from ..models import Intent, IntentTrace, Request, State
 from . import listing
 from .callers import StaffSession, operator_of
@@ -238,6 +238,7 @@ def record(server: Server, action: str, by: str, deployment=None, **fields) -> I
         )
         wakeup.notify_in_transaction()
         transaction.on_commit(wakeup.wake_local)
+        transaction.on_commit(channel_hints.dashboard_changed)  # its server's card shows it
     return intent
 
 

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.browser
 LOAD_S = 2.0
 # Long enough to open the request's page while its model still loads, on a busy machine.
 OTHER_LOAD_S = 3.0
+OPERATOR_LOAD_S = 4.0
 
 
 @pytest.fixture
@@ -35,6 +36,10 @@ def live(served):
             avg_load_s=load_s,
             load_options={"tokens_per_second": 50},
         )
+    # Loaded by an operator's intent, long enough to see it on the card.
+    factories.deployment(
+        factories.server("sim-4", kind="simulated", slots=1), "big", load_s=OPERATOR_LOAD_S
+    )
     # Kept loaded all day: the worker loads it by itself.
     factories.deployment(
         factories.server("sim-3", kind="simulated", slots=1),
@@ -125,3 +130,20 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(page.locator("#request-state")).to_have_text("completed")
     expect(page.locator("#request-position")).to_have_text("–")
     expect(page.locator("#load")).to_be_empty()
+
+    # An operator's load, on its server's card with its step while it runs, gone once done.
+    page.goto(f"{live.url}/")
+    expect(page.locator("#live")).to_have_text("live")
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    asked = page.request.post(
+        f"{live.url}/api/v1/servers/sim-4/load",
+        data={"model": "big"},
+        headers={"X-CSRFToken": csrf},
+    )
+    assert asked.status == 202, asked.text()
+    card = page.locator('[data-server="sim-4"]')
+    intent = card.locator(f'[data-intent="{asked.json()["id"]}"]')
+    expect(intent).to_have_text(re.compile(r"^operator load big: load started$"))
+    expect(intent.locator(".tag")).to_have_attribute("title", "asked by user operator")
+    expect(intent).to_have_count(0, timeout=OPERATOR_LOAD_S * 1000 + 30_000)
+    expect(card.locator('[data-model="big"] .pill')).to_have_text("loaded")

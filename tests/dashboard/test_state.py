@@ -13,7 +13,7 @@ from django.utils import timezone
 from access.models import ApiKey, Team
 from backends.models import Deployment, DeploymentState, Server
 from dashboard import state
-from scheduler.models import Priority, Request, State, Trace
+from scheduler.models import Intent, Priority, Request, State, Trace
 from tests import factories
 from tests.support.table_reads import entries_read_by
 
@@ -112,6 +112,31 @@ def test_a_model_with_slots_of_its_own_says_how_many_it_uses():
     factories.deployment(srv, "big", state=DeploymentState.LOADED, slots=2, in_flight=1)
     [shown] = server_named(state.overview(NOW), "sim")["models"]
     assert (shown["in_flight"], shown["slots"]) == (1, 2)
+
+
+def test_an_operators_open_intents_are_shown_on_their_server_with_their_latest_step():
+    """What an operator asked of a server, and what it waits for; finished ones are gone."""
+    srv = factories.server("gpu-1")
+    factories.server("gpu-2")
+    d = factories.deployment(srv, "a", state=DeploymentState.LOADED, in_flight=1)
+    unload = Intent.objects.create(server=srv, action="unload", deployment=d, requested_by="ops")
+    unload.traces.create(status="pending", reason="asked by user ops through the API")
+    unload.traces.create(status="pending", reason="waiting for its requests to finish")
+    drain = Intent.objects.create(server=srv, action="drain", requested_by="key bot (sy-1…)")
+    drain.traces.create(status="pending", reason="waiting for the server's earlier intents")
+    done = Intent.objects.create(server=srv, action="enable", status="done", requested_by="ops")
+    done.traces.create(status="done", reason="enabled")
+
+    view = state.overview(NOW)
+    shown = [
+        (i["action"], i["model"], i["status"], i["reason"], i["requested_by"])
+        for i in server_named(view, "gpu-1")["intents"]
+    ]
+    assert shown == [
+        ("unload", "a", "pending", "waiting for its requests to finish", "ops"),
+        ("drain", None, "pending", "waiting for the server's earlier intents", "key bot (sy-1…)"),
+    ]
+    assert server_named(view, "gpu-2")["intents"] == []
 
 
 def test_load_progress_is_the_adapters_own_figure_when_it_reports_one():
@@ -237,6 +262,8 @@ def test_the_overview_runs_the_same_few_queries_for_three_rows_or_a_hundred_and_
             key.save()
             factories.request("a", state=State.READY, server=d.server, deployment=d, api_key=key)
             factories.request("b", state=State.COMPLETED, finished_at=NOW, api_key=key)
+            intent = Intent.objects.create(server=d.server, action="drain", requested_by="ops")
+            intent.traces.create(status="pending", reason="waiting")  # each intent's step too
 
     add(3)
     few, shown = queries()
@@ -244,7 +271,7 @@ def test_the_overview_runs_the_same_few_queries_for_three_rows_or_a_hundred_and_
     add(117)
     many, shown = queries()
     assert shown == state.WAITING_SHOWN
-    assert many == few <= 12
+    assert many == few <= 13
 
 
 def test_request_detail_has_place_eta_load_and_trace():

@@ -110,13 +110,19 @@ const Switchyard = (() => {
         m.progress ? el("div", {}, progress(m.progress)) : null,
         m.error ? el("div", {class: "error"}, m.error) : null)))
       : el("p", {class: "muted"}, "no model loaded");
+    // What an operator asked of this server and what it waits for.
+    const intents = s.intents.length
+      ? el("ul", {class: "intents"}, ...s.intents.map((i) => el("li", {"data-intent": i.id},
+        el("span", {class: "tag", title: `asked by ${i.requested_by}`}, "operator"),
+        ` ${i.action}${i.model ? " " + i.model : ""}: `, el("span", {class: "muted"}, i.reason))))
+      : null;
     const slots = el("span", {class: "slots"}, `slots ${s.in_use}/${s.slots}`,
       el("meter", {min: 0, max: s.slots, value: s.in_use}));
     return el("article", {class: `server server-${s.status}` + (s.simulated ? " is-simulated" : ""),
       "data-server": s.name},
       el("header", {}, el("strong", {}, s.name), " ", kind, " ", status(s), " ", slots),
       s.last_error ? el("div", {class: "error"}, s.last_error) : null,
-      models);
+      models, intents);
   }
 
   const requestLink = (r) => el("a", {class: "request-link", href: `/requests/${r.id}/`},
