@@ -12,6 +12,7 @@ from django.conf import settings
 from django.contrib import auth as sessions
 from django.db.models import QuerySet
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request as DrfRequest
 
@@ -70,6 +71,13 @@ def caller_of(request: DrfRequest) -> Caller | None:
             name=f"user {user.get_username()}", operator=user.is_staff, staff=user.is_staff
         )
     return None
+
+
+# What `operator_of` answers, for each operator endpoint's schema.
+OPERATOR_REFUSALS = {
+    401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
+    403: OpenApiResponse(description="Not an operator, or a session's CSRF token missing"),
+}
 
 
 def operator_of(request: DrfRequest) -> Caller:

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..models import Intent
-from .callers import StaffSession, operator_of
+from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
 from .errors import ApiError
 
 
@@ -78,8 +78,7 @@ class IntentDetail(APIView):
         summary="An operator's intent, finished or not (operators)",
         responses={
             200: IntentOut,
-            401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
-            403: OpenApiResponse(description="Not an operator"),
+            **OPERATOR_REFUSALS,
             404: OpenApiResponse(description="No such intent"),
         },
     )

@@ -31,7 +31,7 @@ from access.models import ApiKey, Team
 
 from ..models import Priority
 from . import listing
-from .callers import StaffSession, operator_of
+from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
 from .errors import ApiError
 from .fields import storable
 from .strict import Strict
@@ -140,8 +140,7 @@ KeyListOut = listing.page_schema("KeyList", KeySerializer(many=True))
 TeamListOut = listing.page_schema("TeamList", TeamSerializer(many=True))
 ERRORS = {
     400: OpenApiResponse(description="A field is not valid (`param` names it)"),
-    401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
-    403: OpenApiResponse(description="Not an operator, or a session's CSRF token missing"),
+    **OPERATOR_REFUSALS,
 }
 NOT_FOUND = {404: OpenApiResponse(description="No such key or team")}
 

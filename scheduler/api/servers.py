@@ -27,7 +27,7 @@ from backends.models import Deployment, DeploymentState, Server
 from .. import channel_hints, wakeup
 from ..models import Intent, IntentTrace, Request, State
 from . import listing
-from .callers import StaffSession, operator_of
+from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
 from .errors import ApiError
 from .intake import find_model
 from .intents import IntentOut, intent_body, intent_url, intents
@@ -162,8 +162,7 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
 
 
 ERRORS = {
-    401: OpenApiResponse(description="No staff login nor operator key, or a bad key"),
-    403: OpenApiResponse(description="Not an operator, or a session's CSRF token missing"),
+    **OPERATOR_REFUSALS,
     404: OpenApiResponse(description="No such server or deployment, or the model not loaded"),
 }
 
@@ -192,8 +191,7 @@ class ServerList(APIView):
         parameters=listing.page_parameters(listing.MAX_LIMIT),
         responses={
             200: ServerListOut,
-            401: OpenApiResponse(description="No staff login nor operator key"),
-            403: OpenApiResponse(description="Not staff, or a key without the operator flag"),
+            **OPERATOR_REFUSALS,
         },
     )
     def get(self, request: DrfRequest) -> Response:
