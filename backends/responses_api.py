@@ -105,14 +105,17 @@ def as_chat(payload: dict[str, Any]) -> dict[str, Any]:
 def response_object(
     model: str, text: str, input_tokens: int, output_tokens: int, status: str = "completed"
 ) -> dict[str, Any]:
-    """A response with one message of `text`, as a server's `/v1/responses` answers."""
+    """A response with one message of `text`, as a server's `/v1/responses` answers; one
+    cut at its `max_output_tokens` is `incomplete` and says why, as OpenAI's does."""
     content = [{"type": "output_text", "text": text, "annotations": []}]
     message = {"type": "message", "role": "assistant", "status": "completed", "content": content}
+    cut = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
         "id": f"resp_{uuid.uuid4().hex}",
         "object": "response",
         "created_at": int(time.time()),
         "status": status,
+        "incomplete_details": cut,
         "model": model,
         "output": [{"id": f"msg_{uuid.uuid4().hex}", **message}],
         "usage": {

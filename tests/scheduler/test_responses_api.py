@@ -54,13 +54,27 @@ def test_a_response_answered_and_streamed_through_the_scheduler(live):
     answer = openai_client(live).responses.create(model="m", input="hi", max_output_tokens=4)
     assert answer.object == "response" and len(answer.output_text.split()) == 4
     assert answer.usage.output_tokens == 4
+    # The simulated model runs to the cap it is given: cut short, and saying why.
+    assert (answer.status, answer.incomplete_details.reason) == ("incomplete", "max_output_tokens")
 
     events = list(openai_client(live).responses.create(model="m", input="hi", stream=True))
     assert [e.type for e in events][-1] == "response.completed"
+    assert (events[-1].response.status, events[-1].response.incomplete_details) == (
+        "completed",
+        None,
+    )
+    cut = openai_client(live).responses.create(
+        model="m", input="hi", max_output_tokens=2, stream=True
+    )
+    last = list(cut)[-1]
+    assert (last.type, last.response.incomplete_details.reason) == (
+        "response.incomplete",
+        "max_output_tokens",
+    )
     deltas = "".join(e.delta for e in events if e.type == DELTA)
     assert deltas == events[-1].response.output_text
     stored = Request.objects.order_by("created_at")
-    assert [(r.kind, r.state) for r in stored] == [("response", State.COMPLETED)] * 2
+    assert [(r.kind, r.state) for r in stored] == [("response", State.COMPLETED)] * 3
     assert stored[1].result == events[-1].response.model_dump(exclude_unset=True)
 
 
