@@ -4,6 +4,7 @@ jobs API follows a request. The servers' listing shows only those not yet finish
 
 from typing import Any
 
+from django.db.models import QuerySet
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -42,7 +43,7 @@ class IntentOut(serializers.Serializer):
     trace = IntentTraceOut(many=True)
 
 
-def intents() -> Any:
+def intents() -> QuerySet[Intent]:
     """Intents with what their bodies read, in one query each."""
     return Intent.objects.select_related("server", "deployment__model").prefetch_related("traces")
 
