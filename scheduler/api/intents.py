@@ -1,18 +1,20 @@
-"""An operator's intents as the API shows them, and `GET /api/v1/intents/{id}`: one intent
-followed to its end (`done` or `failed`, with its outcome and each step's trace), as the
-jobs API follows a request. The servers' listing shows only those not yet finished."""
+"""An operator's intents as the API shows them: `GET /api/v1/intents` (newest first, by
+server and status) and `GET /api/v1/intents/{id}`, one intent followed to its end (`done`
+or `failed`, with its outcome and each step's trace), as the jobs API follows a request.
+The servers' listing shows only those not yet finished."""
 
 from typing import Any
 
 from django.db.models import QuerySet
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..models import Intent
+from . import listing
 from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
 from .errors import ApiError
 
@@ -70,6 +72,38 @@ def intent_body(intent: Intent) -> dict[str, Any]:
             {"at": t.at, "status": t.status, "reason": t.reason} for t in intent.traces.all()
         ],
     }
+
+
+def intents_body(found: list[Intent]) -> list[dict[str, Any]]:
+    return [intent_body(i) for i in found]
+
+
+IntentPage = listing.page_schema("IntentList", IntentOut(many=True))
+
+
+class IntentList(APIView):
+    authentication_classes = [StaffSession]
+
+    @extend_schema(
+        summary="The operators' intents, newest first (operators)",
+        parameters=[
+            OpenApiParameter("server", str, description="A server's name"),
+            OpenApiParameter("status", str, description="pending, running, done or failed"),
+            *listing.page_parameters(),
+        ],
+        responses={200: IntentPage, **OPERATOR_REFUSALS},
+    )
+    def get(self, request: DrfRequest) -> Response:
+        operator_of(request)
+        params = request.query_params
+        rows = intents()
+        if server := params.get("server"):
+            rows = rows.filter(server__name=server)
+        if status := params.get("status"):
+            if status not in Intent.Status.values:
+                raise listing.bad("status", f"status must be one of {', '.join(Intent.Status)}")
+            rows = rows.filter(status=status)
+        return Response(listing.page(rows, params, ("-created_at", "-id"), intents_body))
 
 
 class IntentDetail(APIView):

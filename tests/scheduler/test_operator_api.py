@@ -82,6 +82,13 @@ def test_refusals(client):
     assert listed["intents"][0]["id"] == r.json()["id"]
     assert client.get("/api/v1/servers/gpu-1").json() == listed
     assert client.get("/api/v1/servers/nope").json()["error"]["code"] == "server_not_found"
+    # All of them, newest first, by server and status, a page at a time.
+    page = client.get("/api/v1/intents?server=gpu-1&status=pending&limit=1").json()
+    assert ([i["id"] for i in page["data"]], page["has_more"]) == ([r.json()["id"]], False)
+    assert client.get("/api/v1/intents?status=done").json()["data"] == []
+    assert client.get("/api/v1/intents?server=gpu-2").json()["data"] == []
+    wrong = client.get("/api/v1/intents?status=finished").json()["error"]
+    assert (wrong["code"], wrong["param"]) == ("invalid_value", "status")
     missing = client.get("/api/v1/intents/999")
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "intent_not_found")
     client.logout()
@@ -169,6 +176,14 @@ def test_intents_run_through_the_scheduler(served):
     assert not Server.objects.get().enabled
     until_done(live, headers, ask("enable").json()["id"])
     assert Server.objects.get().enabled
+
+    # Every intent, finished ones too, newest first, a page at a time.
+    url = f"{live.url}/api/v1/intents"
+    first = httpx.get(url, params={"server": "sim", "limit": 2}, headers=headers).json()
+    assert first["has_more"] and [i["action"] for i in first["data"]] == ["enable", "drain"]
+    params = {"server": "sim", "limit": 2, "cursor": first["next_cursor"]}
+    second = httpx.get(url, params=params, headers=headers).json()
+    assert [(i["action"], i["model"]) for i in second["data"]][0] == ("unload", "a")
 
 
 @pytest.mark.django_db
