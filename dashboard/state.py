@@ -7,19 +7,13 @@ requests, nothing per row.
 
 from datetime import datetime
 
-from django.db.models import OuterRef, Prefetch, Q, Subquery
+from django.db.models import Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
-from scheduler.models import (
-    TERMINAL_STATES,
-    WAITING_STATES,
-    Intent,
-    IntentTrace,
-    Request,
-    State,
-)
+from scheduler.intents import open_intents
+from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 from scheduler.reasons_shown import reported_fraction, server_fraction
 from scheduler.reasons_shown import shown as shown_reason
 from scheduler.snapshot import unused_restore
@@ -131,24 +125,18 @@ def deployment_row(d: Deployment, now: datetime) -> dict:
     }
 
 
-def open_intents() -> dict[int, list[dict]]:
+def intents_by_server() -> dict[int, list[dict]]:
     """Per server, the operators' intents not yet finished, oldest first, each with its
     latest step: what an operator asked for and what it waits for (one read)."""
-    latest = IntentTrace.objects.filter(intent=OuterRef("pk")).order_by("-at", "-id")
     found: dict[int, list[dict]] = {}
-    for i in (
-        Intent.objects.filter(status__in=(Intent.Status.PENDING, Intent.Status.RUNNING))
-        .select_related("deployment__model")
-        .annotate(reason=Subquery(latest.values("reason")[:1]))
-        .order_by("created_at", "id")
-    ):
+    for i in open_intents().select_related("deployment__model"):
         found.setdefault(i.server_id, []).append(
             {
                 "id": i.pk,
                 "action": i.action,
                 "model": i.deployment.model.name if i.deployment_id else None,
                 "status": i.status,
-                "reason": i.reason or "",
+                "reason": i.last_reason or "",
                 "requested_by": i.requested_by,
                 "created_at": iso(i.created_at),
             }
@@ -235,7 +223,7 @@ def overview(now: datetime | None = None) -> dict:
         .order_by("-finished_at", "-created_at")[:RECENT_SHOWN]
     )
     runs = forecast.Runs.read()
-    asked = open_intents()
+    asked = intents_by_server()
     return {
         "at": iso(now),
         "servers": [server_row(s, now, asked.get(s.pk)) for s in servers],

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from backends.models import Server, available_again, unavailable_from
@@ -131,17 +132,24 @@ def _model_step(intent: IntentView, d: DeploymentView, on_server, server, now) -
 # -- the shell -------------------------------------------------------------------------
 
 
-def read_open() -> list[IntentView]:
-    open_intents = Intent.objects.filter(status__in=(S.PENDING, S.RUNNING)).order_by(
-        "created_at", "id"
+def open_intents() -> QuerySet[Intent]:
+    """The intents not yet finished, oldest first, each with the reason of its latest step
+    (`last_reason`), in one read: what the worker plans from and the dashboard shows."""
+    latest = IntentTrace.objects.filter(intent=OuterRef("pk")).order_by("-at", "-id")
+    return (
+        Intent.objects.filter(status__in=(S.PENDING, S.RUNNING))
+        .annotate(last_reason=Subquery(latest.values("reason")[:1]))
+        .order_by("created_at", "id")
     )
-    views = []
-    for i in open_intents:
-        last = i.traces.order_by("-at", "-id").values_list("reason", flat=True).first()
-        views.append(
-            IntentView(i.pk, i.action, i.server_id, i.deployment_id, i.status, i.force, last or "")
+
+
+def read_open() -> list[IntentView]:
+    return [
+        IntentView(
+            i.pk, i.action, i.server_id, i.deployment_id, i.status, i.force, i.last_reason or ""
         )
-    return views
+        for i in open_intents()
+    ]
 
 
 def write_step(step: Step) -> None:

@@ -45,9 +45,10 @@ class IntentOut(serializers.Serializer):
     trace = IntentTraceOut(many=True)
 
 
-def intents() -> QuerySet[Intent]:
-    """Intents with what their bodies read, in one query each."""
-    return Intent.objects.select_related("server", "deployment__model").prefetch_related("traces")
+def intents(rows: QuerySet[Intent] | None = None) -> QuerySet[Intent]:
+    """Intents (all, or `rows`) with what their bodies read, in one query each."""
+    rows = Intent.objects.all() if rows is None else rows
+    return rows.select_related("server", "deployment__model").prefetch_related("traces")
 
 
 def intent_url(intent_id: int) -> str:

@@ -25,6 +25,7 @@ from backends.discovery import sync_server
 from backends.models import Deployment, DeploymentState, Server
 
 from .. import channel_hints, wakeup
+from ..intents import open_intents
 from ..models import Intent, IntentTrace, Request, State
 from . import listing
 from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
@@ -134,10 +135,7 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
             }
         )
     unfinished: dict[int, list[dict]] = {}
-    open_intents = intents().filter(
-        status__in=(Intent.Status.PENDING, Intent.Status.RUNNING), server_id__in=ids
-    )
-    for intent in open_intents:
+    for intent in intents(open_intents().filter(server_id__in=ids)):
         unfinished.setdefault(intent.server_id, []).append(intent_body(intent))
     data = []
     for s in servers:
