@@ -206,8 +206,15 @@ def update_runs(runs: RunSamples, now: datetime) -> None:
         natural = sum(uncut) / len(uncut) if uncut else None
         stat = known.get((model_id, priority))
         if stat is None:
-            stat = RunStat(model_id=model_id, priority=priority, run_s=mean, updated_at=now)
-            stat.base_s, stat.token_s, stat.natural_tokens = base_s, token_s, natural
+            stat = RunStat(
+                model_id=model_id,
+                priority=priority,
+                run_s=mean,
+                base_s=base_s,
+                token_s=token_s,
+                natural_tokens=natural,
+                updated_at=now,
+            )
             RunStat.objects.bulk_create([stat], ignore_conflicts=True)
         else:
             RunStat.objects.filter(pk=stat.pk).update(
