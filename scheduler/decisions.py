@@ -41,9 +41,10 @@ class Requeue:
 
 @dataclass(frozen=True, slots=True)
 class MarkReady:
-    """needs_loading → ready: the load it waited for is done."""
+    """needs_loading → ready: the load it waited for, of `deployment_id`, is done."""
 
     request_id: UUID
+    deployment_id: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -284,7 +284,7 @@ class _Pass(Routing, Switching, Dispatching, Housekeeping):
             elif not d.enabled:
                 self.requeue(r, f"{d.model} was disabled on {self.servers[d.server_id].name}")
             elif r.state == "needs_loading" and d.state == "loaded":
-                self.decisions.append(MarkReady(r.id))
+                self.decisions.append(MarkReady(r.id, d.id))
                 self.set_request(r, state="ready")
             elif r.state == "needs_loading" and d.state == "loading":
                 continue

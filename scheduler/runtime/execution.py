@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from django.utils import timezone
 
@@ -24,6 +24,7 @@ from .. import conflicts, decisions, store
 from ..database_thread import in_database_thread
 from ..decisions import Decision, Dispatch, Route
 from ..models import WAITING_STATES, State
+from ..snapshot import Snapshot
 from ..transitions import Transition
 
 if TYPE_CHECKING:
@@ -43,7 +44,20 @@ def load_task(model_name: str, server_name: str) -> str:
     return f"load {model_name}@{server_name}"
 
 
-def transition_for(decision: Decision, server_of: dict[int, int]) -> Transition | None:
+class Home(NamedTuple):
+    """A deployment's server, as of a pass's snapshot."""
+
+    server_id: int
+    server: str  # its name, for the trace
+
+
+def homes(snapshot: Snapshot) -> dict[int, Home]:
+    """Each deployment's server."""
+    names = {s.id: s.name for s in snapshot.servers}
+    return {d.id: Home(d.server_id, names.get(d.server_id, "")) for d in snapshot.deployments}
+
+
+def transition_for(decision: Decision, server_of: dict[int, Home]) -> Transition | None:
     """The request transition that carries out `decision`, if that is all it takes
     (`server_of`: each deployment's server, as of the pass's snapshot)."""
     match decision:
@@ -55,20 +69,22 @@ def transition_for(decision: Decision, server_of: dict[int, int]) -> Transition 
             return Transition(rid, WAITING_STATES, State.FAILED, message, fields)
         case Route(request_id=rid, deployment_id=did, ready=ready, reason=reason):
             now = timezone.now()
-            fields = {"deployment_id": did, "routed_at": now, "server_id": server_of[did]}
+            home = server_of[did]
+            fields = {"deployment_id": did, "routed_at": now, "server_id": home.server_id}
             if ready:
                 fields["ready_at"] = now
             to = State.READY if ready else State.NEEDS_LOADING
-            return Transition(rid, (State.PENDING,), to, reason, fields)
+            return Transition(rid, (State.PENDING,), to, reason, fields, home.server)
         case decisions.Requeue(request_id=rid, reason=reason):
             fields = {"deployment": None, "server": None}
             return Transition(
                 rid, (State.NEEDS_LOADING, State.READY), State.PENDING, reason, fields
             )
-        case decisions.MarkReady(request_id=rid):
+        case decisions.MarkReady(request_id=rid, deployment_id=did):
             fields = {"ready_at": timezone.now()}
+            at = server_of[did].server if did in server_of else ""
             return Transition(
-                rid, (State.NEEDS_LOADING,), State.READY, "its model is loaded", fields
+                rid, (State.NEEDS_LOADING,), State.READY, "its model is loaded", fields, at
             )
     return None
 
@@ -79,7 +95,7 @@ class MovesAndSends:
     planned. After `write`, each decision's result; its sends are being served already
     (`Execution.committed`). Built on either thread; what it reads is given to it."""
 
-    def __init__(self, worker_id: int | None, server_of: dict[int, int]) -> None:
+    def __init__(self, worker_id: int | None, server_of: dict[int, Home]) -> None:
         self.worker_id = worker_id
         self.server_of = server_of
         self.transitions: list[tuple[Decision, Transition]] = []

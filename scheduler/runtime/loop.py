@@ -31,7 +31,7 @@ from ..snapshot import Snapshot
 from ..wakeup import Cancelled, News
 from ..webhooks import Webhooks
 from .effects import Effects
-from .execution import Execution, MovesAndSends, db
+from .execution import Execution, Home, MovesAndSends, db, homes
 from .fast_paths import FastPaths, PassArrivals, SentOnArrival
 from .server_tasks import FreedSlot, ServerTasks
 
@@ -76,7 +76,7 @@ class Runtime:
         self.next_purge = -float("inf")
         self.waiting = 0  # requests still waiting after the last pass (of those it saw)
         self.waiting_for: set[int] = set()  # servers with a deployment of a waiting model
-        self.server_of: dict[int, int] = {}  # deployment → server, as of the last snapshot
+        self.server_of: dict[int, Home] = {}  # deployment → server, as of the last snapshot
         self.dropped = 0  # decisions of the last pass that the database refused
         self.crashed: BaseException | None = None
         self.until_idle = False
@@ -292,7 +292,7 @@ class Runtime:
             return self.plan_and_write(send_now, worker_id, arrivals_seen)
 
         snapshot, decisions, first, reasons = await self.execution.committed(plan_and_write)
-        self.server_of = {d.id: d.server_id for d in snapshot.deployments}
+        self.server_of = homes(snapshot)
         self.next_wake = None
         done: list[Decision] = []
         self.dropped = 0
@@ -322,7 +322,7 @@ class Runtime:
         plan's reasons why requests wait go back with the rest."""
         snapshot = self.snapshots.read(self.config)
         number = self.pass_arrivals.read(snapshot)
-        server_of = {d.id: d.server_id for d in snapshot.deployments}
+        server_of = homes(snapshot)
         slots = {s.id: s.slots for s in snapshot.servers}
         planned = plan_explained(snapshot, self.clock())  # the clock: read from any thread
         decisions = planned.decisions

@@ -16,7 +16,7 @@ from scheduler import sql, store, wakeup
 from scheduler.api import intake
 from scheduler.api.waiting import Subscription
 from scheduler.decisions import Route
-from scheduler.runtime.execution import transition_for
+from scheduler.runtime.execution import Home, transition_for
 from scheduler.transitions import MAX_NOTIFY_PAYLOAD
 from tests import factories
 from tests.support.running import db_thread_closed  # noqa: F401 (fixture)
@@ -45,7 +45,8 @@ def sent(to: tuple[Deployment, int], stream: bool = False) -> store.ServeJob:
     d, worker_id = to
     body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
     request = intake.accept("chat", body, request_id=an_id(), caller_waits=True)
-    route = transition_for(Route(request.pk, d.pk, True, "sent on arrival"), {d.pk: d.server_id})
+    home = {d.pk: Home(d.server_id, d.server.name)}
+    route = transition_for(Route(request.pk, d.pk, True, "sent on arrival"), home)
     [job] = store.send_on_arrival([route], [(request.pk, d.pk)], worker_id)
     assert job is not None
     return job

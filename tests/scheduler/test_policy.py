@@ -76,7 +76,7 @@ def test_joins_a_load_already_under_way():
 def test_finished_load_makes_waiters_ready_and_dispatches():
     r = req("a", state="needs_loading", deployment_id=1)
     decisions = plan(snap([server(1)], [dep(1, 1, "a", "loaded")], [r]), at(0))
-    assert decisions[:2] == [MarkReady(r.id), Dispatch(r.id, 1)]
+    assert decisions[:2] == [MarkReady(r.id, 1), Dispatch(r.id, 1)]
 
 
 def test_interactive_dispatched_before_earlier_background():

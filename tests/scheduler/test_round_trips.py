@@ -19,7 +19,7 @@ from scheduler.decisions import Dispatch, Route
 from scheduler.models import Request, State, Trace, Worker
 from scheduler.policy import plan
 from scheduler.runtime import Runtime
-from scheduler.runtime.execution import transition_for
+from scheduler.runtime.execution import Home, homes, transition_for
 from tests import factories
 from tests.support.wire import queries_sent
 
@@ -110,7 +110,7 @@ def test_one_request_costs_five_round_trips_on_postgresql_four_if_sent_on_arriva
 
     def a_pass() -> None:
         snapshot = store.SnapshotReader().read(store.policy_config())
-        runtime.server_of = {v.id: v.server_id for v in snapshot.deployments}
+        runtime.server_of = homes(snapshot)
         found["plan"] = plan(snapshot, runtime.clock())
 
     def route_and_send() -> None:
@@ -127,7 +127,7 @@ def test_one_request_costs_five_round_trips_on_postgresql_four_if_sent_on_arriva
         store.requests_completed([store.Answer(found["job"], {"ok": True}, 0.1)])
 
     trips = queries_sent if POSTGRES else statements
-    runtime.server_of = {d.pk: d.server_id}
+    runtime.server_of = {d.pk: Home(d.server_id, "s1")}
     steps = (
         [accept, send_on_arrival, complete]
         if on_arrival
