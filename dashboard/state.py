@@ -244,15 +244,20 @@ def overview(now: datetime | None = None) -> dict:
                 **request_row(r, now),
                 "caller": caller(r),
                 "finished_at": iso(r.finished_at),
-                # As the admin counts it: its run, beside `waited_s`; none if never sent.
-                "took_s": seconds(max((r.finished_at - r.started_at).total_seconds(), 0))
-                if r.started_at and r.finished_at
-                else None,
+                "took_s": took_s(r),
                 "error": r.error,
             }
             for r in recent
         ],
     }
+
+
+def took_s(r: Request) -> float | None:
+    """Its run, as the admin counts it, beside `waited_s`: none until it ended, or if it was
+    never sent."""
+    if r.started_at and r.finished_at:
+        return seconds(max((r.finished_at - r.started_at).total_seconds(), 0))
+    return None
 
 
 def ahead_of(r: Request) -> Q:
@@ -292,6 +297,7 @@ def request_detail(
         "load": load_progress(r.deployment, now) if r.deployment else None,
         "started_at": iso(r.started_at),
         "finished_at": iso(r.finished_at),
+        "took_s": took_s(r),
         "attempts": r.attempts,
         "error": r.error,
         "answer": (answer_text(r.result) or "")[:answer_chars],

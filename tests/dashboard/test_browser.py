@@ -114,8 +114,14 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(page.locator("#request-state")).to_have_text("completed")
     expect(page.locator("#request-server")).to_have_text("sim-1")
     expect(page.locator("#answer")).to_contain_text("This answer comes from")
+    expect(page.locator("#request-took")).to_have_text(re.compile(r"^\d+\.\d s$"))
     # loading, why it waits (the load), ready, sent, done
     expect(page.locator("#trace tbody tr")).to_have_count(5)
+    # Each step also as the time since it arrived, to the millisecond, and where it was.
+    first, last = page.locator("#trace tbody tr").first, page.locator("#trace tbody tr").last
+    expect(first.locator("td").nth(1)).to_have_text(re.compile(r"^\+0\.\d{3} s$"))
+    expect(last.locator("td").nth(1)).to_have_text(re.compile(r"^\+\d+\.\d{3} s$"))
+    expect(last.locator("td").nth(4)).to_have_text("sim-1")
     watch = page.locator("#request-watch-link a")
     expect(watch).to_have_attribute("href", re.compile(r"^/watch/.+/$"))
 

@@ -235,6 +235,7 @@ def test_running_and_recently_finished_requests():
     # Waited and ran, apart, as the admin lists them; the failed one never ran.
     assert [(r["waited_s"], r["took_s"]) for r in view["recent"]] == [(3.0, 5.0), (6.0, None)]
     assert view["recent"][1]["error"] == "boom"
+    assert state.request_detail(done.pk, NOW)["took_s"] == 5.0  # its own page says it too
     assert [(r["priority"], r["caller"]) for r in view["recent"]] == [
         ("normal", "bob"),
         ("normal", None),

@@ -199,6 +199,7 @@ const Switchyard = (() => {
       ["model", r.model], ["priority", r.priority], ["caller", r.caller || "–"],
       ["server", r.server || "not routed yet"],
       ["waited", waiting ? since(r.created_at) : secs(r.waited_s)],
+      ["took", r.state === "processing" ? since(r.started_at) : secs(r.took_s)],
       ["created", clock(r.created_at)], ["finished", clock(r.finished_at)],
       ["attempts", r.attempts],
     ];
@@ -210,8 +211,12 @@ const Switchyard = (() => {
       r.load ? el("p", {}, "Its model is loading: ", progress(r.load)) : "");
     document.getElementById("answer").replaceChildren(
       r.answer ? el("blockquote", {}, r.answer) : "");
+    // Each step also as the time since the request arrived, to the millisecond: most of a
+    // request's steps fall within one second of the clock.
+    const arrived = new Date(r.created_at);
     fillTable("trace", r.trace, "No state changes yet.", (t) => [
-      clock(t.at), (t.from || "·").replace("_", " "), pill(t.to),
+      clock(t.at), `+${((new Date(t.at) - arrived) / 1000).toFixed(3)} s`,
+      (t.from || "·").replace("_", " "), pill(t.to),
       t.server || "–", t.reason]);
   }
 
