@@ -105,3 +105,48 @@ def test_a_caller_watches_a_streamed_request_on_a_phone(live, browser_page):
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     screenshot(page, "watch-done")
     assert done.wait(30)
+
+
+@pytest.fixture
+def late(served):
+    """A model expected to answer in 0.1 s that takes about 8 s."""
+    factories.deployment(
+        factories.server("sim-1", kind="simulated", slots=1),
+        "slow",
+        load_s=0.5,
+        avg_inference_s=0.1,
+        load_options={"tokens_per_second": TOKENS_PER_S},
+    )
+    return served()
+
+
+def test_a_page_opened_mid_answer_says_what_it_missed(late, browser_page):
+    """The text written before the page opened is kept only once the request ends: until
+    then the page marks its answer as a tail, and says so; a run past its estimate ends
+    "any moment", never "about 0.0 s left"."""
+    live = late
+    body = {**chat("slow", True), "max_tokens": 40}
+    writing, done = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{live.url}/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if '"content"' in line:
+                    writing.set()
+        done.set()
+
+    threading.Thread(target=stream, daemon=True).start()
+    assert writing.wait(30)
+    streamed = in_thread(streamed_request)
+
+    page = browser_page
+    page.goto(f"{live.url}/watch/{token_for(streamed.pk)}/")
+    expect(page.locator("#watch-headline")).to_have_text("Being answered")
+    expect(page.locator("#watch-now")).to_contain_text("should end any moment")
+    answer, note = page.locator("#watch-answer"), page.locator("#watch-answer-note")
+    expect(answer).to_have_text(re.compile(r"^…."))
+    expect(note).to_contain_text("its start shows once it ends")
+    expect(page.locator("#watch-headline")).to_have_text("Done", timeout=20_000)
+    expect(answer).to_have_text(re.compile(r"^This answer comes from a simulated"))
+    expect(note).to_be_hidden()
+    assert done.wait(30)

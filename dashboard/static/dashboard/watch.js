@@ -8,6 +8,9 @@ const SwitchyardWatch = (() => {
   const ENDS = {completed: "Done", failed: "Failed", expired: "Expired: it waited too long",
     cancelled: "Cancelled"};
   let streamed = "";
+  // A page opened while a streamed answer is being written missed its start (the text is
+  // kept only once the request ends): it shows "…" before what it receives, until then.
+  let joinedLate = null;
 
   function confidence(a) {
     if (!a || a.checked < 5) return "too few requests lately to say how good estimates are";
@@ -26,9 +29,7 @@ const SwitchyardWatch = (() => {
     if (r.state === "processing") {
       return el("div", {class: "now", "data-state": r.state},
         el("div", {class: "big", id: "watch-headline"}, "Being answered"),
-        el("div", {class: "sub"}, "running for ", since(r.started_at),
-          r.eta_s !== null ? el("span", {}, ` · about ${secs(r.eta_s)} left `,
-            el("span", {class: "tag estimate"}, "estimate")) : ""));
+        el("div", {class: "sub"}, "running for ", since(r.started_at), left(r.eta_s)));
     }
     return el("div", {class: "now", "data-state": r.state},
       el("div", {class: "big", id: "watch-headline"},
@@ -39,24 +40,40 @@ const SwitchyardWatch = (() => {
       el("div", {class: "sub"}, "waiting for ", since(r.created_at)));
   }
 
+  // Past its expected run, it ends "any moment": "about 0.0 s left" reads as wrong.
+  const left = (s) => (s === null || s === undefined ? ""
+    : el("span", {}, s > 0 ? ` · about ${secs(s)} left ` : " · should end any moment ",
+      el("span", {class: "tag estimate"}, "estimate")));
+
   function render(r) {
     if (!r) return;
+    if (joinedLate === null) joinedLate = r.stream && r.state === "processing";
     syncClock(r.at);
     document.getElementById("watch-model").textContent = `· ${r.model}`;
     document.getElementById("watch-now").replaceChildren(now(r));
     document.getElementById("watch-load").replaceChildren(
       r.load ? el("p", {}, "Its model is loading:", el("br"), progress(r.load)) : "");
-    if (r.answer) streamed = r.answer;
-    const answer = document.getElementById("watch-answer");
-    if (answer.textContent !== streamed) answer.textContent = streamed;
-    if (r.final && !r.answer && r.state === "completed") answer.textContent = streamed || "(no text)";
+    if (r.answer) { streamed = r.answer; joinedLate = false; }
+    showAnswer();
+    if (r.final && !r.answer && r.state === "completed") {
+      document.getElementById("watch-answer").textContent = streamed || "(no text)";
+    }
     document.getElementById("watch-steps").replaceChildren(...r.trace.map((t) =>
       el("li", {}, clock(t.at), " ", pill(t.to), " ", t.reason)));
   }
 
+  function showAnswer() {
+    const answer = document.getElementById("watch-answer");
+    const text = joinedLate && streamed ? `…${streamed}` : streamed;
+    if (answer.textContent !== text) answer.textContent = text;
+    document.getElementById("watch-answer-note").textContent = joinedLate && streamed
+      ? "This page opened while the answer was being written: its start shows once it ends."
+      : "";
+  }
+
   function chunk(text) {
     streamed += text;
-    document.getElementById("watch-answer").textContent = streamed;
+    showAnswer();
   }
 
   return {start(path) { Switchyard.watch(path, render, chunk); }};
