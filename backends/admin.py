@@ -62,6 +62,7 @@ class DeploymentInline(admin.TabularInline):
         "preload",
         "keep_loaded_hours",
         "idle_ttl_s",
+        "expected_load_s",
         "load_options",
         "load_overrides",
     ]

@@ -52,6 +52,7 @@ DEPLOYMENT_FIELDS = (
     "preload",
     "keep_loaded_hours",
     "idle_ttl_s",
+    "expected_load_s",
     "load_options",
 )
 

@@ -237,6 +237,14 @@ class Deployment(models.Model):
     idle_ttl_s = models.PositiveIntegerField(
         null=True, blank=True, help_text="Unload after this long unused."
     )
+    expected_load_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="How long a load of it takes here, in seconds, until one is measured: what"
+        " the scheduler and the ETAs expect of its first load. Empty: the same model's loads"
+        " on other servers, else its size at the speed measured, else 10 s.",
+    )
     state = models.CharField(
         max_length=16, choices=DeploymentState.choices, default=DeploymentState.UNLOADED
     )

@@ -20,7 +20,7 @@ from scheduler.eta import (
     line_order,
     load_left_s,
 )
-from scheduler.load_estimate import expected_load_s
+from scheduler.load_estimate import expected_loads
 from scheduler.models import WAITING_STATES, Request, State
 from scheduler.reasons import not_before
 from scheduler.reasons_shown import server_fraction
@@ -55,7 +55,7 @@ def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Plac
     ]
     places = []
     deployments = list(Deployment.objects.select_related("model"))
-    expected = expected_load_s(deployments, lambda d: d.model_id)
+    expected = expected_loads(deployments, lambda d: d.model_id)
     means = run_means(deployments)
     for i, d in enumerate(deployments):
         load_s = d.avg_load_s or expected.get(i) or DEFAULT_LOAD_S
@@ -93,11 +93,16 @@ def run_means(deployments: list[Deployment]) -> dict[int, float]:
 
 def first_load_s(d: Deployment) -> float | None:
     """What a deployment never measured is expected to take to load (`load_estimate`: the
-    same model elsewhere, else its size at its server's speed); None without a basis. One
-    small read of every deployment, made only for such a load under way."""
-    rows = list(Deployment.objects.only("id", "server_id", "model_id", "size_mb", "avg_load_s"))
+    operator's figure, else the same model elsewhere, else its size at its server's speed);
+    None without a basis. One small read of every deployment, made only for such a load
+    under way."""
+    rows = list(
+        Deployment.objects.only(
+            "id", "server_id", "model_id", "size_mb", "avg_load_s", "expected_load_s"
+        )
+    )
     at = next((i for i, row in enumerate(rows) if row.pk == d.pk), None)
-    return None if at is None else expected_load_s(rows, lambda row: row.model_id).get(at)
+    return None if at is None else expected_loads(rows, lambda row: row.model_id).get(at)
 
 
 @dataclass(frozen=True, slots=True)

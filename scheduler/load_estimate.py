@@ -4,6 +4,7 @@ Every load is timed, and a deployment's moving average (`avg_load_s`) is what th
 the wait reasons and the ETA expect of its next load. A deployment never loaded has none,
 and a flat default (10 s) is wrong by minutes for a 70B model. What else is known:
 
+0. what its operator says it takes (`expected_load_s`);
 1. the same model's loads measured on other servers (the mean of their averages): the
    same weights from a similar disk;
 2. its size at its server's own speed: the megabytes a second of the loads measured there,
@@ -27,14 +28,16 @@ class Loadable(Protocol):
     def size_mb(self) -> int | None: ...
     @property
     def avg_load_s(self) -> float | None: ...
+    @property
+    def expected_load_s(self) -> int | None: ...
 
 
 T = TypeVar("T", bound=Loadable)
 
 
-def expected_load_s(deployments: list[T], model_of: Callable[[T], Hashable]) -> dict[int, float]:
+def expected_loads(deployments: list[T], model_of: Callable[[T], Hashable]) -> dict[int, float]:
     """{index in `deployments`: the load time to expect} for each one never measured for
-    which there is a basis (1, else 2, else 3 above)."""
+    which there is a basis (0, else 1, else 2, else 3 above)."""
     by_model: dict[Hashable, list[float]] = defaultdict(list)
     read_mb: dict[int, float] = defaultdict(float)
     read_s: dict[int, float] = defaultdict(float)
@@ -49,7 +52,9 @@ def expected_load_s(deployments: list[T], model_of: Callable[[T], Hashable]) -> 
     for i, d in enumerate(deployments):
         if d.avg_load_s is not None:
             continue
-        if elsewhere := by_model.get(model_of(d)):
+        if d.expected_load_s:
+            found[i] = float(d.expected_load_s)
+        elif elsewhere := by_model.get(model_of(d)):
             found[i] = sum(elsewhere) / len(elsewhere)
         elif d.size_mb and read_mb.get(d.server_id):
             found[i] = d.size_mb * read_s[d.server_id] / read_mb[d.server_id]
@@ -70,7 +75,7 @@ def with_expected_loads(
     first load (where there is a basis): the policy, its reasons and the ETA then expect
     that, not the flat default. Only views change; the stored average stays unset until a
     load there is measured."""
-    found = expected_load_s(list(deployments), model_of)
+    found = expected_loads(list(deployments), model_of)
     if not found:
         return deployments
     return tuple(

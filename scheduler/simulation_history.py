@@ -5,9 +5,8 @@ changing anything live.
 
 What the rows cannot say is filled in, and `gaps` counts each fill:
 - a model's load time is the mean of its deployments' measured loads (`avg_load_s`), else
-  of what its size at its server's measured speed (else all servers') says
-  (`load_estimate`), else
-  `DEFAULT_LOAD_S`;
+  of what their operator says (`expected_load_s`) or their size at their server's measured
+  speed (else all servers') says (`load_estimate`), else `DEFAULT_LOAD_S`;
 - a request's run time is how long it ran (`finished_at - started_at`); one that never ran
   (expired, failed, cancelled, still waiting) takes the median of its model's measured runs
   in the window, else `DEFAULT_RUN_S`;
@@ -26,7 +25,7 @@ from datetime import datetime
 from backends.models import Deployment, ModelType, Server
 
 from .api.intake import max_wait_s
-from .load_estimate import expected_load_s
+from .load_estimate import expected_loads
 from .models import Priority, Request
 from .simulation_workload import ModelSpec, ServerSpec, Workload, WorkloadRequest
 
@@ -60,7 +59,7 @@ def trace_from_history(since: datetime, until: datetime) -> History:
     for d in deployments:
         by_model[d.model.name].append(d)
     sized = {
-        deployments[i].pk: s for i, s in expected_load_s(deployments, lambda d: d.model_id).items()
+        deployments[i].pk: s for i, s in expected_loads(deployments, lambda d: d.model_id).items()
     }
     models = tuple(_model_spec(name, found, sized, gaps) for name, found in by_model.items())
 
@@ -120,6 +119,9 @@ def _server_spec(s: Server) -> ServerSpec:
     )
 
 
+ESTIMATED_LOAD = "load time: its operator's figure or its size at its servers' speed"
+
+
 def _model_spec(
     name: str, found: list[Deployment], sized: dict[int, float], gaps: Counter
 ) -> ModelSpec:
@@ -127,9 +129,7 @@ def _model_spec(
     load_s = [d.avg_load_s for d in found if d.avg_load_s is not None]
     if not load_s:
         load_s = [sized[d.pk] for d in found if d.pk in sized]
-        gaps[
-            "load time: its size at its servers' speed" if load_s else "load time: the default"
-        ] += 1
+        gaps[ESTIMATED_LOAD if load_s else "load time: the default"] += 1
     sizes = [d.size_mb for d in found if d.size_mb]
     return ModelSpec(
         name,

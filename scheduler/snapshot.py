@@ -72,6 +72,8 @@ class DeploymentView:
     """The measured average run time of a request here (None before one ended)."""
     enabled: bool = True
     """Off (an operator's choice): nothing routed or loaded here; unloaded once idle."""
+    expected_load_s: int | None = None
+    """What its operator says its load takes, until one is measured (`load_estimate`)."""
 
     @property
     def occupies_room(self) -> bool:

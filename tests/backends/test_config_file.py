@@ -38,6 +38,7 @@ servers:
         slots: 2
         pinned: true
         keep_loaded_hours: mon-fri 08:00-18:00
+        expected_load_s: 25
       - model: nomic-embed
         device: cpu
 teams:
@@ -76,6 +77,7 @@ size_mb = 5000
 slots = 2
 pinned = true
 keep_loaded_hours = "mon-fri 08:00-18:00"
+expected_load_s = 25
 
 [[servers.deployments]]
 model = "nomic-embed"
@@ -142,7 +144,7 @@ def test_creates_everything_then_changes_nothing(tmp_path, text, suffix):
     pinned = Deployment.objects.get(model=qwen)
     assert (pinned.server_model_id, pinned.size_mb, pinned.pinned) == ("qwen/qwen3-8b", 5000, True)
     assert pinned.keep_loaded_hours == "mon-fri 08:00-18:00"
-    assert pinned.slots == 2
+    assert (pinned.slots, pinned.expected_load_s) == (2, 25)
     embed = Deployment.objects.get(model__name="nomic-embed")
     assert (embed.server_model_id, embed.device, embed.slots) == ("nomic-embed", "cpu", None)
     team = Team.objects.get(name="research")
@@ -232,6 +234,7 @@ def test_an_export_applies_back_unchanged_and_remakes_the_same_rows(tmp_path):
         "slots": 2,
         "pinned": True,
         "keep_loaded_hours": "mon-fri 08:00-18:00",
+        "expected_load_s": 25,
     }
 
 
@@ -361,6 +364,11 @@ YAML_ERRORS = {
         "models:\n  - name: a\nservers:\n  - name: s\n    deployments:\n"
         "      - model: a\n        slots: 0\n",
         ["servers[0].deployments[0].slots (line 7)", "greater than or equal to 1"],
+    ),
+    "no load time": (
+        "models:\n  - name: a\nservers:\n  - name: s\n    deployments:\n"
+        "      - model: a\n        expected_load_s: 0\n",
+        ["servers[0].deployments[0].expected_load_s (line 7)", "greater than or equal to 1"],
     ),
     "team without name": ("teams:\n  - weight: 2\n", ["teams[0].name (line 2)", "needs a name"]),
     "unknown team key": (

@@ -93,7 +93,7 @@ def test_the_trace_is_the_servers_models_and_requests_of_the_window(past_hour, s
     )
     assert found.left_out == 1  # `old`: only the disabled server has it
     assert found.gaps == {
-        "load time: its size at its servers' speed": 1,
+        "load time: its operator's figure or its size at its servers' speed": 1,
         "load time: the default": 1,
         "run time: the model's median": 1,
         "run time: the default": 1,
@@ -107,8 +107,8 @@ def test_simulate_replays_the_history_and_saves_it(past_hour, tmp_path):
     call_command("simulate", "--history", "1", "--write-trace", str(saved), stdout=out)
     printed = out.getvalue()
     assert (
-        "Filled in where the rows say nothing: load time: its size at its servers' speed (1);"
-        in printed
+        "Filled in where the rows say nothing: load time: its operator's figure or its size"
+        " at its servers' speed (1);" in printed
     )
     assert "Left out: 1 requests for models no enabled server serves" in printed
     assert "5 requests (this installation's last 1 hours), 2 servers, 3 models" in printed
