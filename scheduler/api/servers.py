@@ -60,6 +60,16 @@ class DeploymentOut(serializers.Serializer):
     keep_loaded_hours = serializers.CharField(
         help_text="When it is kept loaded, in SWITCHYARD_TIME_ZONE (empty: never)."
     )
+    avg_load_s = serializers.FloatField(
+        allow_null=True, help_text="Its loads here, measured (a moving average; null before one)."
+    )
+    expected_load_s = serializers.IntegerField(
+        allow_null=True,
+        help_text="What its operator says a load here takes, expected until one is measured.",
+    )
+    avg_inference_s = serializers.FloatField(
+        allow_null=True, help_text="Its requests' runs here, measured (a moving average)."
+    )
     last_error = serializers.CharField()
 
 
@@ -131,6 +141,9 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "enabled": d.enabled,
                 "pinned": d.pinned,
                 "keep_loaded_hours": d.keep_loaded_hours,
+                "avg_load_s": d.avg_load_s,
+                "expected_load_s": d.expected_load_s,
+                "avg_inference_s": d.avg_inference_s,
                 "last_error": d.last_error,
             }
         )

@@ -43,8 +43,10 @@ def login(staff: bool = True) -> dict[str, str]:
 @pytest.mark.django_db
 def test_refusals(client):
     srv = factories.server("gpu-1")
-    factories.deployment(srv, "a", state="loaded", in_flight=1, slots=2)
-    factories.deployment(srv, "b")
+    factories.deployment(
+        srv, "a", state="loaded", in_flight=1, slots=2, avg_load_s=4.5, avg_inference_s=1.5
+    )
+    factories.deployment(srv, "b", expected_load_s=90)
     factories.deployment(srv, "off", enabled=False)
     assert client.get("/api/v1/servers").status_code == 401
     users = get_user_model()
@@ -106,6 +108,10 @@ def test_refusals(client):
         ("b", "unloaded", 0, None, True),
         ("off", "unloaded", 0, None, False),
     ]
+    # Its load and run times as measured, and the load its operator expects before that.
+    assert [
+        (d["avg_load_s"], d["expected_load_s"], d["avg_inference_s"]) for d in listed["deployments"]
+    ] == [(4.5, None, 1.5), (None, 90, None), (None, None, None)]
 
 
 def until_done(live, headers, intent_id: int) -> Intent:
