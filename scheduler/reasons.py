@@ -135,11 +135,18 @@ def no_server(model: str, why: str, deadline: datetime) -> Reason:
     )
 
 
-def no_room(model: str, why: Iterable[str], until: datetime | None) -> Reason:
+def no_room(
+    model: str, why: Iterable[str], until: datetime | None, server: str | None = None
+) -> Reason:
+    """`server`: the one server that could load it, where there is only one."""
     when = f" (again at {clock(until)})" if until else ""
     text = "; ".join(dict.fromkeys(why)) or "no server can take it now"
     return make(
-        NO_ROOM, f"no load of {model} can start now: {text}{when}", model=model, until=until
+        NO_ROOM,
+        f"no load of {model} can start now: {text}{when}",
+        model=model,
+        server=server,
+        until=until,
     )
 
 

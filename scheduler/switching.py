@@ -97,7 +97,9 @@ class Switching:
         self.wake_times.extend(wakes)
         if r.id not in self.notes:
             until = min((at for at, _ in wakes), default=None)
-            self.notes[r.id] = waits.no_room(r.model, (n.reason for n in reasons), until)
+            homes = {self.servers[d.server_id].name for d in candidates}
+            server = homes.pop() if len(homes) == 1 else None
+            self.notes[r.id] = waits.no_room(r.model, (n.reason for n in reasons), until, server)
         all_reachable = len(candidates) == sum(
             1 for d in self.deployments.values() if d.model == r.model
         )

@@ -166,6 +166,16 @@ def test_reason_no_room_while_another_load_is_under_way():
     found = why(snap([server(1, llm=2)], deployments, [r]))
     assert found[r.id].kind == reasons.NO_ROOM
     assert found[r.id].text == "no load of b can start now: another load is under way on s1"
+    assert found[r.id].detail("server") == "s1"  # its one home: the trace names it
+
+
+def test_reason_no_room_names_no_server_when_several_could_load_it():
+    deployments = [dep(1, 1, "c", "loading"), dep(2, 1, "b"), dep(3, 2, "d", "loading")]
+    deployments.append(dep(4, 2, "b"))
+    r = req("b")
+    found = why(snap([server(1, llm=2), server(2, llm=2)], deployments, [r]))
+    assert found[r.id].kind == reasons.NO_ROOM
+    assert found[r.id].detail("server") is None
 
 
 def test_reason_no_room_is_shared_by_the_line_behind_its_head():
