@@ -200,7 +200,8 @@ def _check_router_room(server: Server, room: int | None, report: Checkup) -> Non
     if room is not None and room < held:
         report.add(
             WARN,
-            f"the router runs at most {room} models at once (--models-max) and stops the"
+            f"the router runs at most {room} model{'' if room == 1 else 's'} at once"
+            " (--models-max) and stops the"
             f" least recently used by itself beyond that, but Switchyard may keep {held}"
             f" there (max LLMs and the room for each other type deployed): lower them to"
             f" {room} in all, or start the router with --models-max {held} (0: no limit)",

@@ -196,9 +196,9 @@ def load_succeeded(job: LoadJob, seconds: float) -> None:
     )
     if loaded:
         MetricEvent.record(MetricEvent.Kind.LOAD, d.server.name, d.model.name, seconds)
-        log.info("loaded %s in %.1f s", d, seconds)
+        log.info("loaded %s in %s", d, took(seconds))
     else:  # stopped meanwhile (`stop_load`), or taken over: its row is not ours to move
-        log.info("loaded %s in %.1f s, but that load was no longer ours", d, seconds)
+        log.info("loaded %s in %s, but that load was no longer ours", d, took(seconds))
     channel_hints.dashboard_changed()
 
 
@@ -230,3 +230,8 @@ def load_failed(job: LoadJob, error: AdapterError) -> None:
         "; giving up" if permanent else f"; retrying in {delay:.0f} s",
     )
     channel_hints.dashboard_changed()
+
+
+def took(seconds: float) -> str:
+    """A load's time for the log: a small model's loads take milliseconds."""
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"

@@ -145,5 +145,5 @@ def test_a_router_that_runs_fewer_models_than_switchyard_may_keep_there(server):
     report = check_server(srv)
 
     assert report.worst == WARN
-    assert "the router runs at most 1 models at once (--models-max)" in str(report)
+    assert "the router runs at most 1 model at once (--models-max)" in str(report)
     assert "Switchyard may keep 2 there" in str(report)

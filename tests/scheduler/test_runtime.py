@@ -5,6 +5,7 @@ test_fast_paths.py."""
 
 import asyncio
 import logging
+import re
 import threading
 import uuid
 
@@ -36,7 +37,9 @@ db = sync_to_async
 LONG_LOAD_S = 600  # a load that never finishes within a test: it is cancelled at the end
 
 
-async def test_request_travels_from_pending_to_completed_with_its_trace():
+async def test_request_travels_from_pending_to_completed_with_its_trace(caplog):
+    caplog.set_level(logging.INFO, logger="scheduler")
+
     def setup():
         factories.deployment(factories.server("s1"), "m1")
         return factories.request("m1")
@@ -65,6 +68,8 @@ async def test_request_travels_from_pending_to_completed_with_its_trace():
         d = Deployment.objects.get()
         assert (d.state, d.in_flight, d.worker) == (DeploymentState.LOADED, 0, None)
         assert not Worker.objects.exists()  # the worker removed its row on the way out
+        # A small model's load takes milliseconds, and the log says how many.
+        assert re.search(r"loaded m1@s1 in \d+ ms", caplog.text), caplog.text
 
     await db(check)()
 
