@@ -163,7 +163,7 @@ def test_check_servers_tells_the_real_server_apart_and_names_a_wrong_kind(single
     deploy(routed, "tiny-embed", "embed", ModelType.EMBEDDING)
     crowded = check_server(routed)
     assert crowded.worst == WARN, str(crowded)
-    assert "the router runs at most 1 models at once" in str(crowded)
+    assert "the router runs at most 1 model at once" in str(crowded)
 
 
 def test_llamacpp_single_mode_sleeps_and_wakes(single, switchyard):
