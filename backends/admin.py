@@ -323,9 +323,13 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.display(description="load / run (avg)", ordering="avg_load_s")
     def times(self, deployment: Deployment) -> str:
-        if deployment.avg_load_s is None and deployment.avg_inference_s is None:
+        """As measured; before a load is, what its operator expects of one (`~90 s`)."""
+        load = in_seconds(deployment.avg_load_s)
+        if deployment.avg_load_s is None and deployment.expected_load_s:
+            load = f"~{deployment.expected_load_s} s expected"
+        if load == "-" and deployment.avg_inference_s is None:
             return "-"
-        return f"{in_seconds(deployment.avg_load_s)} / {in_seconds(deployment.avg_inference_s)}"
+        return f"{load} / {in_seconds(deployment.avg_inference_s)}"
 
     @admin.display(description="last error", ordering="load_failures")
     def error_column(self, deployment: Deployment) -> str:

@@ -249,6 +249,7 @@ def test_deployment_list_shows_how_far_a_load_is_and_readable_averages(admin_cli
     started = timezone.now() - timedelta(seconds=300)
     factories.deployment(sim, "gemma", state="loading", load_started_at=started, avg_load_s=1200.0)
     factories.deployment(real, "llama", state="loading", load_started_at=started, load_progress=0.4)
+    factories.deployment(real, "big", expected_load_s=90)  # never loaded: its operator's figure
     Deployment.objects.filter(model__name="qwen3-8b", server=sim).update(
         avg_load_s=8.017399, avg_inference_s=0.51234
     )
@@ -256,6 +257,7 @@ def test_deployment_list_shows_how_far_a_load_is_and_readable_averages(admin_cli
     assert "loading, ~25%" in page  # estimated
     assert "loading, 40%" in page  # as the server reports
     assert '<td class="field-times">8.0 s / 0.5 s</td>' in page
+    assert '<td class="field-times">~90 s expected / -</td>' in page
     assert "8.017399" not in page
 
 
