@@ -2,12 +2,16 @@ import logging
 
 from django.contrib import admin, messages
 from django.db.models import Count, Prefetch, Q
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from dashboard.state import load_progress
+from scheduler.api.errors import ApiError
+from scheduler.asking import ask_load, ask_unload
+from scheduler.models import Intent
 
 from .checkup import OK, WARN, check_server
 from .discovery import sync_server
@@ -264,7 +268,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "last_error_code",
         "worker",
     ]
-    actions = ["reset_failed", "disable", "enable"]
+    actions = ["load_now", "unload", "reset_failed", "disable", "enable"]
 
     @admin.display(description="model", ordering="model__name")
     def model_column(self, deployment: Deployment) -> str:
@@ -339,6 +343,44 @@ class DeploymentAdmin(admin.ModelAdmin):
             f"{deployment.load_failures} failed load{'s' if deployment.load_failures > 1 else ''}"
         )
         return f"{failed}: {deployment.last_error}" if deployment.last_error else failed
+
+    @admin.action(description="Load now (evicting idle models, as the scheduler would)")
+    def load_now(self, request, queryset):
+        self.ask(request, queryset, Intent.Action.LOAD)
+
+    @admin.action(description="Unload (a busy model once its requests finish)")
+    def unload(self, request, queryset):
+        self.ask(request, queryset, Intent.Action.UNLOAD)
+
+    def ask(self, request, queryset, action: str) -> None:
+        """As the operator API asks (`scheduler.asking`): an intent per deployment, carried
+        out by a worker's loop; each one refused says why."""
+        by = f"user {request.user.get_username()}"
+        asked = 0
+        for d in queryset.select_related("model", "server"):
+            try:
+                if action == Intent.Action.LOAD:
+                    intent = ask_load(d, by, via="the admin")
+                else:
+                    intent = ask_unload(d, by, via="the admin")
+            except ApiError as refused:
+                self.message_user(request, refused.message, messages.WARNING)
+                continue
+            asked += 1
+            log.info("%s of %s asked in admin by %s (intent %s)", action, d, by, intent.pk)
+        if asked:
+            intents = reverse("admin:scheduler_intent_changelist")
+            self.message_user(
+                request,
+                format_html(
+                    "{} {}(s) asked; a worker carries them out at its next pass: follow them"
+                    ' under <a href="{}">Intents</a>.',
+                    asked,
+                    action,
+                    intents,
+                ),
+                messages.SUCCESS,
+            )
 
     @admin.action(description="Disable: send nothing there, unload once idle")
     def disable(self, request, queryset):

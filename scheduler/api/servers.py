@@ -12,7 +12,6 @@ whether it is set up as Switchyard needs it (`backends.checkup`)."""
 import logging
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Count
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -22,11 +21,11 @@ from rest_framework.views import APIView
 
 from backends.checkup import check_server
 from backends.discovery import sync_server
-from backends.models import Deployment, DeploymentState, Server
+from backends.models import Deployment, Server
 
-from .. import channel_hints, wakeup
+from ..asking import ask_load, ask_unload, record
 from ..intents import open_intents
-from ..models import Intent, IntentTrace, Request, State
+from ..models import Intent, Request, State
 from . import listing
 from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
 from .errors import ApiError
@@ -34,7 +33,6 @@ from .intake import find_model
 from .intents import IntentOut, intent_body, intent_url, intents
 from .strict import Strict
 
-DS = DeploymentState
 log = logging.getLogger(__name__)
 
 
@@ -236,50 +234,12 @@ def valid(serializer_class, data) -> dict[str, Any]:
     return checked.validated_data
 
 
-def record(server: Server, action: str, by: str, deployment=None, **fields) -> Intent:
-    """Store the intent with its first trace row, and wake the workers on commit."""
-    with transaction.atomic():
-        intent = Intent.objects.create(
-            server=server, action=action, deployment=deployment, requested_by=by, **fields
-        )
-        IntentTrace.objects.create(
-            intent=intent, status=intent.status, reason=f"asked by {by} through the API"
-        )
-        wakeup.notify_in_transaction()
-        transaction.on_commit(wakeup.wake_local)
-        transaction.on_commit(channel_hints.dashboard_changed)  # its server's card shows it
-    return intent
-
-
-def conflict(message: str, code: str) -> ApiError:
-    return ApiError(409, message, code=code)
-
-
 def asked_load(server: Server, data: dict, by: str) -> Intent:
-    d = deployment_of(server, data["model"])
-    if not d.enabled:
-        raise conflict(f"{d} is disabled: enable it first.", "model_disabled")
-    if d.state in (DS.LOADED, DS.LOADING):
-        raise conflict(f"{d} is already {d.state}.", f"already_{d.state}")
-    return record(server, Intent.Action.LOAD, by, d, options=data.get("options") or {})
+    return ask_load(deployment_of(server, data["model"]), by, data.get("options"))
 
 
 def asked_unload(server: Server, data: dict, by: str) -> Intent:
-    d = deployment_of(server, data["model"])
-    if d.state != DS.LOADED:
-        raise ApiError(
-            404 if d.state in (DS.UNLOADED, DS.FAILED) else 409,
-            f"{d} is {d.state}, not loaded.",
-            param="model",
-            code="model_not_loaded" if d.state in (DS.UNLOADED, DS.FAILED) else f"model_{d.state}",
-        )
-    if d.in_flight and not data["force"]:
-        raise conflict(
-            f"{d} is serving {d.in_flight} request(s); send force true to unload it once"
-            " they finish.",
-            "model_busy",
-        )
-    return record(server, Intent.Action.UNLOAD, by, d, force=data["force"])
+    return ask_unload(deployment_of(server, data["model"]), by, data["force"])
 
 
 class ServerAction(APIView):

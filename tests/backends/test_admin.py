@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from backends.models import Deployment, Model, Server
+from scheduler.models import Intent
 from tests import factories
 from tests.conftest import free_port
 from tests.support.admin_pages import act, assert_renders_with_each_filter
@@ -209,6 +210,25 @@ def test_deployments_are_disabled_and_enabled_again(admin_client, fleet, caplog)
     page = act(admin_client, changelist("deployment"), "enable", ids)
     assert "2 deployment(s) enabled" in page
     assert Deployment.objects.filter(enabled=True).count() == 3
+
+
+def test_load_and_unload_are_asked_as_the_operator_api_asks_them(admin_client, fleet):
+    """Each action records an intent per deployment for a worker to carry out, with who asked
+    and where; a deployment in the wrong state for it is refused, saying why."""
+    loaded = Deployment.objects.get(state="loaded")
+    unloaded = Deployment.objects.get(state="unloaded")
+    page = act(admin_client, changelist("deployment"), "load_now", [loaded.pk, unloaded.pk])
+    assert "1 load(s) asked; a worker carries them out at its next pass" in page
+    assert "qwen3-8b@sim-1 is already loaded." in page
+    [load] = Intent.objects.all()
+    assert (load.action, load.deployment, load.requested_by) == ("load", unloaded, "user admin")
+    assert load.traces.get().reason == "asked by user admin through the admin"
+
+    page = act(admin_client, changelist("deployment"), "unload", [loaded.pk, unloaded.pk])
+    assert "1 unload(s) asked" in page
+    assert "qwen3-8b@gpu-1 is unloaded, not loaded." in page
+    unload = Intent.objects.get(action="unload")
+    assert (unload.deployment, unload.force) == (loaded, True)  # a busy one once it is idle
 
 
 def test_a_server_can_be_added_by_bare_host_name(admin_client):
