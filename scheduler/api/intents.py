@@ -1,13 +1,16 @@
 """An operator's intents as the API shows them: `GET /api/v1/intents` (newest first, by
 server and status) and `GET /api/v1/intents/{id}`, one intent followed to its end (`done`
-or `failed`, with its outcome and each step's trace), as the jobs API follows a request.
-The servers' listing shows only those not yet finished."""
+or `failed`, with its outcome and each step's trace), as the jobs API follows a request;
+`?wait_s=N` waits up to N s for that end. The servers' listing shows only those not yet
+finished."""
 
+import asyncio
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
@@ -17,6 +20,7 @@ from ..models import Intent
 from . import listing
 from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
 from .errors import ApiError
+from .jobs import parse_wait_s
 
 
 class IntentTraceOut(serializers.Serializer):
@@ -108,16 +112,10 @@ class IntentList(APIView):
 
 
 class IntentDetail(APIView):
+    """Served through `intent_detail` (its schema: `openapi.paths`)."""
+
     authentication_classes = [StaffSession]
 
-    @extend_schema(
-        summary="An operator's intent, finished or not (operators)",
-        responses={
-            200: IntentOut,
-            **OPERATOR_REFUSALS,
-            404: OpenApiResponse(description="No such intent"),
-        },
-    )
     def get(self, request: DrfRequest, intent_id: int) -> Response:
         operator_of(request)
         found = intents().filter(pk=intent_id).first()
@@ -126,3 +124,30 @@ class IntentDetail(APIView):
                 404, f"No intent {intent_id}.", param="intent_id", code="intent_not_found"
             )
         return Response(intent_body(found))
+
+
+ENDED = (Intent.Status.DONE, Intent.Status.FAILED)
+POLL_S = 0.5  # a long poll re-reads the intent this often: its steps take seconds or more
+
+
+async def intent_detail(http, intent_id: int):
+    """`IntentDetail`, with `?wait_s=N` (at most 300): an intent not yet ended is read again
+    until it ends or N s have passed, without holding the thread that sync views share. The
+    view answers first, so a caller it refuses learns so at once."""
+    view = sync_to_async(IntentDetail.as_view())
+    answer = await view(http, intent_id=intent_id)
+    wait = http.GET.get("wait_s")
+    if not wait or answer.status_code != 200 or answer.data["status"] in ENDED:
+        return answer
+    try:
+        wait_s = parse_wait_s(wait)
+    except ApiError as error:
+        return error.as_json_response()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    rows = Intent.objects.filter(pk=intent_id).values_list("status", flat=True)
+    while (left := deadline - loop.time()) > 0:
+        await asyncio.sleep(min(POLL_S, left))
+        if await rows.afirst() in ENDED:
+            break
+    return await view(http, intent_id=intent_id)

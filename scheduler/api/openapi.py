@@ -35,6 +35,13 @@ def errors(*codes: int) -> dict[str, Any]:
     return {str(c): json_body(ref("Error"), ERROR_CODES[c]) for c in codes}
 
 
+WAIT_S = {
+    "name": "wait_s",
+    "in": "query",
+    "required": False,
+    "description": "Wait up to this many seconds (at most 300) for its end.",
+    "schema": {"type": "number", "minimum": 0, "maximum": 300},
+}
 PRIORITY_HEADER = {
     "name": "X-Priority",
     "in": "header",
@@ -156,16 +163,7 @@ def paths() -> dict[str, Any]:
                 "operationId": "request_retrieve",
                 "summary": "A request's state, place in line, trace and result",
                 "tags": ["jobs"],
-                "parameters": [
-                    JOB_ID,
-                    {
-                        "name": "wait_s",
-                        "in": "query",
-                        "required": False,
-                        "description": "Wait up to this many seconds (at most 300) for its end.",
-                        "schema": {"type": "number", "minimum": 0, "maximum": 300},
-                    },
-                ],
+                "parameters": [JOB_ID, WAIT_S],
                 "responses": {"200": json_body(ref("RequestDetail")), **errors(400, 404, 405, 503)},
             },
             "delete": {
@@ -175,6 +173,28 @@ def paths() -> dict[str, Any]:
                 "parameters": [JOB_ID],
                 "responses": {"200": json_body(ref("RequestDetail")), **errors(404, 405, 409)},
             },
+        },
+        "/api/v1/intents/{intent_id}": {
+            "get": {
+                "operationId": "intent_retrieve",
+                "summary": "An operator's intent, finished or not (operators)",
+                "tags": ["api"],
+                "security": [{"apiKey": []}, {"staffSession": []}],
+                "parameters": [
+                    {
+                        "name": "intent_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "integer"},
+                    },
+                    WAIT_S,
+                ],
+                "responses": {
+                    "200": json_body(ref("IntentOut")),
+                    **errors(400, 401, 403, 405),
+                    "404": json_body(ref("Error"), "No such intent"),
+                },
+            }
         },
         "/healthz": {
             "get": {
@@ -230,7 +250,7 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
                 if int(status) >= 400:
                     responses[status] = json_body(ref("Error"), response.get("description", ""))
             responses.update({k: v for k, v in errors(400, 405, 500).items() if k not in responses})
-            if path.startswith("/api/v1/servers"):
+            if path.startswith(("/api/v1/servers", "/api/v1/intents")):
                 operation["security"] = [{"apiKey": []}, {"staffSession": []}]
             if path == "/api/v1/requests" and method == "post":
                 operation.setdefault("parameters", []).append(PRIORITY_HEADER)

@@ -35,7 +35,7 @@ urlpatterns = [
     path("api/v1/servers/<slug:name>/sync", servers.SyncServer.as_view()),
     path("api/v1/servers/<slug:name>/check", servers.CheckServer.as_view()),
     path("api/v1/intents", intents.IntentList.as_view(), name="intent-list"),
-    path("api/v1/intents/<int:intent_id>", intents.IntentDetail.as_view(), name="intent-detail"),
+    path("api/v1/intents/<int:intent_id>", intents.intent_detail, name="intent-detail"),
     path("api/v1/config", config.Config.as_view(), name="config"),
     path("api/v1/key", own_key.OwnKey.as_view(), name="own-key"),
     path("api/v1/keys", keys.KeyList.as_view(), name="key-list"),

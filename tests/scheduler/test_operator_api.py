@@ -91,10 +91,16 @@ def test_refusals(client):
     assert client.get("/api/v1/intents?server=gpu-2").json()["data"] == []
     wrong = client.get("/api/v1/intents?status=finished").json()["error"]
     assert (wrong["code"], wrong["param"]) == ("invalid_value", "status")
-    missing = client.get("/api/v1/intents/999")
+    missing = client.get("/api/v1/intents/999", {"wait_s": 5})  # refused at once, no wait
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "intent_not_found")
+    for bad, code in (("soon", "invalid_type"), ("-1", "invalid_value"), ("nan", "invalid_value")):
+        refused = client.get(url, {"wait_s": bad}).json()["error"]
+        assert (refused["code"], refused["param"]) == (code, "wait_s")
+    # No worker runs here: a short long poll ends with the intent as it still is.
+    assert client.get(url, {"wait_s": "0.01"}).json()["status"] == "pending"
     client.logout()
     assert client.get(url).status_code == 401
+    assert client.get(url, {"wait_s": 5}).status_code == 401
     assert client.get("/api/v1/servers/gpu-1").status_code == 401
     client.force_login(users.objects.get(username="app"))
     assert client.get(url).json()["error"]["code"] == "permission_denied"
@@ -115,16 +121,15 @@ def test_refusals(client):
 
 
 def until_done(live, headers, intent_id: int) -> Intent:
-    """Re-read the intent until it has finished (each read a real round trip); the servers'
-    listing no longer shows it then."""
-    for _ in range(2000):
-        shown = httpx.get(f"{live.url}/api/v1/intents/{intent_id}", headers=headers).json()
-        if shown["status"] in ("done", "failed"):
-            servers = httpx.get(f"{live.url}/api/v1/servers", headers=headers).json()["data"]
-            assert not any(i["id"] == intent_id for s in servers for i in s["intents"])
-            assert shown["finished_at"] and shown["trace"][-1]["status"] == shown["status"]
-            return Intent.objects.get(pk=intent_id)
-    raise AssertionError("the intent never finished")
+    """The intent once it has finished, as one long poll (`?wait_s=`) answers it; the
+    servers' listing no longer shows it then."""
+    url = f"{live.url}/api/v1/intents/{intent_id}"
+    shown = httpx.get(url, params={"wait_s": 30}, headers=headers, timeout=40).json()
+    assert shown["status"] in ("done", "failed"), shown
+    servers = httpx.get(f"{live.url}/api/v1/servers", headers=headers).json()["data"]
+    assert not any(i["id"] == intent_id for s in servers for i in s["intents"])
+    assert shown["finished_at"] and shown["trace"][-1]["status"] == shown["status"]
+    return Intent.objects.get(pk=intent_id)
 
 
 @pytest.mark.django_db(transaction=True)
