@@ -202,7 +202,6 @@ class KeyList(APIView):
 
     @extend_schema(
         summary="List API keys (operators)",
-        operation_id="api_v1_keys_list",
         parameters=[
             *listing.page_parameters(listing.MAX_LIMIT),
             OpenApiParameter("team", str, description="Only its keys; empty: keys in no team."),
@@ -280,7 +279,6 @@ class TeamList(APIView):
 
     @extend_schema(
         summary="List teams (operators)",
-        operation_id="api_v1_teams_list",
         parameters=listing.page_parameters(listing.MAX_LIMIT),
         responses={200: TeamListOut, **ERRORS},
     )

@@ -35,6 +35,36 @@ def errors(*codes: int) -> dict[str, Any]:
     return {str(c): json_body(ref("Error"), ERROR_CODES[c]) for c in codes}
 
 
+# The operator and jobs API's operations as a client generator names them (drf-spectacular
+# names them after their path: `api_v1_servers_retrieve_2`).
+OPERATION_IDS = {
+    ("get", "/api/v1/config"): "config_read",
+    ("post", "/api/v1/config"): "config_apply",
+    ("get", "/api/v1/intents"): "intents_list",
+    ("get", "/api/v1/key"): "key_own",
+    ("get", "/api/v1/keys"): "keys_list",
+    ("post", "/api/v1/keys"): "key_create",
+    ("get", "/api/v1/keys/{prefix}"): "key_retrieve",
+    ("patch", "/api/v1/keys/{prefix}"): "key_update",
+    ("post", "/api/v1/keys/{prefix}/rotate-webhook-secret"): "key_rotate_webhook_secret",
+    ("get", "/api/v1/queue"): "queue_list",
+    ("post", "/api/v1/queue/cancel"): "queue_cancel",
+    ("get", "/api/v1/requests"): "requests_list",
+    ("post", "/api/v1/requests"): "request_create",
+    ("get", "/api/v1/servers"): "servers_list",
+    ("get", "/api/v1/servers/{name}"): "server_retrieve",
+    ("get", "/api/v1/servers/{name}/check"): "server_check",
+    ("post", "/api/v1/servers/{name}/drain"): "server_drain",
+    ("post", "/api/v1/servers/{name}/enable"): "server_enable",
+    ("post", "/api/v1/servers/{name}/load"): "server_load",
+    ("post", "/api/v1/servers/{name}/sync"): "server_sync",
+    ("post", "/api/v1/servers/{name}/unload"): "server_unload",
+    ("get", "/api/v1/teams"): "teams_list",
+    ("post", "/api/v1/teams"): "team_create",
+    ("get", "/api/v1/teams/{name}"): "team_retrieve",
+    ("patch", "/api/v1/teams/{name}"): "team_update",
+    ("get", "/api/v1/usage"): "usage_report",
+}
 WAIT_S = {
     "name": "wait_s",
     "in": "query",
@@ -245,6 +275,7 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
     schemes["apiKey"] = {"type": "http", "scheme": "bearer", "description": "An API key"}
     for path, item in result["paths"].items():
         for method, operation in item.items():
+            operation["operationId"] = OPERATION_IDS.get((method, path), operation["operationId"])
             responses = operation["responses"]
             for status, response in list(responses.items()):
                 if int(status) >= 400:

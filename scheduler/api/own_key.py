@@ -110,7 +110,6 @@ def described(api_key: ApiKey) -> dict[str, Any]:
 class OwnKey(APIView):
     @extend_schema(
         summary="Your API key: its limits, its team's, what it used today and what is left",
-        operation_id="api_v1_key_retrieve",
         responses={
             200: OwnKeyOut,
             401: OpenApiResponse(description="No key, or a key that is not good"),

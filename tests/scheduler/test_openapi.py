@@ -52,6 +52,16 @@ def test_every_endpoint_is_in_the_schema(client):
 
 
 @pytest.mark.django_db
+def test_every_operation_has_a_name_of_its_own(client):
+    """A client generator names its methods after them: `server_retrieve`, never the path's
+    `api_v1_servers_retrieve_2`."""
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    ids = [op["operationId"] for item in schema["paths"].values() for op in item.values()]
+    assert len(ids) == len(set(ids))
+    assert not [i for i in ids if i.startswith("api_v1_") or re.search(r"_\d+$", i)]
+
+
+@pytest.mark.django_db
 def test_the_docs_page_loads_nothing_from_elsewhere(client):
     page = client.get("/api/docs/")
     assert page.status_code == 200
