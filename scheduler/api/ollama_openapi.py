@@ -186,7 +186,9 @@ def paths() -> dict[str, Any]:
         "/api/tags": read("get", "Models the key may use", "OllamaModelList"),
         "/api/ps": read("get", "Those loaded now", "OllamaModelList"),
         "/api/show": read("post", "What a model can do", "OllamaShow", "OllamaShowRequest"),
-        "/api/version": read("get", "The Ollama API followed", "OllamaAnswer"),
+        "/api/version": {
+            "get": {**read("get", "The Ollama API followed", "OllamaAnswer")["get"], "security": []}
+        },
     }
 
 

@@ -65,6 +65,8 @@ OPERATION_IDS = {
     ("patch", "/api/v1/teams/{name}"): "team_update",
     ("get", "/api/v1/usage"): "usage_report",
 }
+# The operator API: an operator key, or a staff login (its session cookie).
+OPERATOR_SECURITY = [{"apiKey": []}, {"staffSession": []}]
 WAIT_S = {
     "name": "wait_s",
     "in": "query",
@@ -209,7 +211,7 @@ def paths() -> dict[str, Any]:
                 "operationId": "intent_retrieve",
                 "summary": "An operator's intent, finished or not (operators)",
                 "tags": ["api"],
-                "security": [{"apiKey": []}, {"staffSession": []}],
+                "security": OPERATOR_SECURITY,
                 "parameters": [
                     {
                         "name": "intent_id",
@@ -231,6 +233,7 @@ def paths() -> dict[str, Any]:
                 "operationId": "healthz",
                 "summary": "Liveness: 200 while the process serves",
                 "tags": ["operations"],
+                "security": [],
                 "responses": {"200": json_body(ref("Health")), **errors(405)},
             }
         },
@@ -239,6 +242,7 @@ def paths() -> dict[str, Any]:
                 "operationId": "readyz",
                 "summary": "Readiness: database, channel layer, a live worker",
                 "tags": ["operations"],
+                "security": [],
                 "responses": {
                     "200": json_body(ref("Health")),
                     "503": json_body(ref("Health"), "What failed"),
@@ -281,8 +285,8 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
                 if int(status) >= 400:
                     responses[status] = json_body(ref("Error"), response.get("description", ""))
             responses.update({k: v for k, v in errors(400, 405, 500).items() if k not in responses})
-            if path.startswith(("/api/v1/servers", "/api/v1/intents")):
-                operation["security"] = [{"apiKey": []}, {"staffSession": []}]
+            if {"staffSession": []} in operation.get("security", []):  # an operator's view
+                operation["security"] = OPERATOR_SECURITY
             if path == "/api/v1/requests" and method == "post":
                 operation.setdefault("parameters", []).append(PRIORITY_HEADER)
                 responses["202"]["headers"] = {
@@ -291,4 +295,5 @@ def complete(result: dict[str, Any], generator, request, public: bool) -> dict[s
                 }
                 responses.update(errors(404, 413, 415, 429))
     result["paths"].update(paths())
+    result["security"] = [{"apiKey": []}]  # the apps' calls: keys are required by default
     return result

@@ -62,6 +62,21 @@ def test_every_operation_has_a_name_of_its_own(client):
 
 
 @pytest.mark.django_db
+def test_the_schema_says_who_may_call_each_operation(client):
+    """An app's key by default; the operator API an operator key or a staff login; the
+    health checks and Ollama's version nobody in particular."""
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    assert schema["security"] == [{"apiKey": []}]
+    operator = [{"apiKey": []}, {"staffSession": []}]
+    paths = schema["paths"]
+    for path in ("/api/v1/servers", "/api/v1/intents/{intent_id}", "/api/v1/keys", "/api/v1/usage"):
+        assert paths[path]["get"]["security"] == operator, path
+    for path in ("/healthz", "/readyz", "/api/version"):
+        assert paths[path]["get"]["security"] == [], path
+    assert "security" not in paths["/v1/chat/completions"]["post"]  # the default: a key
+
+
+@pytest.mark.django_db
 def test_the_docs_page_loads_nothing_from_elsewhere(client):
     page = client.get("/api/docs/")
     assert page.status_code == 200
