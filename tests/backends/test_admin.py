@@ -219,6 +219,7 @@ def test_load_and_unload_are_asked_as_the_operator_api_asks_them(admin_client, f
     unloaded = Deployment.objects.get(state="unloaded")
     page = act(admin_client, changelist("deployment"), "load_now", [loaded.pk, unloaded.pk])
     assert "1 load(s) asked; a worker carries them out at its next pass" in page
+    assert 'under <a href="/admin/scheduler/intent/">Intents</a>.' in page  # a link, not text
     assert "qwen3-8b@sim-1 is already loaded." in page
     [load] = Intent.objects.all()
     assert (load.action, load.deployment, load.requested_by) == ("load", unloaded, "user admin")
