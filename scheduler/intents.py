@@ -170,7 +170,11 @@ def write_step(step: Step) -> None:
         )
         IntentTrace.objects.create(intent=intent, status=step.status, reason=step.reason)
     channel_hints.dashboard_changed()  # its server's card shows the step
-    log.info("intent %s (%s): %s, %s", intent.pk, intent.action, step.status, step.reason)
+    server, model, by = Intent.objects.values_list(
+        "server__name", "deployment__model__name", "requested_by"
+    ).get(pk=intent.pk)
+    what = f"{intent.action} {model} on {server}" if model else f"{intent.action} {server}"
+    log.info("intent %s, %s (asked by %s): %s, %s", intent.pk, what, by, step.status, step.reason)
 
 
 class Intents:

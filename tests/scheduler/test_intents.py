@@ -6,8 +6,9 @@ import pytest
 
 from backends.models import Deployment
 from scheduler import store
+from scheduler.asking import ask_load, record
 from scheduler.decisions import StartLoad, Unload
-from scheduler.intents import IntentView, plan_intents
+from scheduler.intents import IntentView, Step, plan_intents, write_step
 from scheduler.models import Intent, Worker
 from scheduler.store.dispatch import _loaded
 from tests import factories
@@ -117,3 +118,20 @@ def row(d: Deployment, state: str) -> tuple:
     own = (d.model.load_options, d.load_options, d.load_overrides)
     names = (d.pk, d.model_id, d.server_id, d.server.name, d.server_model_id)
     return (*names, *map(json.dumps, own), state, 0, d.slots)
+
+
+@pytest.mark.django_db
+def test_each_step_is_stored_and_logged_with_what_who_and_where(caplog):
+    caplog.set_level("INFO", logger="scheduler.intents")
+    srv = factories.server("gpu-1")
+    d = factories.deployment(srv, "qwen3-8b")
+    load = ask_load(d, "user ops")
+    write_step(Step(load.pk, "running", "load started, evicting a"))
+    assert load.traces.last().reason == "load started, evicting a"
+    drain = record(srv, "drain", "key ops-script")
+    write_step(Step(drain.pk, "done", "drained", enable=False))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"intent {load.pk}, load qwen3-8b on gpu-1 (asked by user ops): running,"
+        " load started, evicting a",
+        f"intent {drain.pk}, drain gpu-1 (asked by key ops-script): done, drained",
+    ]
