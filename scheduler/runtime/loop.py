@@ -299,6 +299,7 @@ class Runtime:
         for decision, ok in await self.execution.carry_out(decisions, first):
             if ok:
                 done.append(decision)
+                said_of_end(decision)
             elif not isinstance(decision, Defer | Probe):  # a probe still out is no news
                 self.dropped += 1
         # Why the requests left waiting wait: stored where it changed, after the moves.
@@ -381,3 +382,13 @@ class Runtime:
     async def execute(self, decision: Decision) -> bool:
         """Carry out one decision (an operator's intent's, say): see `Execution.execute`."""
         return await self.execution.execute(decision)
+
+
+def said_of_end(decision: Decision) -> None:
+    """A request the policy ended without an answer is the operator's business: why it
+    expired or failed (its error says the same to its caller)."""
+    match decision:
+        case Expire(request_id=rid, reason=reason):
+            log.warning("request %s expired: %s", rid, reason)
+        case Fail(request_id=rid, code=code, message=message):
+            log.warning("request %s failed (%s): %s", rid, code, message)

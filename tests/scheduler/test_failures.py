@@ -354,10 +354,30 @@ async def test_a_server_moved_to_a_new_address_in_admin_is_reached_there(upstrea
     assert upstream.inferences == 0
 
 
-async def test_a_request_no_server_can_serve_fails_fast_with_503_naming_why(upstream, knobs):
+async def test_a_request_past_its_longest_wait_expires_and_the_log_says_why(upstream, caplog):
+    def setup():
+        setup_server(upstream, health=Health.DOWN)
+        request = factories.request("m1", no_server_grace_s=3600)
+        late = timezone.now() - timedelta(seconds=1)
+        Request.objects.filter(pk=request.pk).update(expires_at=late)
+        return request
+
+    request = await db(setup)()
+    with caplog.at_level(logging.WARNING, logger="scheduler.runtime"):
+        await run_until_idle()
+    await request.arefresh_from_db()
+    assert request.state == State.EXPIRED
+    reason = await db(lambda: request.traces.last().reason)()  # as its trace says it
+    said = [r.getMessage() for r in caplog.records]
+    assert f"request {request.pk} expired: {reason}" in said, said
+
+
+async def test_a_request_no_server_can_serve_fails_fast_with_503_naming_why(
+    upstream, knobs, caplog
+):
     """Its only server is down: after the grace (0 here) the request fails with
     no_server_available, and the API answers 503 with Retry-After and the server's state,
-    instead of waiting silently to its class maximum."""
+    instead of waiting silently to its class maximum. The worker's log says so too."""
     knobs(NO_SERVER_GRACE_S=0.0)
 
     def setup():
@@ -365,10 +385,13 @@ async def test_a_request_no_server_can_serve_fails_fast_with_503_naming_why(upst
         return factories.request("m1")
 
     request = await db(setup)()
-    await run_until_idle()
+    with caplog.at_level(logging.WARNING, logger="scheduler.runtime"):
+        await run_until_idle()
     await request.arefresh_from_db()
     assert (request.state, request.error_code) == ("failed", "no_server_available")
     assert request.error == "no server can serve m1: up is down"
+    said = f"request {request.pk} failed (no_server_available): no server can serve m1: up is down"
+    assert said in [r.getMessage() for r in caplog.records]
     error = error_of(request)
     assert (error.status, error.code, error.headers()) == (
         503,
