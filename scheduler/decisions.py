@@ -37,6 +37,8 @@ class Requeue:
 
     request_id: UUID
     reason: str
+    deployment_id: int | None = None
+    """The deployment it leaves (its trace row names that server)."""
 
 
 @dataclass(frozen=True, slots=True)

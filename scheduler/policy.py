@@ -294,7 +294,7 @@ class _Pass(Routing, Switching, Dispatching, Housekeeping):
                 self.requeue(r, f"{d.model} is {d.state} on its server")
 
     def requeue(self, r: RequestView, reason: str) -> None:
-        self.decisions.append(Requeue(r.id, reason))
+        self.decisions.append(Requeue(r.id, reason, r.deployment_id))
         self.set_request(r, state="pending", deployment_id=None)
 
     def fail(self, r: RequestView, code: str, message: str) -> None:

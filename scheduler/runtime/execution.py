@@ -57,6 +57,12 @@ def homes(snapshot: Snapshot) -> dict[int, Home]:
     return {d.id: Home(d.server_id, names.get(d.server_id, "")) for d in snapshot.deployments}
 
 
+def server_name(server_of: dict[int, Home], deployment_id: int | None) -> str:
+    """Where a deployment is, for a trace row ("" for one gone since the snapshot)."""
+    home = server_of.get(deployment_id) if deployment_id is not None else None
+    return home.server if home else ""
+
+
 def transition_for(decision: Decision, server_of: dict[int, Home]) -> Transition | None:
     """The request transition that carries out `decision`, if that is all it takes
     (`server_of`: each deployment's server, as of the pass's snapshot)."""
@@ -75,14 +81,19 @@ def transition_for(decision: Decision, server_of: dict[int, Home]) -> Transition
                 fields["ready_at"] = now
             to = State.READY if ready else State.NEEDS_LOADING
             return Transition(rid, (State.PENDING,), to, reason, fields, home.server)
-        case decisions.Requeue(request_id=rid, reason=reason):
+        case decisions.Requeue(request_id=rid, reason=reason, deployment_id=did):
             fields = {"deployment": None, "server": None}
             return Transition(
-                rid, (State.NEEDS_LOADING, State.READY), State.PENDING, reason, fields
+                rid,
+                (State.NEEDS_LOADING, State.READY),
+                State.PENDING,
+                reason,
+                fields,
+                server_name(server_of, did),
             )
         case decisions.MarkReady(request_id=rid, deployment_id=did):
             fields = {"ready_at": timezone.now()}
-            at = server_of[did].server if did in server_of else ""
+            at = server_name(server_of, did)
             return Transition(
                 rid, (State.NEEDS_LOADING,), State.READY, "its model is loaded", fields, at
             )

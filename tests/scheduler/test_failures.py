@@ -179,6 +179,9 @@ async def test_breaker_opens_after_three_failures_and_one_probe_closes_it(
         assert request.state == State.COMPLETED
         assert request.attempts == 4  # three failures, then one after the probe
         assert any("server up is unavailable" in reason for *_, reason in traces(request))
+        # Sent back to pending from the server it left, which its trace row names.
+        back = request.traces.filter(to_state="pending", reason__contains="unavailable")
+        assert {t.server for t in back} == {"up"}
         srv = Server.objects.get()
         assert (srv.health, srv.consecutive_failures, srv.cooldown_until) == (Health.UP, 0, None)
 

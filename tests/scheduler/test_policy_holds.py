@@ -75,7 +75,7 @@ def test_collation_yields_to_a_request_that_outranks_the_queue():
     decisions = plan(snap([server(1)], deployments, [queued, ia]), at(0))
     assert loads(decisions) == [(2, (1,))]
     assert of(decisions, Dispatch) == []
-    assert of(decisions, Requeue) == [Requeue(queued.id, "evicted from s1 for b (interactive)")]
+    assert of(decisions, Requeue) == [Requeue(queued.id, "evicted from s1 for b (interactive)", 1)]
 
 
 def test_no_wasted_load_a_finished_load_serves_its_batch_first():

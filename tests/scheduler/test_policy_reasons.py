@@ -208,7 +208,7 @@ def test_reason_evicted_by_our_own_eviction():
         snap([server(1)], [dep(1, 1, "a", "loaded"), dep(2, 1, "b")], [queued, ia]), at(0)
     )
     assert of(decided.decisions, Requeue) == [
-        Requeue(queued.id, "evicted from s1 for b (interactive)")
+        Requeue(queued.id, "evicted from s1 for b (interactive)", 1)
     ]
     assert decided.reasons[queued.id] == reasons.Reason(
         reasons.EVICTED, "evicted from s1 for b (interactive)"
