@@ -26,7 +26,7 @@ from backends.models import Server, available_again, unavailable_from
 from . import channel_hints, wakeup
 from .decisions import StartLoad, Unload
 from .eviction import NoRoom, evictions_for
-from .models import Intent, IntentTrace
+from .models import INTENT_ENDED, INTENT_OPEN, Intent, IntentTrace
 from .pool_threads import in_pool_thread
 from .snapshot import DeploymentView, Snapshot
 
@@ -79,7 +79,7 @@ def plan_intents(snapshot: Snapshot, intents: list[IntentView], now: datetime) -
             else:
                 on_server = [x for x in snapshot.deployments if x.server_id == d.server_id]
                 step = _model_step(intent, d, on_server, servers[d.server_id], now)
-        if step.status in (S.PENDING, S.RUNNING):
+        if step.status in INTENT_OPEN:
             blocked.add(intent.server_id)
         if (step.status, step.reason) != (intent.status, intent.reason) or step.decision:
             steps.append(step)
@@ -137,7 +137,7 @@ def open_intents() -> QuerySet[Intent]:
     (`last_reason`), in one read: what the worker plans from and the dashboard shows."""
     latest = IntentTrace.objects.filter(intent=OuterRef("pk")).order_by("-at", "-id")
     return (
-        Intent.objects.filter(status__in=(S.PENDING, S.RUNNING))
+        Intent.objects.filter(status__in=INTENT_OPEN)
         .annotate(last_reason=Subquery(latest.values("reason")[:1]))
         .order_by("created_at", "id")
     )
@@ -155,14 +155,14 @@ def read_open() -> list[IntentView]:
 def write_step(step: Step) -> None:
     with transaction.atomic():
         intent = Intent.objects.select_for_update().get(pk=step.intent_id)
-        if intent.status in (S.DONE, S.FAILED):
+        if intent.status in INTENT_ENDED:
             return  # another worker finished it
         if step.enable is not None:
             since = available_again("enabled") if step.enable else unavailable_from(timezone.now())
             Server.objects.filter(pk=intent.server_id).update(
                 enabled=step.enable, unavailable_since=since
             )
-        finished = step.status in (S.DONE, S.FAILED)
+        finished = step.status in INTENT_ENDED
         Intent.objects.filter(pk=intent.pk).update(
             status=step.status,
             finished_at=timezone.now() if finished else None,

@@ -304,6 +304,10 @@ class Intent(models.Model):
         return f"{self.action}{what} on {self.server} ({self.status})"
 
 
+INTENT_OPEN = (Intent.Status.PENDING, Intent.Status.RUNNING)
+INTENT_ENDED = (Intent.Status.DONE, Intent.Status.FAILED)
+
+
 class IntentTrace(models.Model):
     """The append-only story of an intent: each change of its status, and why."""
 

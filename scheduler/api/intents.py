@@ -16,7 +16,7 @@ from rest_framework.request import Request as DrfRequest
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ..models import Intent
+from ..models import INTENT_ENDED, Intent
 from . import listing
 from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
 from .errors import ApiError
@@ -126,7 +126,6 @@ class IntentDetail(APIView):
         return Response(intent_body(found))
 
 
-ENDED = (Intent.Status.DONE, Intent.Status.FAILED)
 POLL_S = 0.5  # a long poll re-reads the intent this often: its steps take seconds or more
 
 
@@ -137,7 +136,7 @@ async def intent_detail(http, intent_id: int):
     view = sync_to_async(IntentDetail.as_view())
     answer = await view(http, intent_id=intent_id)
     wait = http.GET.get("wait_s")
-    if not wait or answer.status_code != 200 or answer.data["status"] in ENDED:
+    if not wait or answer.status_code != 200 or answer.data["status"] in INTENT_ENDED:
         return answer
     try:
         wait_s = parse_wait_s(wait)
@@ -148,6 +147,6 @@ async def intent_detail(http, intent_id: int):
     rows = Intent.objects.filter(pk=intent_id).values_list("status", flat=True)
     while (left := deadline - loop.time()) > 0:
         await asyncio.sleep(min(POLL_S, left))
-        if await rows.afirst() in ENDED:
+        if await rows.afirst() in INTENT_ENDED:
             break
     return await view(http, intent_id=intent_id)

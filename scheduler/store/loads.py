@@ -11,7 +11,7 @@ from backends.adapters.base import AdapterError, ErrorCode, LoadTarget
 from backends.models import Deployment, DeploymentState, LoadCause, Server
 
 from .. import channel_hints
-from ..models import Intent, MetricEvent
+from ..models import INTENT_OPEN, Intent, MetricEvent
 from ..retry import backoff_s
 from .knobs import knob
 
@@ -37,7 +37,7 @@ def this_loads_options(deployment_id: int) -> dict:
         Intent.objects.filter(
             deployment_id=deployment_id,
             action=Intent.Action.LOAD,
-            status__in=(Intent.Status.PENDING, Intent.Status.RUNNING),
+            status__in=INTENT_OPEN,
         )
         .order_by("created_at", "id")
         .values_list("options", flat=True)
