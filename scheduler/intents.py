@@ -154,7 +154,12 @@ def read_open() -> list[IntentView]:
 
 def write_step(step: Step) -> None:
     with transaction.atomic():
-        intent = Intent.objects.select_for_update().get(pk=step.intent_id)
+        # Locked alone; its server's and model's names are for the log line below.
+        intent = (
+            Intent.objects.select_for_update(of=("self",))
+            .select_related("server", "deployment__model")
+            .get(pk=step.intent_id)
+        )
         if intent.status in INTENT_ENDED:
             return  # another worker finished it
         if step.enable is not None:
@@ -170,10 +175,9 @@ def write_step(step: Step) -> None:
         )
         IntentTrace.objects.create(intent=intent, status=step.status, reason=step.reason)
     channel_hints.dashboard_changed()  # its server's card shows the step
-    server, model, by = Intent.objects.values_list(
-        "server__name", "deployment__model__name", "requested_by"
-    ).get(pk=intent.pk)
-    what = f"{intent.action} {model} on {server}" if model else f"{intent.action} {server}"
+    on = f"{intent.deployment.model.name} on " if intent.deployment else ""
+    what = f"{intent.action} {on}{intent.server.name}"
+    by = intent.requested_by
     log.info("intent %s, %s (asked by %s): %s, %s", intent.pk, what, by, step.status, step.reason)
 
 
