@@ -3,6 +3,10 @@ real adapter). Each deployment's `load_options` set `load_seconds`, `tokens_per_
 to rehearse failures, `fail_load`."""
 
 import asyncio
+import base64
+import hashlib
+import math
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -91,12 +95,7 @@ class SimulatedAdapter(Adapter):
             return await via_chat.run(self, call)
         options = self._check_loaded(call)
         if call.kind == "embedding":
-            return {
-                "object": "list",
-                "model": call.server_model_id,
-                "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 0.5, 1.0]}],
-                "usage": {"prompt_tokens": 1, "total_tokens": 1},
-            }
+            return embed(call.server_model_id, call.payload)
         if call.kind == "rerank":
             return rerank(call.server_model_id, call.payload)
         if call.kind == "count_tokens":
@@ -176,6 +175,49 @@ class SimulatedAdapter(Adapter):
         if wants_usage(call):
             usage = {"prompt_tokens": 1, "completion_tokens": words, "total_tokens": 1 + words}
             yield {**head, "choices": [], "usage": usage}
+
+
+EMBEDDING_DIMENSIONS = 16  # where the caller asks for no `dimensions`
+
+
+def embed(model: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """One vector per input, as OpenAI's `/v1/embeddings` answers: its words hashed into
+    buckets and scaled to length 1, so texts sharing words lie close (a demo's search finds
+    something) and the same text always gives the same vector."""
+    given = payload.get("input")
+    # One input or a list of them; a token array counts as one input of its tokens.
+    inputs = (
+        given
+        if isinstance(given, list) and any(isinstance(i, (str, list)) for i in given)
+        else [given]
+    )
+    asked = payload.get("dimensions")
+    size = asked if isinstance(asked, int) and 0 < asked <= 4096 else EMBEDDING_DIMENSIONS
+    data, tokens = [], 0
+    for index, text in enumerate(inputs):
+        words = [str(w) for w in text] if isinstance(text, list) else str(text).lower().split()
+        tokens += len(words)
+        vector = [0.0] * size
+        for word in words:
+            bucket = hashlib.blake2b(word.encode(), digest_size=4).digest()
+            vector[int.from_bytes(bucket) % size] += 1.0
+        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+        unit = [v / norm for v in vector]
+        data.append({"object": "embedding", "index": index, "embedding": encoded(unit, payload)})
+    return {
+        "object": "list",
+        "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def encoded(vector: list[float], payload: dict[str, Any]) -> list[float] | str:
+    """As asked: a list of floats, or base64 of little-endian float32s (OpenAI's clients ask
+    for that by default)."""
+    if payload.get("encoding_format") == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return vector
 
 
 def rerank(model: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""The simulated server keeps its configured pace: late wake-ups do not add up."""
+"""The simulated server keeps its configured pace and answers in the shapes apps expect."""
+
+import base64
+import struct
 
 import pytest
 
@@ -103,3 +106,35 @@ async def test_an_answer_cut_at_its_cap_says_so_and_one_without_ends_by_itself()
     assert finish(text) == "stop"
     assert await streamed_finish(chat(3)) == "length"
     assert await streamed_finish(uncapped) == "stop"
+
+
+async def test_embeddings_give_one_vector_per_input_and_near_ones_for_shared_words():
+    """An app trying the demo embeds a list of texts and searches them: it gets one unit
+    vector per input in order, the same text the same vector, texts sharing words closer
+    than texts sharing none; `dimensions` and base64 as OpenAI's API has them."""
+    adapter = quick("sim-embed")
+    texts = ["red apple pie", "red apple", "blue ocean waves", "red apple pie"]
+
+    result = await adapter.run(InferenceCall("embedding", "m", {"input": texts}, False, {}))
+
+    vectors = [d["embedding"] for d in result["data"]]
+    assert [d["index"] for d in result["data"]] == [0, 1, 2, 3]
+    assert all(len(v) == simulated.EMBEDDING_DIMENSIONS for v in vectors)
+    assert all(sum(x * x for x in v) == pytest.approx(1.0) for v in vectors)
+
+    def dot(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))
+
+    assert vectors[0] == vectors[3]
+    assert dot(vectors[0], vectors[1]) > dot(vectors[0], vectors[2])
+    assert result["usage"] == {"prompt_tokens": 11, "total_tokens": 11}
+
+    one = {"input": "red apple", "dimensions": 4, "encoding_format": "base64"}
+    packed = (await adapter.run(InferenceCall("embedding", "m", one, False, {})))["data"]
+    assert len(packed) == 1
+    floats = struct.unpack("<4f", base64.b64decode(packed[0]["embedding"]))
+    assert sum(x * x for x in floats) == pytest.approx(1.0, rel=1e-6)
+
+    tokens = {"input": [[1, 2, 3], [4]]}  # token arrays, as OpenAI's API takes them
+    arrays = await adapter.run(InferenceCall("embedding", "m", tokens, False, {}))
+    assert len(arrays["data"]) == 2 and arrays["usage"]["prompt_tokens"] == 4
