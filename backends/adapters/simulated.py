@@ -103,11 +103,7 @@ class SimulatedAdapter(Adapter):
         words = [w async for w in self._words(call, options)]
         text = "".join(words).rstrip()
         created = int(time.time())
-        usage = {
-            "prompt_tokens": 1,
-            "completion_tokens": len(words),
-            "total_tokens": 1 + len(words),
-        }
+        usage = usage_of(call, len(words))
         if call.kind == "completion":
             choice = {"index": 0, "text": text, "finish_reason": self._finish(call)}
             return {
@@ -173,8 +169,23 @@ class SimulatedAdapter(Adapter):
         }
         yield {**head, "choices": [done]}
         if wants_usage(call):
-            usage = {"prompt_tokens": 1, "completion_tokens": words, "total_tokens": 1 + words}
-            yield {**head, "choices": [], "usage": usage}
+            yield {**head, "choices": [], "usage": usage_of(call, words)}
+
+
+def usage_of(call: InferenceCall, completion_tokens: int) -> dict[str, int]:
+    """Its prompt's words stand for its tokens (a real server counts with the model's
+    tokenizer), so a key's usage in a demo grows with what it sends."""
+    prompt = call.payload.get("prompt")
+    words = messages_api.word_count(call.payload)
+    words += sum(
+        len(str(p).split()) for p in (prompt if isinstance(prompt, list) else [prompt]) if p
+    )
+    prompt_tokens = max(words, 1)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 EMBEDDING_DIMENSIONS = 16  # where the caller asks for no `dimensions`

@@ -138,3 +138,27 @@ async def test_embeddings_give_one_vector_per_input_and_near_ones_for_shared_wor
     tokens = {"input": [[1, 2, 3], [4]]}  # token arrays, as OpenAI's API takes them
     arrays = await adapter.run(InferenceCall("embedding", "m", tokens, False, {}))
     assert len(arrays["data"]) == 2 and arrays["usage"]["prompt_tokens"] == 4
+
+
+async def test_usage_counts_the_prompts_words_whole_or_streamed():
+    """A key's usage in a demo grows with what it sends: a prompt's words stand for its
+    tokens, in a chat's messages or a completion's prompt."""
+    adapter = quick("sim-usage")
+    payload = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "what is a GPU"},
+        ],
+        "max_tokens": 3,
+        "stream_options": {"include_usage": True},
+    }
+
+    whole = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
+    chunks = [c async for c in adapter.stream(InferenceCall("chat", "m", payload, True, {}))]
+    text = await adapter.run(
+        InferenceCall("completion", "m", {"prompt": "once upon", "max_tokens": 2}, False, {})
+    )
+
+    expected = {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
+    assert whole["usage"] == expected and chunks[-1]["usage"] == expected
+    assert text["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
