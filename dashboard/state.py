@@ -17,7 +17,7 @@ from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 from scheduler.reasons_shown import reported_fraction, server_fraction
 from scheduler.reasons_shown import shown as shown_reason
 from scheduler.snapshot import unused_restore
-from scheduler.streams import answer_text
+from scheduler.streams import answer_text, tool_calls_of
 
 from . import charts, forecast
 from .models import EtaCheck
@@ -300,7 +300,7 @@ def request_detail(
         "took_s": took_s(r),
         "attempts": r.attempts,
         "error": r.error,
-        "answer": (answer_text(r.result) or "")[:answer_chars],
+        "answer": shown_answer(r.result)[:answer_chars],
         # For staff to hand to the caller: the page it can follow without a login.
         "watch_url": reverse("watch-live", args=[token_for(r.pk)]),
         "stream": r.stream,
@@ -315,6 +315,13 @@ def request_detail(
             for t in r.traces.all()
         ],
     }
+
+
+def shown_answer(result: dict | None) -> str:
+    """Its text, then each tool it calls (`→ get_weather({"city": "Oslo"})`): an agent's
+    turn that only calls a tool has no text, and would read as an empty answer."""
+    lines = [answer_text(result) or ""] + [f"→ {call}" for call in tool_calls_of(result)]
+    return "\n".join(line for line in lines if line)
 
 
 def eta_first(check: EtaCheck | None) -> dict | None:

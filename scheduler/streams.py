@@ -3,10 +3,11 @@
 side; `CatchUp` the view's, which sends at the end what its caller never saw."""
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backends import messages_api, responses_api
+from backends import chat_stream, messages_api, responses_api
 
 from .api.errors import ApiError
 from .channel_hints import request_group, send
@@ -32,24 +33,15 @@ class Relay:
         self.published = 0  # characters of text in the chunks published so far
 
     async def run(self, chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
-        text: list[str] = []
-        last: dict[str, Any] = {}
-        usage = None
-        finish = "stop"
+        completion = chat_stream.Completion()
         response = None  # a Responses API stream's: its last event carries it whole
         message = messages_api.Message()  # an Anthropic Messages API stream's, event by event
         try:
             async for chunk in chunks:
                 self.queue(chunk)
-                last = chunk
                 response = responses_api.final(chunk) or response
                 message.add(chunk)
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    text.append(delta.get("content") or choice.get("text") or "")
-                    # The usage chunk that may end a stream has no choices: keep the last reason.
-                    finish = choice.get("finish_reason") or finish
+                completion.add(chunk)
         except asyncio.CancelledError:
             if self.sender is not None and not self.committed.is_set():
                 self.sender.cancel()  # its send was refused: none of it may reach the caller
@@ -57,7 +49,7 @@ class Relay:
         finally:  # what came before an error reaches the caller before the error does
             if self.sender is not None:
                 await self.sender
-        return response or message.result() or assemble(last, "".join(text), usage, finish)
+        return response or message.result() or completion.result()
 
     def queue(self, chunk: dict[str, Any]) -> None:
         self.queued.append(chunk)
@@ -80,34 +72,19 @@ class Relay:
 
 
 def text_of(chunks: list[dict[str, Any]]) -> str:
-    """The text the chunks add to the answer (chat deltas, completion text, or the text
-    deltas of a Responses or Anthropic Messages API stream)."""
+    """The text the chunks add to the answer (the first choice's chat deltas or completion
+    text, as `answer_text` reads it; or the text deltas of a Responses or Anthropic Messages
+    API stream)."""
     return "".join(
         responses_api.text_delta(chunk)
         + messages_api.text_delta(chunk)
         + "".join(
             (choice.get("delta") or {}).get("content") or choice.get("text") or ""
             for choice in chunk.get("choices") or []
+            if choice.get("index", 0) == 0
         )
         for chunk in chunks
     )
-
-
-def assemble(last: dict[str, Any], text: str, usage: dict | None, finish: str) -> dict[str, Any]:
-    is_chat = last.get("object", "").startswith("chat")
-    choice = (
-        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-        if is_chat
-        else {"index": 0, "text": text, "finish_reason": finish}
-    )
-    return {
-        "id": last.get("id", ""),
-        "object": "chat.completion" if is_chat else "text_completion",
-        "created": last.get("created", 0),
-        "model": last.get("model", ""),
-        "choices": [choice],
-        "usage": usage,
-    }
 
 
 class CatchUp:
@@ -184,3 +161,27 @@ def answer_text(result: dict | None) -> str | None:
     message = first.get("message")
     text = message.get("content") if isinstance(message, dict) else first.get("text")
     return text if isinstance(text, str) else None
+
+
+def tool_calls_of(result: dict | None) -> list[str]:
+    """The tools a finished answer calls, each as `name(arguments)`: a chat's tool calls, a
+    message's `tool_use` blocks, a response's `function_call` items (the first choice's)."""
+    if not isinstance(result, dict):
+        return []
+    if responses_api.is_response(result):
+        items = result.get("output") or []
+        found = [(i.get("name"), i.get("arguments")) for i in items if _is(i, "function_call")]
+    elif messages_api.is_message(result):
+        blocks = result.get("content") or []
+        found = [(b.get("name"), json.dumps(b.get("input"))) for b in blocks if _is(b, "tool_use")]
+    else:
+        choices = result.get("choices") or [{}]
+        message = choices[0].get("message") if isinstance(choices[0], dict) else None
+        calls = (message or {}).get("tool_calls") if isinstance(message, dict) else None
+        functions = [c.get("function") for c in calls or [] if isinstance(c, dict)]
+        found = [(f.get("name"), f.get("arguments")) for f in functions if isinstance(f, dict)]
+    return [f"{name}({arguments or ''})" for name, arguments in found if name]
+
+
+def _is(item: object, kind: str) -> bool:
+    return isinstance(item, dict) and item.get("type") == kind

@@ -360,5 +360,38 @@ def test_a_finished_request_shows_its_answer_and_no_place():
     assert detail["answer"] == "Hello"
 
 
+def test_an_answer_that_calls_tools_shows_each_call_in_every_api_shape():
+    """An agent's turn that only calls a tool has no text: the pages show the calls."""
+    weather = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    chat = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": "Checking.",
+                    "tool_calls": [{"id": "c1", "type": "function", "function": weather}],
+                }
+            }
+        ]
+    }
+    message = {
+        "type": "message",
+        "role": "assistant",
+        "content": [
+            {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo"}}
+        ],
+    }
+    response = {"object": "response", "output": [{"type": "function_call", **weather}]}
+    shown = []
+    for result in (chat, message, response):
+        r = factories.request("m", state=State.COMPLETED, finished_at=NOW, result=result)
+        shown.append(state.request_detail(r.pk, NOW)["answer"])
+    assert shown == [
+        'Checking.\n→ get_weather({"city": "Oslo"})',
+        '→ get_weather({"city": "Oslo"})',
+        '→ get_weather({"city": "Oslo"})',
+    ]
+
+
 def test_an_unknown_request_has_no_detail():
     assert state.request_detail("00000000-0000-0000-0000-000000000000") is None

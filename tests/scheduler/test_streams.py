@@ -76,6 +76,71 @@ async def test_completion_stream_assembles_text() -> None:
     assert result["choices"] == [{"index": 0, "text": "ab", "finish_reason": "stop"}]
 
 
+def part(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "finish_reason": finish}
+
+
+async def test_a_stream_of_tool_calls_reasoning_and_two_choices_is_stored_as_sent() -> None:
+    """An agent's streamed turn: reasoning, then a tool call whose name and arguments come
+    in pieces; and a second choice (`n: 2`) interleaved with the first. The stored answer
+    is what the server would have answered unstreamed, each choice whole and apart."""
+    head = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 3, "model": "m"}
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_"}}
+    chunks = [
+        {**head, "choices": [part(0, {"role": "assistant", "reasoning_content": "Look it"})]},
+        {**head, "choices": [part(1, {"role": "assistant", "content": "It is"})]},
+        {**head, "choices": [part(0, {"reasoning_content": " up."})]},
+        {**head, "choices": [part(0, {"tool_calls": [call]})]},
+        {**head, "choices": [part(1, {"content": " sunny."}, "stop")]},
+        {
+            **head,
+            "choices": [
+                part(
+                    0,
+                    {
+                        "tool_calls": [
+                            {"index": 0, "function": {"name": "weather", "arguments": '{"city": '}}
+                        ]
+                    },
+                )
+            ],
+        },
+        {
+            **head,
+            "choices": [
+                part(0, {"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]})
+            ],
+        },
+        {**head, "choices": [part(0, {}, "tool_calls")]},
+        {**head, "choices": [], "usage": USAGE},
+    ]
+
+    result = await Relay("r3", committed()).run(replay(chunks))
+
+    weather = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert result["choices"] == [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "Look it up.",
+                "tool_calls": [{"id": "call_1", "type": "function", "function": weather}],
+            },
+            "finish_reason": "tool_calls",
+        },
+        {
+            "index": 1,
+            "message": {"role": "assistant", "content": "It is sunny."},
+            "finish_reason": "stop",
+        },
+    ]
+    assert result["usage"] == USAGE
+    # The live text, as the watch page and a caller's catch-up count it, is the first
+    # choice's, as the stored answer's text is.
+    assert streams.text_of(chunks) == "" == (streams.answer_text(result) or "")
+
+
 async def test_chunks_that_come_while_one_is_published_go_together_and_none_waits(
     monkeypatch,
 ) -> None:
