@@ -85,6 +85,10 @@ class SimulatedAdapter(Adapter):
         cap = call.payload.get("max_tokens") or call.payload.get("max_completion_tokens")
         return int(cap) if cap else None
 
+    def _choices(self, call: InferenceCall) -> int:
+        n = call.payload.get("n")
+        return n if isinstance(n, int) and 1 <= n <= 8 else 1
+
     def _finish(self, call: InferenceCall) -> str:
         """Every answer runs to its cap where the caller set one, so it ends as a real
         model's cut short does ("length"); uncapped, it ends by itself."""
@@ -102,25 +106,25 @@ class SimulatedAdapter(Adapter):
             return {"input_tokens": messages_api.word_count(call.payload)}
         words = [w async for w in self._words(call, options)]
         text = "".join(words).rstrip()
-        created = int(time.time())
-        usage = usage_of(call, len(words))
+        choices = range(self._choices(call))  # `n`: each choice the same answer
+        usage = usage_of(call, len(words) * len(choices))
+        finish = self._finish(call)
         if call.kind == "completion":
-            choice = {"index": 0, "text": text, "finish_reason": self._finish(call)}
             return {
                 "id": answer_id(call.kind),
                 "object": "text_completion",
-                "created": created,
+                "created": int(time.time()),
                 "model": call.server_model_id,
-                "choices": [choice],
+                "choices": [{"index": i, "text": text, "finish_reason": finish} for i in choices],
                 "usage": usage,
             }
         message = {"role": "assistant", "content": text}
         return {
             "id": answer_id(call.kind),
             "object": "chat.completion",
-            "created": created,
+            "created": int(time.time()),
             "model": call.server_model_id,
-            "choices": [{"index": 0, "message": message, "finish_reason": self._finish(call)}],
+            "choices": [{"index": i, "message": message, "finish_reason": finish} for i in choices],
             "usage": usage,
         }
 
@@ -140,36 +144,29 @@ class SimulatedAdapter(Adapter):
                 yield event
             return
         options = self._check_loaded(call)
-        created = int(time.time())
         one_id = answer_id(call.kind)  # every chunk of a stream carries its answer's id
-        words = 0
-        async for word in self._words(call, options):
-            words += 1
-            if call.kind == "completion":
-                choice = {"index": 0, "text": word, "finish_reason": None}
-                obj = "text_completion"
-            else:
-                choice = {"index": 0, "delta": {"content": word}, "finish_reason": None}
-                obj = "chat.completion.chunk"
-            yield {
-                "id": one_id,
-                "object": obj,
-                "created": created,
-                "model": call.server_model_id,
-                "choices": [choice],
-            }
-        done = {"index": 0, "delta": {}, "finish_reason": self._finish(call)}
-        if call.kind == "completion":
-            done = {"index": 0, "text": "", "finish_reason": self._finish(call)}
         head = {
             "id": one_id,
             "object": "chat.completion.chunk" if call.kind == "chat" else "text_completion",
-            "created": created,
+            "created": int(time.time()),
             "model": call.server_model_id,
         }
-        yield {**head, "choices": [done]}
+        choices = range(self._choices(call))  # `n`: the choices' chunks take turns
+        words = 0
+        async for word in self._words(call, options):
+            words += 1
+            for i in choices:
+                yield {**head, "choices": [self._part(call, i, word, None)]}
+        for i in choices:
+            yield {**head, "choices": [self._part(call, i, "", self._finish(call))]}
         if wants_usage(call):
-            yield {**head, "choices": [], "usage": usage_of(call, words)}
+            yield {**head, "choices": [], "usage": usage_of(call, words * len(choices))}
+
+    def _part(self, call: InferenceCall, index: int, word: str, finish: str | None) -> dict:
+        """One choice's piece of a chunk; the last (`finish`) carries no text."""
+        if call.kind == "completion":
+            return {"index": index, "text": word, "finish_reason": finish}
+        return {"index": index, "delta": {"content": word} if word else {}, "finish_reason": finish}
 
 
 def usage_of(call: InferenceCall, completion_tokens: int) -> dict[str, int]:

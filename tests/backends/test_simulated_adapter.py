@@ -5,6 +5,7 @@ import struct
 
 import pytest
 
+from backends import chat_stream
 from backends.adapters import simulated
 from backends.adapters.base import InferenceCall
 
@@ -162,3 +163,20 @@ async def test_usage_counts_the_prompts_words_whole_or_streamed():
     expected = {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
     assert whole["usage"] == expected and chunks[-1]["usage"] == expected
     assert text["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+
+
+async def test_n_choices_whole_or_streamed_add_up_to_the_same_answer():
+    """`n: 2` gives two choices; streamed, their chunks take turns, and put together as
+    Switchyard stores a streamed answer they read as the unstreamed one."""
+    adapter = quick("sim-n")
+    payload = {**chat(3), "n": 2}
+
+    whole = await adapter.run(InferenceCall("chat", "m", payload, False, {}))
+    chunks = [c async for c in adapter.stream(InferenceCall("chat", "m", payload, True, {}))]
+
+    assert [c["index"] for c in whole["choices"]] == [0, 1]
+    assert whole["usage"]["completion_tokens"] == 6
+    folded = chat_stream.Completion()
+    for c in chunks:
+        folded.add(c)
+    assert folded.result()["choices"] == whole["choices"]
