@@ -12,6 +12,7 @@ class Completion:
         self.head: dict[str, Any] = {}  # the last chunk's id, object, created, model
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None
+        self.chat = False  # a part with a `delta` is a chat's, whatever its `object` says
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.head = chunk
@@ -22,6 +23,7 @@ class Completion:
             index = part.get("index") if isinstance(part.get("index"), int) else 0
             choice = self.choices.setdefault(index, {"text": [], "reasoning": [], "calls": {}})
             delta = part.get("delta") if isinstance(part.get("delta"), dict) else {}
+            self.chat |= "delta" in part
             choice["text"].append(text(delta.get("content")) or text(part.get("text")))
             choice["reasoning"].append(text(delta.get("reasoning_content")))
             for call in delta.get("tool_calls") or []:
@@ -31,7 +33,7 @@ class Completion:
             choice["finish"] = part.get("finish_reason") or choice.get("finish")
 
     def result(self) -> dict[str, Any]:
-        is_chat = str(self.head.get("object", "")).startswith("chat")
+        is_chat = self.chat or str(self.head.get("object", "")).startswith("chat")
         choices = [
             answer_choice(index, self.choices[index], is_chat) for index in sorted(self.choices)
         ]
@@ -60,7 +62,9 @@ def merge_call(calls: dict[int, dict[str, Any]], piece: dict[str, Any]) -> None:
         if isinstance(piece.get(field), str) and piece[field]:
             call[field] = piece[field]
     function = piece.get("function") if isinstance(piece.get("function"), dict) else {}
-    call["function"]["name"] += text(function.get("name"))
+    name = text(function.get("name"))
+    if name != call["function"]["name"]:  # some servers say the whole name in every piece
+        call["function"]["name"] += name
     call["function"]["arguments"] += text(function.get("arguments"))
 
 

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+from backends import chat_stream
+
 from ..models import RequestKind
 from . import model_list
 from .errors import ApiError
@@ -326,7 +328,7 @@ async def lines(shape: dict, events: AsyncIterator[str]) -> AsyncIterator[str]:
     once, then every SWITCHYARD_WAITING_COMMENT_S): the answer's headers go at once, and a
     client's read timeout does not run out during a long load. Tool calls, streamed in
     pieces, go in the last line once whole, as Ollama sends them."""
-    said = {"reason": "stop", "usage": None, "calls": {}}
+    said = chat_stream.Completion()
     try:
         async for event in events:
             found = payloads(event)
@@ -356,22 +358,13 @@ def payloads(event: str) -> list[str]:
     return [line.removeprefix("data: ") for line in event.split("\n") if line.startswith("data: ")]
 
 
-def chunk_line(shape: dict, chunk: dict, said: dict) -> dict | None:
-    if chunk.get("usage"):
-        said["usage"] = chunk["usage"]
+def chunk_line(shape: dict, chunk: dict, said: chat_stream.Completion) -> dict | None:
+    said.add(chunk)  # its tool calls, reason and usage, for the last line
     choices = chunk.get("choices") or []
     if not choices:
         return None
     choice = choices[0]
-    if reason := choice.get("finish_reason"):
-        said["reason"] = DONE_REASONS.get(reason, "stop")
     delta = choice.get("delta") or {}
-    for call in delta.get("tool_calls") or []:
-        whole = said["calls"].setdefault(call.get("index", 0), {"function": {}})
-        function = call.get("function") or {}
-        whole["function"]["name"] = function.get("name") or whole["function"].get("name")
-        pieces = whole["function"].get("arguments", "") + (function.get("arguments") or "")
-        whole["function"]["arguments"] = pieces
     text = choice["text"] if "text" in choice else delta.get("content")  # a raw generate's
     thinking = delta.get("reasoning_content")
     if not text and not thinking:
@@ -393,11 +386,14 @@ def part_line(shape: dict, text: str, thinking: str | None = None) -> dict:
     return line
 
 
-def last(shape: dict, said: dict) -> dict:
-    done = {"done": True, "done_reason": said["reason"], **counts(said["usage"])}
+def last(shape: dict, said: chat_stream.Completion) -> dict:
+    whole = said.result()
+    choice = whole["choices"][0]
+    reason = DONE_REASONS.get(choice["finish_reason"], "stop")
+    done = {"done": True, "done_reason": reason, **counts(whole["usage"])}
     if shape["path"] != "/api/chat":
         return {"response": "", **done}
     message = {"role": "assistant", "content": ""}
-    if said["calls"]:
-        message["tool_calls"] = [tool_call_in(c) for _, c in sorted(said["calls"].items())]
+    if calls := choice.get("message", {}).get("tool_calls"):
+        message["tool_calls"] = [tool_call_in(c) for c in calls]
     return {"message": message, **done}
