@@ -9,7 +9,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from scheduler.channel_hints import DASHBOARD_GROUP, request_group
-from scheduler.streams import text_of
+from scheduler.streams import ASKED, text_of
 from scheduler.throttle import Throttle
 
 from . import state
@@ -135,6 +135,9 @@ class RequestConsumer(StaffConsumer):
     async def stream_chunk(self, message) -> None:
         """Tokens are for the caller, not the dashboard."""
 
+    async def stream_asked(self, message) -> None:
+        """A watch page's question, for the caller's relay."""
+
 
 class WatchConsumer(StateConsumer):
     """A request's watch page, for whoever holds its signed URL (no login). Its state at
@@ -156,6 +159,21 @@ class WatchConsumer(StateConsumer):
     async def request_moved(self, message) -> None:
         self.throttle.hint()
 
+    async def connect(self) -> None:
+        await super().connect()
+        if hasattr(self, "throttle"):  # accepted: ask for what was written before it opened
+            asked = {"type": ASKED, "id": str(self.request_id), "channel": self.channel_name}
+            await self.channel_layer.group_send(request_group(self.request_id), asked)
+
     async def stream_chunk(self, message) -> None:
+        """The text with where it begins in the answer (`at`): the page puts it after what
+        it has, and drops what the start it asked for already held."""
         if text := text_of(message.get("chunks", [])):
-            await self.send_json({"type": "chunk", "text": text})
+            await self.send_json({"type": "chunk", "text": text, "at": message.get("at")})
+
+    async def stream_asked(self, message) -> None:
+        """Its own question (or another page's), heard in the request's group."""
+
+    async def stream_start(self, message) -> None:
+        """The answer so far, from the caller's relay."""
+        await self.send_json({"type": "chunk", "text": message["text"], "at": 0})

@@ -25,12 +25,17 @@ def request_group(request_id) -> str:
     return f"request-{request_id.hex if hasattr(request_id, 'hex') else request_id}"
 
 
-async def send(group: str, message: dict[str, Any]) -> None:
+async def send(group: str, message: dict[str, Any], *, one: bool = False) -> None:
+    """To every listener in `group`; with `one`, to the one listener whose channel it names
+    (a watch page that asked for what it missed)."""
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        await layer.group_send(group, dict(message))
+        if one:
+            await layer.send(group, dict(message))
+        else:
+            await layer.group_send(group, dict(message))
     except faults.REDIS_FAULTS as exc:  # listeners re-read the truth meanwhile
         faults.REDIS.failed(exc, "sending a hint")
     except Exception:  # a hint that cannot be sent must never break a transition

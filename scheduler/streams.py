@@ -12,6 +12,10 @@ from backends import chat_stream, messages_api, responses_api
 from .api.errors import ApiError
 from .channel_hints import request_group, send
 
+# A watch page opened mid-answer asks the request's group for the text it missed; the
+# caller's relay (`api.inference.tell_start`) answers the page's channel alone.
+ASKED = "stream.asked"
+
 
 class Relay:
     """Sends the chunks to the request's group as they come, and assembles the response.

@@ -17,11 +17,12 @@ from access.watch import watch_url
 from dashboard import eta_checks
 
 from .. import faults
+from ..channel_hints import send
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..pool_threads import in_pool_thread
 from ..reasons_shown import reported_fraction
 from ..reasons_shown import shown as shown_reason
-from ..streams import CatchUp
+from ..streams import ASKED, CatchUp
 from . import idempotency, intake, recovery
 from .errors import ApiError, too_deep
 from .waiting import (
@@ -301,6 +302,9 @@ async def relay_sse(
                     if relayed.relay(message):
                         yield "".join(sse_event(c) for c in message["chunks"])
                     continue
+                if message and message["type"] == ASKED:
+                    await tell_start(message, relayed)
+                    continue
                 if message is None:
                     request = await sub.current()
                     if request is None:  # the database is down; the request may run on
@@ -334,6 +338,13 @@ async def relay_sse(
         if not finished and hang_up_cancels:
             await cancel_abandoned(request_id)
         await sub.close()
+
+
+async def tell_start(asked: dict, relayed: "CatchUp") -> None:
+    """A watch page opened mid-answer asks for the text it missed: the caller's relay is the
+    one place that holds it (the row gets it only at the end)."""
+    if relayed.live and relayed.text:
+        await send(asked["channel"], {"type": "stream.start", "text": relayed.text}, one=True)
 
 
 def ending(request: Request, relayed: "CatchUp") -> list[str]:

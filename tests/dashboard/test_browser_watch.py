@@ -120,10 +120,10 @@ def late(served):
     return served()
 
 
-def test_a_page_opened_mid_answer_says_what_it_missed(late, browser_page):
-    """The text written before the page opened is kept only once the request ends: until
-    then the page marks its answer as a tail, and says so; a run past its estimate ends
-    "any moment", never "about 0.0 s left"."""
+def test_a_page_opened_mid_answer_shows_it_from_its_start(late, browser_page):
+    """The text written before the page opened is not on the row until the end: the page
+    asks the caller's relay for it and shows the answer from its start while it is still
+    being written; a run past its estimate ends "any moment", never "about 0.0 s left"."""
     live = late
     body = {**chat("slow", True), "max_tokens": 40}
     writing, done = threading.Event(), threading.Event()
@@ -144,9 +144,30 @@ def test_a_page_opened_mid_answer_says_what_it_missed(late, browser_page):
     expect(page.locator("#watch-headline")).to_have_text("Being answered")
     expect(page.locator("#watch-now")).to_contain_text("should end any moment")
     answer, note = page.locator("#watch-answer"), page.locator("#watch-answer-note")
-    expect(answer).to_have_text(re.compile(r"^…."))
-    expect(note).to_contain_text("its start shows once it ends")
+    expect(answer).to_have_text(re.compile(r"^This answer comes from a simulated"))
+    expect(page.locator("#watch-headline")).to_have_text("Being answered")
+    expect(note).to_be_hidden()
     expect(page.locator("#watch-headline")).to_have_text("Done", timeout=20_000)
     expect(answer).to_have_text(re.compile(r"^This answer comes from a simulated"))
-    expect(note).to_be_hidden()
     assert done.wait(30)
+
+
+def test_pieces_of_an_answer_are_put_in_place_by_where_they_begin(live, browser_page):
+    """The page's own merge, fed as its socket feeds it: a tail first (the page opened
+    mid-answer) shows "…" and says so; the start it asked for goes before it, what both
+    hold shown once; a piece it already has changes nothing."""
+    waiting = in_thread(lambda: factories.request("slow"))
+    page = browser_page
+    page.goto(f"{live.url}/watch/{token_for(waiting.pk)}/")
+    answer, note = page.locator("#watch-answer"), page.locator("#watch-answer-note")
+
+    page.evaluate("SwitchyardWatch.chunk('a time', 10)")
+    expect(answer).to_have_text("…a time")
+    expect(note).to_contain_text("its start shows once it ends")
+    page.evaluate("SwitchyardWatch.chunk(' there', 16)")
+    page.evaluate("SwitchyardWatch.chunk('Once upon a ti', 0)")  # the start, overlapping
+    expect(answer).to_have_text("Once upon a time there")
+    expect(note).to_be_hidden()
+    page.evaluate("SwitchyardWatch.chunk('a time', 10)")
+    page.evaluate("SwitchyardWatch.chunk(' was', 22)")
+    expect(answer).to_have_text("Once upon a time there was")

@@ -1,6 +1,8 @@
 """The watch page: a request's signed URL, no login; its state without the prompt; its
 stream relayed live; refused without a valid token."""
 
+import asyncio
+
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -9,6 +11,8 @@ from channels.testing import WebsocketCommunicator
 from access.models import ApiKey
 from config.asgi import application
 from dashboard.watch_tokens import request_id_for, token_for
+from scheduler.api.inference import relay_sse
+from scheduler.api.waiting import Subscription
 from scheduler.channel_hints import request_group
 from scheduler.models import State
 from tests import factories
@@ -68,3 +72,41 @@ async def test_a_forged_watch_socket_is_refused():
     connected, code = await ws.connect(timeout=10)
     assert (connected, code) == (False, 4404)
     await ws.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_socket_opened_mid_answer_gets_its_start_from_the_callers_relay():
+    """The streamed text is kept on the row only at the end; the caller's relay holds what
+    was written so far, and answers the page that asks for it (its channel alone), each
+    piece marked with where it begins in the answer."""
+    r = await sync_to_async(factories.request)("m", state=State.PROCESSING, stream=True)
+    layer, group = get_channel_layer(), request_group(r.pk)
+    sub = await Subscription(r.pk).open()
+    caller: asyncio.Queue[str] = asyncio.Queue()
+    relaying = asyncio.create_task(collect(relay_sse(sub, hang_up_cancels=False), caller))
+
+    def written(text: str, at: int) -> dict:
+        chunk = {"choices": [{"index": 0, "delta": {"content": text}}]}
+        return {"type": "stream.chunk", "id": str(r.pk), "chunks": [chunk], "at": at}
+
+    await layer.group_send(group, written("Once upon ", 0))
+    while "Once upon" not in await caller.get():  # the caller has it
+        pass
+    ws = WebsocketCommunicator(application, f"/ws/watch/{token_for(r.pk)}/", headers=[ORIGIN])
+    assert (await ws.connect(timeout=10))[0]
+    await layer.group_send(group, written("a time", 10))
+
+    pieces = []
+    while len(pieces) < 2:
+        message = await ws.receive_json_from(timeout=10)
+        if message["type"] == "chunk":
+            pieces.append((message["text"], message["at"]))
+    assert sorted(pieces, key=lambda p: p[1]) == [("Once upon ", 0), ("a time", 10)]
+    await ws.disconnect()
+    relaying.cancel()
+    await asyncio.gather(relaying, return_exceptions=True)
+
+
+async def collect(events, into: asyncio.Queue[str]) -> None:
+    async for event in events:
+        into.put_nowait(event)

@@ -240,7 +240,7 @@ const Switchyard = (() => {
     };
     ws.onmessage = (e) => {
       const message = JSON.parse(e.data);
-      if (message.type === "chunk") { if (onChunk) onChunk(message.text); } else onState(message.state);
+      if (message.type === "chunk") { if (onChunk) onChunk(message.text, message.at); } else onState(message.state);
     };
     ws.onclose = (e) => {
       if (e.code === 4403) {

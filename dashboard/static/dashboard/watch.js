@@ -8,9 +8,10 @@ const SwitchyardWatch = (() => {
   const ENDS = {completed: "Done", failed: "Failed", expired: "Expired: it waited too long",
     cancelled: "Cancelled"};
   let streamed = "";
-  // A page opened while a streamed answer is being written missed its start (the text is
-  // kept only once the request ends): it shows "…" before what it receives, until then.
-  let joinedLate = null;
+  // Where `streamed` begins in the answer (null before any text). A page opened while a
+  // streamed answer is being written gets what follows, then the start it missed from the
+  // caller's relay; until that comes (or, without one, until the end) it shows "…" first.
+  let from = null;
 
   function confidence(a) {
     if (!a || a.checked < 5) return "too few requests lately to say how good estimates are";
@@ -47,13 +48,12 @@ const SwitchyardWatch = (() => {
 
   function render(r) {
     if (!r) return;
-    if (joinedLate === null) joinedLate = r.stream && r.state === "processing";
     syncClock(r.at);
     document.getElementById("watch-model").textContent = `· ${r.model}`;
     document.getElementById("watch-now").replaceChildren(now(r));
     document.getElementById("watch-load").replaceChildren(
       r.load ? el("p", {}, "Its model is loading:", el("br"), progress(r.load)) : "");
-    if (r.answer) { streamed = r.answer; joinedLate = false; }
+    if (r.answer) { streamed = r.answer; from = 0; }
     showAnswer();
     if (r.final && !r.answer && r.state === "completed") {
       document.getElementById("watch-answer").textContent = streamed || "(no text)";
@@ -64,17 +64,30 @@ const SwitchyardWatch = (() => {
 
   function showAnswer() {
     const answer = document.getElementById("watch-answer");
-    const text = joinedLate && streamed ? `…${streamed}` : streamed;
+    const joinedLate = from > 0 && streamed;
+    const text = joinedLate ? `…${streamed}` : streamed;
     if (answer.textContent !== text) answer.textContent = text;
-    document.getElementById("watch-answer-note").textContent = joinedLate && streamed
+    document.getElementById("watch-answer-note").textContent = joinedLate
       ? "This page opened while the answer was being written: its start shows once it ends."
       : "";
   }
 
-  function chunk(text) {
-    streamed += text;
+  // A piece of the answer that begins `at` characters in: after what the page has, or
+  // (the start it asked for) before it; what both hold is shown once.
+  function chunk(text, at) {
+    const end = from === null ? null : from + streamed.length;
+    if (at === undefined || at === null) at = end === null ? 0 : end;
+    if (from === null) {
+      from = at; streamed = text;
+    } else if (at <= from) {
+      const over = at + text.length - from;  // how far it reaches into what the page has
+      streamed = text + (over >= 0 ? streamed.slice(over) : streamed);
+      from = at;
+    } else {
+      streamed += at <= end ? text.slice(end - at) : text;  // past the end: a piece was lost
+    }
     showAnswer();
   }
 
-  return {start(path) { Switchyard.watch(path, render, chunk); }};
+  return {start(path) { Switchyard.watch(path, render, chunk); }, chunk};
 })();
