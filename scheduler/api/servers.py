@@ -225,6 +225,7 @@ def deployment_of(server: Server, name: str) -> Deployment:
             param="model",
             code="model_not_deployed",
         )
+    found.server, found.model = server, model  # read already: its name and its intent's
     return found
 
 
