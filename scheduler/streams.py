@@ -27,8 +27,11 @@ class Relay:
     `committed` is set (the worker's calls wait for it too): the caller must see no chunk
     of a send that the database refused."""
 
-    def __init__(self, request_id, committed: asyncio.Event) -> None:
+    def __init__(self, request_id, committed: asyncio.Event, usage_asked: bool = True) -> None:
         self.committed = committed
+        # The server is always asked for a stream's usage (the stored answer counts its
+        # tokens); a caller that did not ask is not sent the chunk that carries it alone.
+        self.usage_asked = usage_asked
         self.group = request_group(request_id)
         self.id = str(request_id)
         self.sent = False
@@ -42,7 +45,8 @@ class Relay:
         message = messages_api.Message()  # an Anthropic Messages API stream's, event by event
         try:
             async for chunk in chunks:
-                self.queue(chunk)
+                if self.usage_asked or not usage_only(chunk):
+                    self.queue(chunk)
                 response = responses_api.final(chunk) or response
                 message.add(chunk)
                 completion.add(chunk)
@@ -73,6 +77,11 @@ class Relay:
                 self.published += len(text_of(chunks))
         finally:
             self.sender = None
+
+
+def usage_only(chunk: dict[str, Any]) -> bool:
+    """The chunk that ends an OpenAI stream asked for its usage: no choices, the usage."""
+    return chunk.get("choices") == [] and "usage" in chunk
 
 
 def text_of(chunks: list[dict[str, Any]]) -> str:

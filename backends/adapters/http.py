@@ -156,7 +156,17 @@ def message_of(body: Any) -> str:
 
 
 def wants_usage(call: InferenceCall) -> bool:
+    """Whether the caller asked to see a stream's usage (its last, usage-only chunk)."""
     return bool((call.payload.get("stream_options") or {}).get("include_usage"))
+
+
+def counting_usage(call: InferenceCall, body: dict[str, Any]) -> dict[str, Any]:
+    """A streamed chat or completion asks the server for its usage whether or not the
+    caller did: the stored answer counts its tokens (daily token quotas, the usage report).
+    The worker's relay keeps the usage-only chunk from a caller that did not ask."""
+    if call.stream and call.kind in ("chat", "completion"):
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return body
 
 
 async def with_usage_chunk(
@@ -381,7 +391,7 @@ class HttpAdapter(Adapter):
             body["stream"] = call.stream
             if not call.stream:
                 body.pop("stream_options", None)
-        return body
+        return counting_usage(call, body)
 
     async def before_inference(self, call: InferenceCall) -> None:
         """Kinds whose server would load on demand check here that the model is loaded."""

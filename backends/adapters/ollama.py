@@ -29,7 +29,7 @@ from .base import (
     ServerModel,
     positive_count,
 )
-from .http import HttpAdapter, error_from_event, read_to_end, wants_usage
+from .http import HttpAdapter, error_from_event, read_to_end
 
 # OpenAI sampling fields → Ollama runner options.
 SAMPLING = {
@@ -373,8 +373,9 @@ class OllamaAdapter(HttpAdapter):
                 end = {"delta": {}} if chat else {"text": ""}
                 reason = finish_reason(part, saw_tool_calls)
                 yield {**head, "choices": [{"index": 0, **end, "finish_reason": reason}]}
-                if wants_usage(call):
-                    yield {**head, "choices": [], "usage": usage_of(part)}
+                # Always: the stored answer counts its tokens (the relay keeps this chunk
+                # from a caller that did not ask for it).
+                yield {**head, "choices": [], "usage": usage_of(part)}
                 await read_to_end(lines)
                 return
         raise AdapterError(ErrorCode.CONNECTION, "the stream ended before its last line")

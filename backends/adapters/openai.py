@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .base import AdapterError, ErrorCode, InferenceCall, LoadTarget, ProgressCallback, ServerModel
-from .http import COUNT_TOKENS_PATHS, NEVER_STREAMED, HttpAdapter
+from .http import COUNT_TOKENS_PATHS, NEVER_STREAMED, HttpAdapter, counting_usage
 
 
 class OpenAIAdapter(HttpAdapter):
@@ -35,7 +35,7 @@ class OpenAIAdapter(HttpAdapter):
         body = {**call.payload, "model": call.server_model_id}
         if call.kind not in NEVER_STREAMED:
             body["stream"] = call.stream
-        return body
+        return counting_usage(call, body)
 
     async def run(self, call: InferenceCall) -> dict[str, Any]:
         return await self.json("POST", self.path_for(call), json=self.body(call))

@@ -23,7 +23,6 @@ from .base import (
     ProgressCallback,
     ServerModel,
 )
-from .http import wants_usage
 
 # Tokens as a model streams them, each with the space before it: joined they read as text.
 UNCAPPED_TOKENS = 16  # an answer's length where the caller sets no cap
@@ -159,8 +158,9 @@ class SimulatedAdapter(Adapter):
                 yield {**head, "choices": [self._part(call, i, word, None)]}
         for i in choices:
             yield {**head, "choices": [self._part(call, i, "", self._finish(call))]}
-        if wants_usage(call):
-            yield {**head, "choices": [], "usage": usage_of(call, words * len(choices))}
+        # As a server asked for it (`http.counting_usage`): the relay keeps it from a
+        # caller that did not ask.
+        yield {**head, "choices": [], "usage": usage_of(call, words * len(choices))}
 
     def _part(self, call: InferenceCall, index: int, word: str, finish: str | None) -> dict:
         """One choice's piece of a chunk; the last (`finish`) carries no text."""

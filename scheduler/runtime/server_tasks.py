@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from django.utils import timezone
 
 from backends.adapters.base import Adapter, AdapterError, ErrorCode
+from backends.adapters.http import wants_usage
 from backends.models import Health
 
 from .. import store, streams
@@ -147,7 +148,7 @@ class ServerTasks:
         # or its outcome be unknown, the request is sent again, and must not have run.
         await committed.wait()
         started = time.monotonic()
-        relay = streams.Relay(job.request_id, committed)
+        relay = streams.Relay(job.request_id, committed, usage_asked=wants_usage(job.call))
         try:
             if job.call.stream:
                 result = await relay.run(adapter.stream(job.call))

@@ -166,6 +166,35 @@ def test_a_key_over_its_daily_tokens_is_told_by_the_openai_client(live, make_key
     assert Request.objects.count() == 1
 
 
+def test_a_streamed_answer_counts_its_tokens_though_its_caller_did_not_ask_for_usage(
+    live, make_key, upstream
+):
+    """A stream asked without `stream_options.include_usage` still counts against the daily
+    token quota: Switchyard asks the server for the usage itself and stores it, and the
+    caller gets the stream it asked for, without the usage-only chunk."""
+    _, secret = make_key("alice", daily_tokens=4)
+    c = client(live, secret)
+
+    chunks = list(c.chat.completions.create(model="qwen", messages=HI, stream=True))
+
+    assert all(chunk.choices for chunk in chunks)  # no usage-only chunk
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Hello from upstream"
+    assert upstream.received[-1]["body"]["stream_options"] == {"include_usage": True}
+    assert Request.objects.get().result["usage"]["total_tokens"] == 4
+    with pytest.raises(openai.RateLimitError) as err:
+        c.chat.completions.create(model="qwen", messages=HI, stream=True)
+    assert err.value.body["code"] == "insufficient_quota"
+
+    asked = {"include_usage": True}
+    _, other = make_key("bob")
+    told = list(
+        client(live, other).chat.completions.create(
+            model="qwen", messages=HI, stream=True, stream_options=asked
+        )
+    )
+    assert told[-1].choices == [] and told[-1].usage.total_tokens == 4
+
+
 def test_a_teams_daily_tokens_count_every_key_of_the_team(live, make_key):
     """Two keys of one team with 6 tokens a day between them (each answer uses 4): the
     first key's request is served, the second key's too (4 < 6), then neither key gets in,

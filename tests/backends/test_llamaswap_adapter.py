@@ -150,6 +150,7 @@ async def test_streamed_chat_drops_loading_text(server, adapter):
         **CHAT,
         "model": "qwen-7b",
         "stream": True,
+        "stream_options": {"include_usage": True},  # always: the stored answer counts it
     }
 
 

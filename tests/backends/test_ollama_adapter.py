@@ -246,7 +246,9 @@ async def test_streamed_chat_becomes_openai_chunks_ending_with_usage(server, ada
     assert len({c["id"] for c in chunks}) == 1
 
 
-async def test_streamed_completion_without_usage(server, adapter):
+async def test_a_streamed_completion_ends_with_its_usage_even_unasked(server, adapter):
+    """The stored answer counts its tokens (quotas); the relay keeps the usage-only chunk
+    from a caller that did not ask for it."""
     lines = ndjson(
         {"model": "llama3.2", "response": "Once", "done": False},
         {"model": "llama3.2", "response": "", "done": True, "done_reason": "length"},
@@ -263,7 +265,9 @@ async def test_streamed_completion_without_usage(server, adapter):
     assert [c["choices"] for c in chunks] == [
         [{"index": 0, "text": "Once", "finish_reason": None}],
         [{"index": 0, "text": "", "finish_reason": "length"}],
+        [],
     ]
+    assert chunks[-1]["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
 async def test_mid_stream_error_line_raises_with_its_message(server, adapter):

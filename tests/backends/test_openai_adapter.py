@@ -61,11 +61,12 @@ async def test_run_and_stream(upstream, adapter):
     result = await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
     assert result["choices"][0]["message"]["content"] == "Hello from upstream"
     call = InferenceCall("chat", "qwen3-8b", {**CHAT, "stream": True}, stream=True)
-    text = "".join(
-        [c["choices"][0]["delta"].get("content", "") async for c in adapter.stream(call)]
-    )
+    chunks = [c async for c in adapter.stream(call)]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
     assert text == "Hello from upstream"
+    assert chunks[-1]["usage"]["total_tokens"] == 4  # asked for always: the answer counts it
     assert upstream.received[0]["body"] == {**CHAT, "model": "qwen3-8b", "stream": False}
+    assert upstream.received[1]["body"]["stream_options"] == {"include_usage": True}
     assert upstream.received[0]["headers"]["Authorization"] == "Bearer sk-test"
 
 
@@ -77,7 +78,7 @@ async def test_each_call_has_a_connection_of_its_own(upstream, adapter):
     call = InferenceCall("chat", "qwen3-8b", {**CHAT, "stream": True}, stream=True)
     for _ in range(2):
         chunks = [c async for c in adapter.stream(call)]
-        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
     await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
     await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
 
@@ -95,7 +96,7 @@ async def test_a_kind_that_keeps_connections_sends_the_next_call_on_the_same_one
     try:
         for _ in range(2):
             chunks = [c async for c in adapter.stream(call)]
-            assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+            assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
         await adapter.run(InferenceCall("chat", "qwen3-8b", CHAT))
     finally:
         await adapter.close()

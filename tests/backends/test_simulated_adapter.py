@@ -80,7 +80,8 @@ async def test_the_answer_reads_as_text_whole_or_streamed():
 
     text = whole["choices"][0]["message"]["content"]
     assert text == "This answer comes from a simulated server. This answer"
-    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert chunks[-1]["choices"] == []  # its usage, as a server asked for it (always)
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
     assert streamed.rstrip() == text
 
 
@@ -96,7 +97,7 @@ async def test_an_answer_cut_at_its_cap_says_so_and_one_without_ends_by_itself()
 
     async def streamed_finish(payload: dict) -> str:
         call = InferenceCall("chat", "m", payload, True, {})
-        return [finish(c) async for c in adapter.stream(call)][-1]
+        return [finish(c) async for c in adapter.stream(call) if c["choices"]][-1]
 
     cut = await adapter.run(InferenceCall("chat", "m", chat(3), False, {}))
     whole = await adapter.run(InferenceCall("chat", "m", uncapped, False, {}))

@@ -132,6 +132,10 @@ def test_alternating_models_swap_through_the_scheduler(router, switchyard):
     chunks = streamed(live, "/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 8})
     assert chunks[-1] == "[DONE]"
     assert_words(text_of(chunks))
+    # Not asked for, the usage is not sent, but it is counted (quotas, the usage report).
+    assert all(chunk["choices"] for chunk in chunks[:-1])
+    unasked = Request.objects.get(kind="completion", stream=True)
+    assert unasked.result["usage"]["completion_tokens"] == 8
     answer = live.post("/v1/completions", {"model": "large", "prompt": "Once", "max_tokens": 8})
     assert answer.status_code == 200, answer.text
     assert_words(answer.json()["choices"][0]["text"])

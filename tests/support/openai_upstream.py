@@ -79,7 +79,9 @@ class Upstream(LocalServer):
                         },
                     )
                 elif body.get("stream"):
-                    self.send_sse(stream_chunks(body["model"]), keep_alive=upstream.chunked_streams)
+                    usage = (body.get("stream_options") or {}).get("include_usage", False)
+                    chunks = stream_chunks(body["model"], usage)
+                    self.send_sse(chunks, keep_alive=upstream.chunked_streams)
                 else:
                     self.send_json(200, reply(self.path, body), upstream.reply_headers)
 
@@ -97,14 +99,17 @@ def model_list(models: list[str]) -> dict:
     return {"object": "list", "data": data}
 
 
-def stream_chunks(model: str) -> list[dict]:
-    """A streamed chat answer: "Hello from upstream" word by word, then the finish chunk."""
+def stream_chunks(model: str, usage: bool = False) -> list[dict]:
+    """A streamed chat answer: "Hello from upstream" word by word, then the finish chunk;
+    with `usage` (`stream_options.include_usage`), then the usage-only chunk, as OpenAI."""
     head = {"id": "up-1", "object": "chat.completion.chunk", "created": 0, "model": model}
     words = [
         {**head, "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
         for word in ("Hello", " from", " upstream")
     ]
-    return [*words, {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    done = {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    counted = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+    return [*words, done] + ([{**head, "choices": [], "usage": counted}] if usage else [])
 
 
 def reply(path: str, body: dict) -> dict:
