@@ -52,7 +52,9 @@ async def test_calls_one_after_another_each_on_the_first_try(llama_server, kind)
             )
             if stream:
                 chunks = [chunk async for chunk in adapter.stream(call)]
-                assert chunks and chunks[-1]["choices"][0]["finish_reason"] == "length"
+                # The finish, then the usage it is always asked for (`counting_usage`).
+                assert [c["choices"][0]["finish_reason"] for c in chunks[-2:-1]] == ["length"]
+                assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"]
             else:
                 answer = await adapter.run(call)
                 assert answer["choices"][0]["finish_reason"] == "length"
