@@ -133,8 +133,8 @@ def notify_later(channel: str, payload: str, only_if: sql.Statement | None = Non
 
 def origin_channel(request_id: uuid.UUID) -> str:
     """The channel the web process that made `request_id` listens on for the ends of its
-    requests: its ids begin with ORIGIN_HEX hex digits of its own (see `api.inbox`)."""
-    return f"{CHANNEL}_{request_id.hex[:ORIGIN_HEX]}"
+    requests: its ids end with ORIGIN_HEX hex digits of its own (see `api.inbox`)."""
+    return f"{CHANNEL}_{request_id.hex[-ORIGIN_HEX:]}"
 
 
 async def listen_postgres(listener: Listener) -> None:

@@ -31,7 +31,7 @@ ORIGIN = "0a1b2c3d"  # a web process's tag
 
 
 def an_id() -> uuid.UUID:
-    return uuid.UUID(ORIGIN + uuid.uuid4().hex[len(ORIGIN) :])
+    return uuid.UUID(uuid.uuid4().hex[: 32 - len(ORIGIN)] + ORIGIN)
 
 
 def loaded() -> tuple[Deployment, int]:
@@ -124,6 +124,15 @@ async def test_the_inbox_hands_a_notified_end_to_the_caller_waiting_for_it():
         assert await asyncio.wait_for(sub.queue.get(), 10) == message
     finally:
         await sub.close()
+
+
+async def test_one_process_ids_share_their_end_not_their_start():
+    """The tag that routes a request's end to its web process is the id's last 8 hex
+    digits: ids shortened to their start, as the dashboard and people do, still differ."""
+    subs = [Subscription() for _ in range(20)]
+    ids = [sub.request_id.hex for sub in subs]
+    assert len({i[-8:] for i in ids}) == 1 and len({i[:8] for i in ids}) == 20
+    assert wakeup.origin_channel(subs[0].request_id).endswith(ids[0][-8:])
 
 
 async def test_a_listen_that_loses_its_connection_listens_again():
