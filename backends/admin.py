@@ -37,7 +37,10 @@ def server_label(server: Server | None) -> str:
 
 
 def in_seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} s"
+    """`1.5 s`; under a tenth of a second in ms (a tiny model's run is not "0.0 s")."""
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if 0 < value < 0.1 else f"{value:.1f} s"
 
 
 def age(moment) -> str:

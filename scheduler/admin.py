@@ -9,7 +9,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.text import Truncator
 
-from backends.admin import server_label
+from backends.admin import in_seconds, server_label
 from dashboard.state import caller as caller_of
 
 from .models import Request, State, Trace, Worker
@@ -146,7 +146,7 @@ class RequestAdmin(ReadOnlyAdmin):
     def took(self, obj: Request) -> str:
         if not (obj.started_at and obj.finished_at):
             return "-"
-        return f"{(obj.finished_at - obj.started_at).total_seconds():.1f} s"
+        return in_seconds((obj.finished_at - obj.started_at).total_seconds())
 
     @admin.display(description="server", ordering="server__name")
     def server_column(self, obj: Request) -> str:

@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from backends.admin import in_seconds
 from backends.models import Deployment, Model, Server
 from scheduler.models import Intent
 from tests import factories
@@ -308,3 +309,9 @@ def test_deployment_list_says_what_a_model_is_loaded_for_only_while_it_is(admin_
     assert '<td class="field-loaded_for">preload</td>' not in page
     detail = admin_client.get(reverse("admin:backends_deployment_change", args=[gone.pk]))
     assert "preload" in detail.content.decode()
+
+
+def test_times_under_a_tenth_of_a_second_read_in_ms():
+    """A tiny model's load or run is not "0.0 s"; nothing measured yet is "-"."""
+    shown = [in_seconds(v) for v in (None, 0.0, 0.034, 0.1, 2.25)]
+    assert shown == ["-", "0.0 s", "34 ms", "0.1 s", "2.2 s"]

@@ -19,7 +19,9 @@ const Switchyard = (() => {
   const syncClock = (at) => { if (at) skewMs = Date.now() - Date.parse(at); };
   const serverNow = () => Date.now() - skewMs;
 
-  const secs = (s) => (s === null || s === undefined ? "–" : s < 60 ? `${s.toFixed(1)} s`
+  // Under a tenth of a second in ms: a tiny model's run is not "0.0 s".
+  const secs = (s) => (s === null || s === undefined ? "–"
+    : s > 0 && s < 0.1 ? `${Math.round(s * 1000)} ms` : s < 60 ? `${s.toFixed(1)} s`
     : `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`);
   // One time format everywhere: ISO-like, in this browser's zone, the zone shown.
   const pad = (n) => String(n).padStart(2, "0");
