@@ -6,7 +6,9 @@ the steps). Pure.
 from collections import Counter
 
 from . import fair_share
+from . import reasons as waits
 from .decisions import Dispatch, SendNext, SendOnArrival
+from .priorities import BACKGROUND
 from .snapshot import DeploymentView, RequestView
 
 
@@ -61,6 +63,10 @@ class Dispatching:
         )
         for d in [own, *others]:
             if d.state == "loaded" and self.room(d) > 0:
+                if self.drains.get(d.id, BACKGROUND + 1) < self.effective(r):
+                    server = self.servers[d.server_id].name
+                    self.note(r, waits.held("draining", server, d.model, None))
+                    continue
                 return d
         return None
 

@@ -29,6 +29,8 @@ class NoRoom:
     reason: str
     permanent: bool = False
     code: str = "no_room"
+    draining: tuple[int, ...] = ()
+    """Busy models that may go once idle: the pass sends them no more work (`Switching`)."""
 
 
 def keep_value(deployment: DeploymentView, now: datetime, default_load_s: float) -> float:
@@ -66,12 +68,14 @@ def evictions_for(
     others = [d for d in resident if d.id != target.id and d.occupies_room]
     verdicts: dict[int, bool] = {}
 
-    def evictable(d: DeploymentView) -> bool:
+    def may_go(d: DeploymentView) -> bool:
+        """Whether it may go once idle: loaded, not pinned, and the policy says so."""
         if d.id not in verdicts:
-            verdicts[d.id] = (
-                d.state == "loaded" and d.in_flight == 0 and not d.pinned and may_evict(d)
-            )
+            verdicts[d.id] = d.state == "loaded" and not d.pinned and may_evict(d)
         return verdicts[d.id]
+
+    def evictable(d: DeploymentView) -> bool:
+        return d.in_flight == 0 and may_go(d)
 
     def over(kept: list[DeploymentView]) -> tuple[bool, bool]:
         """(over the type count, over the memory budget) if `target` joined `kept`."""
@@ -82,38 +86,53 @@ def evictions_for(
 
     # An NPU runs one model at a time: every other NPU model must go.
     npu = [d for d in others if target.device == "npu" and d.device == "npu"]
-    must_go = list(npu)
-    kept = [d for d in others if d not in must_go]
-    by_value = sorted(kept, key=lambda d: (keep_value(d, now, default_load_s), d.id))
-    while any(over(kept)):
-        count_over, memory_over = over(kept)
-        helpful = [
-            d
-            for d in by_value
-            if d in kept
-            and (
-                (count_over and d.model_type == target.model_type)
-                or (memory_over and (d.size_mb or 0) > 0)
-            )
-            and evictable(d)
-        ]
-        if not helpful:
-            break
-        must_go.append(helpful[0])
-        kept.remove(helpful[0])
 
-    # A greedy pick can turn out unneeded (a small model went for the count, then a big one
-    # for memory, and the big one alone frees both): keep back every pick the target still
-    # fits beside, most valuable first.
-    picks = [d for d in must_go if d not in npu]
-    for d in sorted(picks, key=lambda d: (-keep_value(d, now, default_load_s), d.id)):
-        if not any(over([*kept, d])):
-            must_go.remove(d)
-            kept.append(d)
+    def choose(can_go: Callable[[DeploymentView], bool]) -> tuple[list, list]:
+        """(what must go, what stays), cheapest first among those `can_go` allows."""
+        must_go = list(npu)
+        kept = [d for d in others if d not in must_go]
+        by_value = sorted(kept, key=lambda d: (keep_value(d, now, default_load_s), d.id))
+        while any(over(kept)):
+            count_over, memory_over = over(kept)
+            helpful = [
+                d
+                for d in by_value
+                if d in kept
+                and (
+                    (count_over and d.model_type == target.model_type)
+                    or (memory_over and (d.size_mb or 0) > 0)
+                )
+                and can_go(d)
+            ]
+            if not helpful:
+                break
+            must_go.append(helpful[0])
+            kept.remove(helpful[0])
+        # A greedy pick can turn out unneeded (a small model went for the count, then a big
+        # one for memory, and the big one alone frees both): keep back every pick the target
+        # still fits beside, most valuable first.
+        picks = [d for d in must_go if d not in npu]
+        for d in sorted(picks, key=lambda d: (-keep_value(d, now, default_load_s), d.id)):
+            if not any(over([*kept, d])):
+                must_go.remove(d)
+                kept.append(d)
+        return must_go, kept
 
+    must_go, kept = choose(evictable)
     blocked = [d for d in must_go if not evictable(d)]
     if not any(over(kept)) and not blocked:
         return tuple(d.id for d in must_go)
     if any(d.pinned for d in blocked) or any(over([d for d in others if d.pinned])):
         return NoRoom(f"pinned models leave no room for {target.model} on {server.name}", True)
+    # Models still running requests are in the way: those that may go once idle, the pass
+    # lets run dry (`NoRoom.draining`), taking them no more work.
+    once_idle, left = choose(may_go)
+    busy = [d for d in once_idle if d.in_flight]
+    if busy and not any(over(left)) and all(may_go(d) for d in once_idle):
+        running = sum(d.in_flight for d in busy)
+        names = ", ".join(d.model for d in busy)
+        return NoRoom(
+            f"{server.name} first finishes the {running} running on {names}",
+            draining=tuple(d.id for d in busy),
+        )
     return NoRoom(f"{server.name} has no idle model it may unload now")

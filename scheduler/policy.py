@@ -126,6 +126,9 @@ class _Pass(Routing, Switching, Dispatching, Housekeeping):
         # Why requests wait, as only the pass knows it (the rest is read off its end).
         self.notes: dict[UUID, waits.Reason] = {}
         self.held_heads: dict[str, UUID] = {}  # the request each `held_back` model's fared as
+        # Busy deployments a better class's load waits for, run dry: no more work of a worse
+        # class goes to them (`Switching.drain`, `Dispatching.free_slot_for`).
+        self.drains: dict[int, int] = {}  # deployment → the best class waiting for it to go
         self.in_flight: dict[int, int] = defaultdict(int)
         for d in snapshot.deployments:
             self.in_flight[d.server_id] += d.in_flight

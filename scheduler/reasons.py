@@ -120,6 +120,8 @@ def held(
         "collation": f"held: {victim} on {server} serves the requests waiting for it first",
         "residency": f"held: {victim} on {server} keeps its minimum residency{when}",
         "protected": f"held: switch on {server} keeps {victim} for interactive work{when}",
+        "draining": f"held: {victim} on {server} takes no more until it gives way to a"
+        " better class's load",
     }.get(rule, f"held: switch on {server} batched{when}")
     if rule == "batching" and saves_s:
         text += f", saves a load of {saves_s:.0f} s"
@@ -235,6 +237,10 @@ def ready_line(p: "_Pass") -> dict[UUID, Reason]:
                 max_processing=most,
                 whose=whose,
             )
+            continue
+        drained = p.notes.get(r.id)  # its model runs dry for a better class (`drain`)
+        if drained is not None and drained.detail("rule") == "draining":
+            found[r.id] = drained
             continue
         d = p.deployments[r.deployment_id]
         server = p.servers[d.server_id].name

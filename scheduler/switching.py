@@ -68,6 +68,8 @@ class Switching:
                 outcome = self.room_for(d, r, wakes, free_only, leave_wait_s)
                 if isinstance(outcome, NoRoom):
                     reasons.append(outcome)
+                    if not free_only and leave is None:
+                        self.drain(outcome.draining, r)
                     continue
                 cost = sum(self.victim_cost(self.deployments[e]) for e in outcome)
                 waiting = self.routed[d.server_id]
@@ -153,6 +155,14 @@ class Switching:
             cls = CLASS_NAMES.get(for_request.priority, "") if for_request else ""
             for w in self.waiting_on(e):
                 self.requeue(w, f"evicted from {server} for {d.model} ({cls})")
+
+    def drain(self, busy: tuple[int, ...], r: RequestView) -> None:
+        """`r`'s load may evict these models once they are idle: they take no more work of a
+        worse class than `r`'s, so that they run dry instead of serving that work first
+        while `r` waits (`Dispatching.free_slot_for`)."""
+        mine = self.effective(r)
+        for d in busy:
+            self.drains[d] = min(self.drains.get(d, mine), mine)
 
     def orphaned_load(self, server_id: int) -> DeploymentView | None:
         """The load under way on `server_id` if nobody waits for it any more (its requests

@@ -185,7 +185,7 @@ def test_reason_no_room_is_shared_by_the_line_behind_its_head():
     line = [req("b", NORMAL, age_s=10 - i) for i in range(3)]
     found = why(snap([server(1)], [a, dep(2, 1, "b")], line))
     texts = {found[r.id].text for r in line}
-    assert texts == {"no load of b can start now: s1 has no idle model it may unload now"}
+    assert texts == {"no load of b can start now: s1 first finishes the 1 running on a"}
 
 
 def test_reason_quota_of_the_key():
