@@ -43,6 +43,7 @@ class Switching:
         options: list[tuple[tuple, DeploymentView, tuple[int, ...]]] = []
         reasons: list[NoRoom] = []
         orphans: list[DeploymentView] = []  # loads nobody waits for, in its way
+        drainable: list[tuple[int, ...]] = []  # busy models it may evict once idle, per server
         candidates = self.candidates(r.model)
         leave_wait_s = None if leave is None else self.wait_in_line_s(r, leave)
         for d in candidates:
@@ -68,8 +69,8 @@ class Switching:
                 outcome = self.room_for(d, r, wakes, free_only, leave_wait_s)
                 if isinstance(outcome, NoRoom):
                     reasons.append(outcome)
-                    if not free_only and leave is None:
-                        self.drain(outcome.draining, r)
+                    if outcome.draining:
+                        drainable.append(outcome.draining)
                     continue
                 cost = sum(self.victim_cost(self.deployments[e]) for e in outcome)
                 waiting = self.routed[d.server_id]
@@ -96,6 +97,8 @@ class Switching:
             return False
         if orphans:  # no load can start now, but one that nobody waits for can give way
             self.stop_load(orphans[0], r)
+        elif drainable:  # or once busy models run dry: on the server where they soonest do
+            self.drain(min(drainable, key=self.running_on), r)
         self.wake_times.extend(wakes)
         if r.id not in self.notes:
             until = min((at for at, _ in wakes), default=None)
@@ -155,6 +158,9 @@ class Switching:
             cls = CLASS_NAMES.get(for_request.priority, "") if for_request else ""
             for w in self.waiting_on(e):
                 self.requeue(w, f"evicted from {server} for {d.model} ({cls})")
+
+    def running_on(self, busy: tuple[int, ...]) -> tuple[int, int]:
+        return sum(self.deployments[d].in_flight for d in busy), min(busy)
 
     def drain(self, busy: tuple[int, ...], r: RequestView) -> None:
         """`r`'s load may evict these models once they are idle: they take no more work of a

@@ -66,3 +66,21 @@ def test_no_drain_against_requests_that_waited_for_the_load():
     assert decided.reasons[person.id].text == (
         "held: big on s1 first serves the requests that waited for its load"
     )
+
+
+def test_one_server_is_drained_the_one_that_runs_dry_soonest():
+    """Two one-room servers, each busy with a background batch of its own model; a person
+    waits for `small`, which either could load. Only the server with fewer requests running
+    is drained: one load is needed, and the other server keeps serving its batch. Breaks if
+    every server that could make room left a slot idle for one request."""
+    servers = [server(1, slots=3), server(2, slots=3)]
+    a = dep(1, 1, "a", "loaded", in_flight=2)
+    b = dep(2, 2, "b", "loaded", in_flight=1)
+    person = req("small", INTERACTIVE, age_s=5)
+    for_a = req("a", BACKGROUND, age_s=3, state="ready", deployment_id=1)
+    for_b = req("b", BACKGROUND, age_s=3, state="ready", deployment_id=2)
+    deployments = [a, b, dep(3, 1, "small"), dep(4, 2, "small")]
+
+    decisions = plan(snap(servers, deployments, [person, for_a, for_b]), at(0))
+
+    assert of(decisions, Dispatch) == [Dispatch(for_a.id, 1)]
