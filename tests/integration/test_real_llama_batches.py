@@ -47,3 +47,42 @@ def test_a_batch_alternating_two_models_loads_each_once(router, switchyard):
     assert {(r.priority, r.state) for r in requests} == {(Priority.BACKGROUND, State.COMPLETED)}
     loads = MetricEvent.objects.filter(kind=MetricEvent.Kind.LOAD).values_list("model", flat=True)
     assert sorted(loads) == ["large", "tiny"]  # FIFO, one line at a time: six
+
+
+def test_a_person_is_answered_while_a_batch_of_another_model_goes_on(router, switchyard):
+    """One LLM at a time, `large` loaded and busy with a background batch that came after
+    its load; a person asks for `tiny`. `large` takes no more of the batch until it is idle,
+    `tiny` loads, the person is answered, and the batch goes on: they do not wait for the
+    whole batch (the free slot went to the batch's next line before)."""
+    discovered(router, max_llm=1)
+    live = switchyard()
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0, timeout=300)
+    client.chat.completions.create(model="large", messages=CHAT, max_tokens=4)  # loaded first
+    lines = [
+        {
+            "custom_id": str(i),
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            # Of unlike lengths, so that the two slots never free at once: with `large`
+            # idle for a moment between two lines, `tiny` could load without a drain.
+            "body": {"model": "large", "messages": CHAT, "max_tokens": 16 + 29 * (i % 4)},
+        }
+        for i in range(40)
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    source = client.files.create(file=("lines.jsonl", text), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    background = Request.objects.filter(priority=Priority.BACKGROUND)
+    eventually(lambda: background.filter(state=State.COMPLETED).exists(), what="the batch going")
+
+    answer = client.chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=4, extra_body={"priority": "interactive"}
+    )
+
+    assert_words(answer.choices[0].message.content)
+    assert background.exclude(state=State.COMPLETED).exists(), live.log()  # still going
+    eventually(lambda: client.batches.retrieve(batch.id).status == "completed", what="the batch")
+    loads = MetricEvent.objects.filter(kind=MetricEvent.Kind.LOAD).order_by("at")
+    assert list(loads.values_list("model", flat=True)) == ["large", "tiny", "large"]
