@@ -50,8 +50,9 @@ def evictions_for(
     """The deployments to unload so that `target` fits on `server`, cheapest first.
 
     `resident` is what the server holds or is bringing in (loading, loaded, unloading);
-    `may_evict` is the policy's say on idle models (residency, guards, collation). Pinned
-    models, busy models and models not fully loaded are never evicted.
+    `may_evict` is the policy's say on a model (residency, guards, collation). Pinned
+    models, busy models and models not fully loaded are never evicted; the busy models that
+    would leave room once idle are named in `NoRoom.draining`.
     """
     limit = server.capacity.get(target.model_type, 1)
     if limit < 1:
