@@ -10,11 +10,13 @@ import openai
 import pytest
 import redis
 from django.conf import settings
+from django.utils import timezone
 
 from backends.models import Server
 from scheduler.models import Request, State
 from tests import factories
 from tests.support.openai_upstream import Upstream
+from tests.support.polling import eventually
 
 
 @pytest.fixture
@@ -160,7 +162,10 @@ def test_each_model_says_whether_a_server_holds_it_loaded_now(live):
     listed = {m.id: m.to_dict()["loaded"] for m in c.models.list()}
     assert listed == {"cold": False, "qwen": True, "q": True}
     assert c.models.retrieve("cold").to_dict()["loaded"] is False
-    cold.state = "loaded"
+    # The worker's first status sync (the upstream does not list `cold`) is over before
+    # `cold` is marked loaded, as a load would: it would otherwise undo the mark.
+    eventually(lambda: Server.objects.get(name="up").last_seen, what="the first status sync")
+    cold.state, cold.state_changed_at = "loaded", timezone.now()
     cold.save()
     assert c.models.retrieve("cold").to_dict()["loaded"] is True
 
