@@ -113,6 +113,10 @@ def until_a_query_waits_for_a_lock(thread: threading.Thread, timeout_s: float = 
     deadline = time.monotonic() + timeout_s
     with connection.cursor() as cursor:
         while time.monotonic() < deadline:
+            # Inside a transaction PostgreSQL answers pg_stat_activity from a snapshot taken
+            # at its first read: each look must drop it, or a session that began to wait
+            # after the first look is never seen.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND wait_event_type = 'Lock'"
@@ -121,6 +125,7 @@ def until_a_query_waits_for_a_lock(thread: threading.Thread, timeout_s: float = 
                 return
             if not thread.is_alive():
                 raise AssertionError("the other worker's dispatch ended without waiting")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
             "SELECT pid, state, wait_event_type, wait_event, left(query, 60)"
             " FROM pg_stat_activity WHERE datname = current_database()"
