@@ -8,7 +8,6 @@ from collections import Counter
 from . import fair_share
 from . import reasons as waits
 from .decisions import Dispatch, SendNext, SendOnArrival
-from .priorities import BACKGROUND
 from .snapshot import DeploymentView, RequestView
 
 
@@ -63,7 +62,8 @@ class Dispatching:
         )
         for d in [own, *others]:
             if d.state == "loaded" and self.room(d) > 0:
-                if self.drains.get(d.id, BACKGROUND + 1) < self.effective(r):
+                drained_for = self.drains.get(d.id)  # the class its drain is for, if any
+                if drained_for is not None and drained_for < self.effective(r):
                     server = self.servers[d.server_id].name
                     self.note(r, waits.held("draining", server, d.model, None))
                     continue
