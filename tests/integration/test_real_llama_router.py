@@ -248,7 +248,8 @@ def test_a_model_unloaded_mid_stream_ends_the_stream_with_an_error_event(router,
                 break
         assert router.api("POST", "/models/unload", json={"model": "large"}).status_code == 200
         rest = events([*first, *lines])
-    assert rest[-1] == "[DONE]"
+    assert rest[-1] == "[DONE]", rest[-3:]
+    assert "error" in rest[-2], rest[-3:]
     error = rest[-2]["error"]
     assert error["code"] == "connection"
     assert "proxy error" in error["message"]
