@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import channel_hints, sql, wakeup
-from .models import TERMINAL_STATES, Request, State, Trace
+from .models import TERMINAL_STATES, WAITING_STATES, Request, State, Trace
 
 S = State
 ALLOWED: dict[str, set[str]] = {
@@ -169,9 +169,12 @@ def _move_chunk(transitions: list[Transition], locked: Locked | None) -> list[bo
 
 
 def _fields_written(t: Transition, now) -> dict[str, Any]:
-    if t.to_state in TERMINAL_STATES and "finished_at" not in t.fields:
-        return {**t.fields, "finished_at": now}
-    return t.fields
+    fields = t.fields
+    if t.to_state not in WAITING_STATES:  # why it waited no longer holds
+        fields = {**fields, "reason": None}
+    if t.to_state in TERMINAL_STATES and "finished_at" not in fields:
+        fields = {**fields, "finished_at": now}
+    return fields
 
 
 REQUESTS = Request._meta.db_table

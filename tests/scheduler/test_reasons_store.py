@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from scheduler import reasons
+from scheduler import reasons, transitions
 from scheduler.models import Request, State, Trace
 from scheduler.policy import plan_explained
 from scheduler.store import ReasonWriter, SnapshotReader, policy_config, write_reasons
@@ -20,19 +20,61 @@ def behind(n: int) -> reasons.Reason:
 HELD = reasons.make(reasons.HELD, "held: switch on s1 batched until 12:00:06", server="s1")
 
 
-def test_the_writer_writes_a_reason_once_and_traces_a_new_kind_only():
-    """A line moving forward changes the field ("behind 3" → "behind 2"), not the trace."""
+def reasons_traced(request) -> list[str]:
+    return list(
+        Trace.objects.filter(request=request).order_by("at", "id").values_list("reason", flat=True)
+    )
+
+
+def test_the_writer_gives_a_reason_once_as_long_as_it_stays():
     writer = ReasonWriter()
     a, b = factories.request("m").pk, factories.request("m").pk
-    assert [(rid, t) for rid, _, t in writer.changed({a: behind(3), b: HELD})] == [
-        (a, True),
-        (b, True),
-    ]
-    assert writer.changed({a: behind(3), b: HELD}) == []
-    assert [(rid, t) for rid, _, t in writer.changed({a: behind(2), b: HELD})] == [(a, False)]
-    assert [(rid, t) for rid, _, t in writer.changed({a: HELD})] == [(a, True)]
-    # b left the snapshot's view (sent, or behind the heads): forgotten, written anew.
-    assert [rid for rid, _, _ in writer.changed({a: HELD, b: HELD})] == [b]
+    assert writer.changed({a: behind(3), b: HELD}) == {a: behind(3), b: HELD}
+    assert writer.changed({a: behind(3), b: HELD}) == {}
+    assert writer.changed({a: behind(2), b: HELD}) == {a: behind(2)}
+    # b left the snapshot's view (sent, or behind the heads): forgotten, given anew.
+    assert writer.changed({a: behind(2)}) == {}
+    assert writer.changed({a: behind(2), b: HELD}) == {b: HELD}
+
+
+def test_a_new_kind_of_reason_is_traced_a_line_moving_forward_is_not():
+    """ "behind 3" → "behind 2" changes the field, not the trace."""
+    r = factories.request("m")
+    writer = ReasonWriter()
+    for step in (behind(3), behind(2), HELD, behind(1)):
+        write_reasons(writer.changed({r.pk: step}))
+    r.refresh_from_db()
+    assert r.reason["text"] == "behind 1 normal requests on s1"
+    assert reasons_traced(r) == [behind(3).text, HELD.text, behind(1).text]
+
+
+def test_two_workers_store_and_trace_the_same_reason_once():
+    """Each worker explains every waiting request; the second finds the reason stored (so
+    does a worker restarted, its memory empty)."""
+    r = factories.request("m")
+    one, two = ReasonWriter(), ReasonWriter()
+    write_reasons(one.changed({r.pk: HELD}))
+    write_reasons(two.changed({r.pk: HELD}))
+    write_reasons(ReasonWriter().changed({r.pk: HELD}))
+    write_reasons(two.changed({r.pk: behind(2)}))
+    write_reasons(one.changed({r.pk: behind(1)}))
+    r.refresh_from_db()
+    assert r.reason["text"] == behind(1).text
+    assert reasons_traced(r) == [HELD.text, behind(2).text]
+
+
+def test_a_request_that_waits_again_is_told_why_again():
+    """A move out of the waiting states clears the reason: sent back later, the same
+    reason is stored and traced anew, and no stale one is shown meanwhile."""
+    r = factories.request("m", state=State.READY)
+    writer = ReasonWriter()
+    write_reasons(writer.changed({r.pk: HELD}))
+    assert transitions.move(r.pk, [State.READY], State.PROCESSING, "sent to the server")
+    r.refresh_from_db()
+    assert r.reason is None
+    assert transitions.move(r.pk, [State.PROCESSING], State.PENDING, "its worker stopped")
+    write_reasons(ReasonWriter().changed({r.pk: HELD}))
+    assert reasons_traced(r) == [HELD.text, "sent to the server", "its worker stopped", HELD.text]
 
 
 def updates_and_inserts(queries) -> tuple[int, int]:
