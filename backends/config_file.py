@@ -125,13 +125,8 @@ class Summary:
     def __str__(self) -> str:
         if not self.changed:
             return "nothing changed"
-        said = [
-            f"{verb} {len(names)}: {', '.join(names) or '-'}"
-            for verb, names in [("created", self.created), ("updated", self.updated)]
-        ]
-        if self.deleted:
-            said.append(f"deleted {len(self.deleted)}: {', '.join(self.deleted)}")
-        return "; ".join(said)
+        verbs = [("created", self.created), ("updated", self.updated), ("deleted", self.deleted)]
+        return "; ".join(f"{verb} {len(said)}: {', '.join(said)}" for verb, said in verbs if said)
 
 
 def load_file(path: str | Path) -> dict:
@@ -384,7 +379,7 @@ def export() -> dict:
                 "deployments": [
                     {
                         "model": d.model.name,
-                        "server_model_id": d.server_model_id,
+                        **_shown_id(d),
                         **_shown(d, DEPLOYMENT_FIELDS[1:]),
                     }
                     for d in s.deployments.all()
@@ -394,6 +389,11 @@ def export() -> dict:
         ],
         "teams": [{"name": t.name, **_shown(t, TEAM_FIELDS)} for t in Team.objects.all()],
     }
+
+
+def _shown_id(d: Deployment) -> dict[str, str]:
+    """The server's own name for the model, left out where it is the default (the model's)."""
+    return {} if d.server_model_id == d.model.name else {"server_model_id": d.server_model_id}
 
 
 def _delete(rows: Iterable[db.Model], summary: Summary) -> None:

@@ -224,8 +224,11 @@ def test_an_export_applies_back_unchanged_and_remakes_the_same_rows(tmp_path):
     Server.objects.all().delete()
     Model.objects.all().delete()
     Team.objects.all().delete()
-    assert "created 6" in apply(write(tmp_path, text))
+    remade = apply(write(tmp_path, text))
+    assert "created 6" in remade and "updated" not in remade  # a verb with nothing is left out
     assert export() == exported
+    # Its server's name for the model is left out where it is the model's own (the default).
+    assert exported["servers"][0]["deployments"][0] == {"model": "nomic-embed", "device": "cpu"}
     qwen = exported["servers"][0]["deployments"][1]
     assert qwen == {
         "model": "qwen3-8b",
