@@ -140,7 +140,7 @@ class RequestAdmin(ReadOnlyAdmin):
     @admin.display(description="waited")
     def waited(self, obj: Request) -> str:
         """In line so far while it waits, as the dashboard counts it."""
-        return f"{obj.waited_s(timezone.now()):.1f} s"
+        return in_seconds(obj.waited_s(timezone.now()))
 
     @admin.display(description="took")
     def took(self, obj: Request) -> str:
