@@ -11,6 +11,7 @@ from django.utils.timesince import timesince
 from dashboard.state import load_progress
 from scheduler.api.errors import ApiError
 from scheduler.asking import ask_load, ask_unload
+from scheduler.durations import spoken
 from scheduler.models import Intent
 
 from .checkup import OK, WARN, check_server
@@ -37,10 +38,8 @@ def server_label(server: Server | None) -> str:
 
 
 def in_seconds(value: float | None) -> str:
-    """`1.5 s`; under a tenth of a second in ms (a tiny model's run is not "0.0 s")."""
-    if value is None:
-        return "-"
-    return f"{value * 1000:.0f} ms" if 0 < value < 0.1 else f"{value:.1f} s"
+    """`1.5 s`, `46 ms`; `-` for none."""
+    return "-" if value is None else spoken(value)
 
 
 def age(moment) -> str:

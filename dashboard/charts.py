@@ -97,7 +97,7 @@ def timeline(since: datetime, now: datetime) -> list[dict]:
                 "loaded_at": iso(s.loaded_at),
                 "ended_at": iso(s.ended_at),
                 "failed": s.failed,
-                "load_s": round((s.loaded_at - s.started_at).total_seconds(), 1)
+                "load_s": round((s.loaded_at - s.started_at).total_seconds(), 3)
                 if s.loaded_at
                 else None,
                 "stay_s": round((end - s.started_at).total_seconds(), 1),

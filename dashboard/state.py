@@ -35,7 +35,7 @@ def iso(at: datetime | None) -> str | None:
 
 
 def seconds(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
+    return None if value is None else round(value, 3)  # to the ms: the pages show short ones so
 
 
 def server_status(s: Server, now: datetime) -> dict:

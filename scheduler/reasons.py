@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from . import fair_share
+from .durations import spoken
 
 if TYPE_CHECKING:  # the pass, read only
     from .policy import _Pass
@@ -78,11 +79,11 @@ def live_text(
         started = datetime.fromisoformat(started)
     elapsed = max((now - started).total_seconds(), 0.0)
     if reported is None and elapsed > expected:
-        progress = f"{elapsed:.1f} s, past the ~{expected:.1f} s expected"
+        progress = f"{spoken(elapsed)}, past the ~{spoken(expected)} expected"
     elif reported is None:
-        progress = f"{elapsed:.1f} s of ~{expected:.1f} s"
+        progress = f"{spoken(elapsed)} of ~{spoken(expected)}"
     else:
-        progress = f"{reported:.0%} after {elapsed:.1f} s, as the server reports"
+        progress = f"{reported:.0%} after {spoken(elapsed)}, as the server reports"
     return f"waiting for the load of {details.get('model')} on {details.get('server')}, {progress}"
 
 
@@ -202,11 +203,11 @@ def loading(p: "_Pass", r) -> Reason:
     started = d.load_started_at or p.now
     return make(
         LOADING,
-        f"waiting for the load of {d.model} on {server} (~{expected:.1f} s)",
+        f"waiting for the load of {d.model} on {server} (~{spoken(expected)})",
         model=d.model,
         server=server,
         started_at=started,
-        expected_s=round(expected, 1),
+        expected_s=round(expected, 3),
     )
 
 

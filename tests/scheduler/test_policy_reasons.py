@@ -47,6 +47,15 @@ def test_reason_loading_says_how_far_the_load_is():
     assert why(snap([server(1)], [d], [r]), at(1))[r.id] == reason
 
 
+def test_a_load_under_a_tenth_of_a_second_reads_in_ms():
+    """A tiny model's load, not "0.0 s of ~0.1 s"."""
+    d = dep(1, 1, "tiny", "loading", load_started_at=at(-0.046), avg_load_s=0.052)
+    r = req("tiny", state="needs_loading", deployment_id=1)
+    reason = why(snap([server(1)], [d], [r]))[r.id]
+    assert reason.text == "waiting for the load of tiny on s1 (~52 ms)"
+    assert reason.live(at(0)) == "waiting for the load of tiny on s1, 46 ms of ~52 ms"
+
+
 def test_reason_loading_for_a_load_this_pass_starts():
     r = req("a")
     decided = plan_explained(snap([server(1)], [dep(1, 1, "a")], [r]), at(0))
