@@ -81,15 +81,26 @@ def _history(minutes: int, now: datetime) -> dict:
     }
 
 
+SWAP_SLACK = timedelta(seconds=1)  # a load may start just before the stay it ends has ended
+
+
 def timeline(since: datetime, now: datetime) -> list[dict]:
-    """Each server's stays of models that overlap [since, now], oldest first."""
+    """Each server's stays of models that overlap [since, now], oldest first. Stays at once
+    (several models held) go on rows of their own: each stay takes the first row free by
+    its start (`row`; the server's `rows`), so no bar hides another."""
     spans = LoadSpan.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since)).order_by(
         "started_at"
     )
     names = Server.objects.values_list("name", flat=True)
     rows: dict[str, list[dict]] = {name: [] for name in names}
+    free_from: dict[str, list[datetime]] = {name: [] for name in names}  # per row
     for s in spans:
         end = s.ended_at or now
+        ends = free_from.setdefault(s.server, [])
+        row = next((i for i, free in enumerate(ends) if free <= s.started_at), len(ends))
+        if row == len(ends):
+            ends.append(end)
+        ends[row] = end - SWAP_SLACK
         rows.setdefault(s.server, []).append(
             {
                 "model": s.model,
@@ -101,9 +112,13 @@ def timeline(since: datetime, now: datetime) -> list[dict]:
                 if s.loaded_at
                 else None,
                 "stay_s": round((end - s.started_at).total_seconds(), 1),
+                "row": row,
             }
         )
-    return [{"server": name, "spans": spans} for name, spans in sorted(rows.items())]
+    return [
+        {"server": name, "rows": max(len(free_from.get(name, [])), 1), "spans": spans}
+        for name, spans in sorted(rows.items())
+    ]
 
 
 class NearestRank(Aggregate):

@@ -45,7 +45,12 @@ def with_history(served):
     add_spans(
         "gpu-2",
         now,
-        [("qwen3-8b", 45, 20, 40), ("llama-70b", 25, 12, 40), ("qwen3-8b", 13, None, 40)],
+        [
+            ("qwen3-8b", 45, 20, 40),
+            ("nomic-embed", 30, None, 2),  # held beside the LLMs: a row of its own
+            ("llama-70b", 25, 12, 40),
+            ("qwen3-8b", 13, None, 40),
+        ],
     )
     for _ in range(3):  # rows for the admin's lists
         factories.request(
@@ -73,10 +78,15 @@ def test_charts_timeline_and_classes_render_with_data(with_history, browser_page
         expect(chart).to_have_attribute("data-points", "60")
         expect(chart.locator(".u-legend")).to_contain_text("interactive")
     lane = page.locator('.lane[data-server="gpu-2"]')
-    expect(lane.locator(".span")).to_have_count(3)
+    expect(lane.locator(".span")).to_have_count(4)
     expect(lane.locator(".span").first).to_have_attribute(
         "title", re.compile(r"qwen3-8b: on 20 min 0 s, loaded in 40\.0 s \(from \d{4}-")
     )
+    # Models held at once are drawn on rows of their own: no bar hides another.
+    boxes = [bar.bounding_box() for bar in lane.locator(".span").all()]
+    embed = boxes.pop(1)
+    assert all(embed["y"] >= b["y"] + b["height"] for b in boxes)
+    assert len({b["y"] for b in boxes}) == 1  # one after the other, on one row
     expect(page.locator('.lane[data-server="gpu-1"] .span')).to_have_count(0)
     rows = page.locator("#classes tbody tr")
     expect(rows).to_have_count(4)

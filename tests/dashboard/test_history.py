@@ -246,6 +246,37 @@ def test_history_json_has_every_minute_of_the_range_and_the_timeline(client):
     assert bad.json()["error"]["param"] == "range"
 
 
+def test_the_timeline_puts_stays_at_once_on_rows_of_their_own():
+    """Each stay takes the first row free by its start; a load that starts just before the
+    stay it ends has ended (the unload's last moments) stays on that row."""
+    factories.server("gpu-1")
+    factories.server("gpu-2")
+
+    def stay(server: str, model: str, start_s: float, end_s: float | None) -> None:
+        LoadSpan.objects.create(
+            deployment_id=1,
+            server=server,
+            model=model,
+            started_at=NOW + timedelta(seconds=start_s),
+            ended_at=None if end_s is None else NOW + timedelta(seconds=end_s),
+        )
+
+    stay("gpu-1", "a", 0, 100)
+    stay("gpu-1", "embed", 10, None)
+    stay("gpu-1", "b", 99.95, 200)  # a swap: began 50 ms before a was gone
+    stay("gpu-1", "c", 150, 180)  # b still there: the first row free is a third
+    stay("gpu-1", "d", 185, None)
+    lanes = charts.timeline(NOW - timedelta(hours=1), NOW + timedelta(seconds=300))
+    assert [(lane["server"], lane["rows"]) for lane in lanes] == [("gpu-1", 3), ("gpu-2", 1)]
+    assert [(s["model"], s["row"]) for s in lanes[0]["spans"]] == [
+        ("a", 0),
+        ("embed", 1),
+        ("b", 0),
+        ("c", 2),
+        ("d", 2),
+    ]
+
+
 def test_history_json_is_for_staff_only(client):
     response = client.get("/dashboard/history.json")
     assert response.status_code == 302

@@ -47,7 +47,7 @@ const SwitchyardCharts = (() => {
     }
     box.replaceChildren(...history.timeline.map((row) => el("div", {class: "lane", "data-server": row.server},
       el("span", {class: "lane-name"}, row.server),
-      el("div", {class: "track"}, ...row.spans.map((s) => {
+      el("div", {class: "track", style: `--rows:${row.rows}`}, ...row.spans.map((s) => {
         const start = Math.max(Date.parse(s.started_at), from);
         const end = s.ended_at ? Date.parse(s.ended_at) : to;
         const loaded = s.loaded_at ? Date.parse(s.loaded_at) : end;
@@ -57,7 +57,7 @@ const SwitchyardCharts = (() => {
           + (s.ended_at ? ` to ${stamp(new Date(s.ended_at))})` : ", still there)");
         const bar = el("div", {class: "span" + (s.failed ? " failed" : ""), "data-model": s.model,
           title: what, tabindex: "0", "aria-label": what,
-          style: `left:${pct(start)};width:calc(${pct(end)} - ${pct(start)});`
+          style: `left:${pct(start)};width:calc(${pct(end)} - ${pct(start)});--row:${s.row};`
             + `--hue:${hue(s.model)};--load:${((loaded - start) / Math.max(end - start, 1)) * 100}%`},
         el("span", {class: "span-label"}, `${s.model} ${secs(s.stay_s)}`));
         return bar;
