@@ -128,10 +128,8 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
                 load_progress=1.0,  # as a load of ours that finished
             )
             changes.append(f"{d.server_model_id} was loaded outside Switchyard")
-    if changes or was_down:
-        log.info(
-            "status sync of server %s: %s", server_name(server_id), "; ".join(changes) or "back up"
-        )
+    if said := ["back up"] * was_down + changes:
+        log.info("status sync of server %s: %s", server_name(server_id), "; ".join(said))
         channel_hints.dashboard_changed()
     return changes
 

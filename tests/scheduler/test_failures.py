@@ -12,7 +12,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
+from backends.adapters.base import ServerModel
 from backends.models import Deployment, DeploymentState, Health, Server
+from scheduler import store
 from scheduler.api.inference import error_of
 from scheduler.models import Request, State
 from scheduler.retry import backoff_s
@@ -401,3 +403,16 @@ async def test_a_request_no_server_can_serve_fails_fast_with_503_naming_why(
         "no_server_available",
         {"Retry-After": "30"},
     )
+
+
+def test_a_server_back_up_says_so_beside_what_its_restart_changed(caplog):
+    """Its models went with the restart: the log says both, not only the models."""
+    caplog.set_level(logging.INFO, logger="scheduler")
+    srv = factories.server("box", health=Health.DOWN)
+    factories.deployment(srv, "m1", state=DS.LOADED)
+    asked = timezone.now() + timedelta(seconds=1)
+    assert store.apply_server_models(srv.pk, [ServerModel("m1")], asked) == [
+        "m1 was unloaded outside Switchyard"
+    ]
+    assert "status sync of server box: back up; m1 was unloaded outside Switchyard" in caplog.text
+    assert Server.objects.get(pk=srv.pk).health == Health.UP
