@@ -54,11 +54,18 @@ class ClassField(serializers.ChoiceField):
         return CLASS_NAMES.index(super().to_internal_value(data))
 
 
+class Seconds(serializers.FloatField):
+    """Seconds to the millisecond, as the usage report gives them."""
+
+    def to_representation(self, value: float) -> float:
+        return round(super().to_representation(value), 3)
+
+
 class UsageOut(serializers.Serializer):
     requests = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
-    processing_s = serializers.FloatField()
+    processing_s = Seconds()
 
 
 class TeamSerializer(Strict, serializers.ModelSerializer):

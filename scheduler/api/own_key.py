@@ -20,11 +20,11 @@ from access.models import ApiKey
 
 from ..models import WAITING_STATES, Request
 from .errors import ApiError
-from .keys import ClassField, UsageOut
+from .keys import ClassField, Seconds, UsageOut
 
 
 class LeftOut(serializers.Serializer):
-    processing_s = serializers.FloatField(
+    processing_s = Seconds(
         allow_null=True, help_text="Seconds of processing left today; null: no quota."
     )
     tokens = serializers.IntegerField(

@@ -113,6 +113,11 @@ def servers_page(params) -> dict[str, Any]:
     )
 
 
+def to_ms(seconds: float | None) -> float | None:
+    """A measured average to the millisecond (as the usage report's seconds)."""
+    return None if seconds is None else round(seconds, 3)
+
+
 def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
     """What the listing shows of each of these servers."""
     ids = [s.pk for s in servers]
@@ -139,9 +144,9 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "enabled": d.enabled,
                 "pinned": d.pinned,
                 "keep_loaded_hours": d.keep_loaded_hours,
-                "avg_load_s": d.avg_load_s,
+                "avg_load_s": to_ms(d.avg_load_s),
                 "expected_load_s": d.expected_load_s,
-                "avg_inference_s": d.avg_inference_s,
+                "avg_inference_s": to_ms(d.avg_inference_s),
                 "last_error": d.last_error,
             }
         )

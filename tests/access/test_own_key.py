@@ -39,7 +39,7 @@ def test_a_key_sees_its_limits_its_teams_what_they_used_and_what_is_left(client,
         allowed_models=["m"],
     )
     bob, _ = make_key("bob", team=research)
-    finished(alice, 70, 10, 2.0)
+    finished(alice, 70, 10, 2.1234567)
     finished(bob, 500, 100, 4.0)
     factories.request("m", api_key=alice)  # waiting now, sent in the last minute
 
@@ -51,6 +51,7 @@ def test_a_key_sees_its_limits_its_teams_what_they_used_and_what_is_left(client,
     assert (body["max_priority"], body["default_priority"]) == ("high", "normal")
     assert (body["rpm"], body["max_waiting"], body["allowed_models"]) == (60, 5, ["m"])
     assert body["used_today"]["prompt_tokens"] == 70
+    assert body["used_today"]["processing_s"] == 2.123  # to the ms, as the usage report
     assert body["left_today"] == {"processing_s": None, "tokens": 20}
     assert body["now"] == {"waiting": 1, "last_minute": 2}
     team = body["team"]

@@ -44,7 +44,7 @@ def login(staff: bool = True) -> dict[str, str]:
 def test_refusals(client):
     srv = factories.server("gpu-1")
     factories.deployment(
-        srv, "a", state="loaded", in_flight=1, slots=2, avg_load_s=4.5, avg_inference_s=1.5
+        srv, "a", state="loaded", in_flight=1, slots=2, avg_load_s=4.56789, avg_inference_s=1.5
     )
     factories.deployment(srv, "b", expected_load_s=90)
     factories.deployment(srv, "off", enabled=False)
@@ -117,7 +117,7 @@ def test_refusals(client):
     # Its load and run times as measured, and the load its operator expects before that.
     assert [
         (d["avg_load_s"], d["expected_load_s"], d["avg_inference_s"]) for d in listed["deployments"]
-    ] == [(4.5, None, 1.5), (None, 90, None), (None, None, None)]
+    ] == [(4.568, None, 1.5), (None, 90, None), (None, None, None)]  # to the ms
 
 
 def until_done(live, headers, intent_id: int) -> Intent:
