@@ -35,7 +35,10 @@ def test_a_batch_alternating_two_models_loads_each_once(router, switchyard):
     batch = client.batches.create(
         input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    eventually(lambda: client.batches.retrieve(batch.id).status == "completed", what="the batch")
+    # About 10 s here alone; on two busy cores it took over a minute.
+    eventually(
+        lambda: client.batches.retrieve(batch.id).status == "completed", timeout=240, what="batch"
+    )
     done = client.batches.retrieve(batch.id)
     assert (done.request_counts.completed, done.error_file_id) == (6, None), live.log()
     answers = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
@@ -83,6 +86,9 @@ def test_a_person_is_answered_while_a_batch_of_another_model_goes_on(router, swi
 
     assert_words(answer.choices[0].message.content)
     assert background.exclude(state=State.COMPLETED).exists(), live.log()  # still going
-    eventually(lambda: client.batches.retrieve(batch.id).status == "completed", what="the batch")
+    # About 10 s here alone; on two busy cores it took over a minute.
+    eventually(
+        lambda: client.batches.retrieve(batch.id).status == "completed", timeout=240, what="batch"
+    )
     loads = MetricEvent.objects.filter(kind=MetricEvent.Kind.LOAD).order_by("at")
     assert list(loads.values_list("model", flat=True)) == ["large", "tiny", "large"]
