@@ -12,6 +12,7 @@ from backends.adapters.base import AdapterError, ErrorCode
 from backends.models import Deployment, DeploymentState
 
 from .. import sql, wakeup
+from ..durations import spoken
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..retry import backoff_s
 from ..transitions import Transition, end_later, move, move_all
@@ -101,7 +102,7 @@ def requests_completed(
                     a.job.request_id,
                     (State.PROCESSING,),
                     State.COMPLETED,
-                    f"completed in {a.seconds:.2f} s",
+                    f"completed in {spoken(a.seconds)}",
                     {"result": a.result},
                     at_server=a.job.server_name,
                     held_by=a.job.worker_id,

@@ -61,6 +61,7 @@ async def test_request_travels_from_pending_to_completed_with_its_trace(caplog):
         ]
         assert all(t.reason for t in traces)
         assert traces[1].reason == "waiting for the load of m1 on s1 (~10.0 s)"
+        assert re.fullmatch(r"completed in (\d+ ms|\d+\.\d s)", traces[-1].reason)
         assert request.reason is None  # cleared once it no longer waits
         assert {t.server for t in traces} == {"s1"}  # each step names where it happened
         assert request.result["choices"][0]["message"]["content"]
