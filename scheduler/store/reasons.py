@@ -6,10 +6,12 @@ sends on only the reasons that changed since. Those are compared with the stored
 under lock in id order as every writer locks requests (docs/architecture.md): a request no
 longer waiting is left alone, and one whose stored reason already says the same (another
 worker's pass, or this worker's before a restart) too. The rest are written: the `reason`
-field in one UPDATE and a trace row in one INSERT (a line moving forward, "behind 3 …" then
-"behind 2 …", changes the field only; a new kind of reason is traced). A pass that changes
-no reason writes nothing."""
+field in one UPDATE and a trace row in one INSERT when it says something new: a new kind, or
+new words (a line moving forward, "behind 3 …" then "behind 2 …", or any reason whose
+numbers alone move, a count or a time, changes the field only). A pass that changes no
+reason writes nothing."""
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from uuid import UUID
@@ -20,6 +22,7 @@ from .. import channel_hints, sql
 from ..models import WAITING_STATES, Request, Trace
 from ..reasons import BEHIND, Reason
 
+NUMBER = re.compile(r"\b\d+(?:[.:]\d+)*\b")  # a count, a duration, a time; not s1, qwen3
 PER_STATEMENT = 200  # requests per UPDATE and INSERT: within SQLite's limit on parameters
 
 
@@ -39,6 +42,12 @@ class ReasonWriter:
                 changes[rid] = reason
         self.written = dict(reasons)
         return changes
+
+
+def said(text: str | None) -> str | None:
+    """A reason's text without its numbers: "finishes the 3 running" and "the 2 running"
+    say the same thing (the field follows each count; the trace, each new thing said)."""
+    return None if text is None else NUMBER.sub("#", text)
 
 
 def write_reasons(changes: Mapping[UUID, Reason]) -> None:
@@ -63,7 +72,8 @@ def _write(changes: dict[UUID, Reason], now: datetime) -> None:
         reason = changes[rid]
         kind, text = (stored["kind"], stored["text"]) if stored else (None, None)
         if (kind, text) != (reason.kind, reason.text):
-            new[rid] = (state, reason, kind != reason.kind or reason.kind != BEHIND)
+            traced = kind != reason.kind or (kind != BEHIND and said(text) != said(reason.text))
+            new[rid] = (state, reason, traced)
     Request.objects.bulk_update(
         [Request(pk=rid, reason=reason.as_json()) for rid, (_, reason, _) in new.items()],
         ["reason"],

@@ -48,6 +48,22 @@ def test_a_new_kind_of_reason_is_traced_a_line_moving_forward_is_not():
     assert reasons_traced(r) == [behind(3).text, HELD.text, behind(1).text]
 
 
+def test_a_reason_whose_numbers_alone_move_is_stored_not_traced():
+    """ "finishes the 4 running", then 3, 2, 1: one trace row; a new server is news."""
+    r = factories.request("m")
+    writer = ReasonWriter()
+
+    def no_room(server: str, running: int) -> reasons.Reason:
+        text = f"no load of m can start now: {server} first finishes the {running} running on a"
+        return reasons.make(reasons.NO_ROOM, text, server=server)
+
+    for step in (no_room("s1", 4), no_room("s1", 3), no_room("s1", 1), no_room("s2", 1)):
+        write_reasons(writer.changed({r.pk: step}))
+    r.refresh_from_db()
+    assert r.reason["text"] == no_room("s2", 1).text
+    assert reasons_traced(r) == [no_room("s1", 4).text, no_room("s2", 1).text]
+
+
 def test_two_workers_store_and_trace_the_same_reason_once():
     """Each worker explains every waiting request; the second finds the reason stored (so
     does a worker restarted, its memory empty)."""
