@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from asgiref.sync import async_to_sync
 from django.db import transaction
 
-from .adapters.base import AdapterError, ServerModel
+from .adapters.base import Adapter, AdapterError, ServerModel
 from .adapters.registry import adapter_for
 from .models import Deployment, Model, ModelType, Server
 
@@ -51,15 +51,21 @@ class SyncReport:
         return "; ".join(parts)
 
 
+async def described(adapter: Adapter, only: str | None = None) -> list[ServerModel]:
+    """What the server lists (`only`: that model of it), with what it says of its running
+    models besides (slots, capabilities, context)."""
+    listed = [m for m in await adapter.list_models() if only is None or m.id == only]
+    facts = await adapter.model_facts(listed)
+    return [replace(m, **facts.get(m.id, {})) for m in listed]
+
+
 async def _list(server: Server, spelled: list[str]) -> list[ServerModel]:
     adapter = adapter_for(server)
     adapter.spell(spelled)
     try:
-        listed = await adapter.list_models()
-        facts = await adapter.model_facts(listed)
+        return await described(adapter)
     finally:
         await adapter.close()
-    return [replace(m, **facts.get(m.id, {})) for m in listed]
 
 
 def listed_models(server: Server) -> list[ServerModel]:
@@ -80,6 +86,26 @@ def _public_names() -> dict[str, Model]:
 
 def _model_type(listed: ServerModel) -> str:
     return listed.type if listed.type in ModelType.values else ModelType.LLM
+
+
+def fill_empty_facts(deployment_id: int, item: ServerModel) -> list[str]:
+    """After a load: what the server says of the model now running, where nobody has said
+    it (its slots, size, capabilities, context), as discovery fills them; what it filled."""
+    d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
+    report = SyncReport(d.server.name)
+    _fill_facts(d, item, report)
+    return report.filled
+
+
+def _fill_facts(d: Deployment, item: ServerModel, report: SyncReport) -> None:
+    _fill_model_facts(d.model, item, report)
+    facts = {"size_mb": item.size_mb, "slots": item.slots}
+    empty = [n for n, value in facts.items() if value and getattr(d, n) is None]
+    if empty:
+        for name in empty:
+            setattr(d, name, facts[name])
+        d.save(update_fields=empty)
+        report.filled.append(f"{d} ({', '.join(FACTS[name] for name in empty)})")
 
 
 def _fill_model_facts(model: Model, listed: ServerModel, report: SyncReport) -> None:
@@ -108,14 +134,7 @@ def record(server: Server, listed: list[ServerModel], report: SyncReport) -> Non
     for item in listed:
         existing = known.get(item.id)
         if existing is not None:
-            _fill_model_facts(existing.model, item, report)
-            facts = {"size_mb": item.size_mb, "slots": item.slots}
-            empty = [n for n, value in facts.items() if value and getattr(existing, n) is None]
-            if empty:
-                for name in empty:
-                    setattr(existing, name, facts[name])
-                existing.save(update_fields=empty)
-                report.filled.append(f"{existing} ({', '.join(FACTS[name] for name in empty)})")
+            _fill_facts(existing, item, report)
             continue
         if len(item.id) > NAME_MAX:
             report.skipped.append(f"{item.id[:40]}… (name longer than {NAME_MAX} characters)")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from django.utils import timezone
 
+from backends import discovery
 from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.adapters.http import wants_usage
 from backends.models import Health
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from .loop import Runtime
 
 log = logging.getLogger(__name__)
+
+FACTS_TIMEOUT_S = 5.0  # asking a server what it says of a model it runs, after its load
 
 
 class FreedSlot(NamedTuple):
@@ -68,8 +71,27 @@ class ServerTasks:
             log.exception("loading %s crashed", job.model_name)
             await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, repr(exc)))
         else:
+            if job.learn_facts:
+                await self.learn_facts(adapter, job)
             await db(store.load_succeeded)(job, time.monotonic() - started)
             self.server_answered(job.server_id)
+
+    async def learn_facts(self, adapter: Adapter, job: store.LoadJob) -> None:
+        """Before the model's first requests are sent: what its server says of it now that
+        it runs (llama-server's slots, its chat template's capabilities, its context), where
+        nobody has said it, so that it is sent no more at once than it serves (llama-server
+        queues the rest out of our sight). A server that cannot say is not asked again
+        until the next load."""
+        model = job.target.server_model_id
+        try:
+            async with asyncio.timeout(FACTS_TIMEOUT_S):
+                found = await discovery.described(adapter, only=model)
+        except (AdapterError, TimeoutError) as error:
+            why = getattr(error, "message", f"no answer in {FACTS_TIMEOUT_S:.0f} s")
+            log.info("%s on %s: could not learn its slots: %s", model, job.server_name, why)
+            return
+        if found and (filled := await db(discovery.fill_empty_facts)(job.deployment_id, found[0])):
+            log.info("learnt from %s after the load: %s", job.server_name, "; ".join(filled))
 
     async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
         """Unload the victims first. One that fails to unload is re-checked with the server,

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ErrorCode, LoadTarget
-from backends.models import Deployment, DeploymentState, LoadCause, Server
+from backends.models import Deployment, DeploymentState, LoadCause, ModelType, Server
 
 from .. import channel_hints
 from ..models import INTENT_OPEN, Intent, MetricEvent
@@ -28,6 +28,7 @@ class LoadJob:
     worker_id: int
     target: LoadTarget
     evict: tuple[tuple[int, str], ...]  # (deployment id, server model id)
+    learn_facts: bool = False  # its slots, capabilities or context: nobody has said them yet
 
 
 def this_loads_options(deployment_id: int) -> dict:
@@ -111,6 +112,9 @@ def start_load(
             float(d.model.load_timeout_s),
         ),
         evict=victims,
+        learn_facts=d.slots is None
+        or d.model.context_length is None
+        or (d.model.type == ModelType.LLM and d.model.capabilities is None),
     )
 
 

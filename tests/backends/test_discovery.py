@@ -1,12 +1,13 @@
 """Discovery: deployments for what a real server lists, never touching the operator's rows."""
 
+from dataclasses import replace
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from backends.adapters.base import ServerModel
-from backends.discovery import SyncReport, record, sync_server
+from backends.discovery import SyncReport, fill_empty_facts, record, sync_server
 from backends.models import Deployment, Model
 from tests import factories
 from tests.conftest import free_port
@@ -298,3 +299,18 @@ def test_a_models_unknown_context_is_filled_from_what_a_server_runs_it_with(serv
     assert found == {"qwen": 4096, "nomic": 2048, "gemma": 8192, "old": None}
     assert "gemma (capabilities: tools; context_length: 8192)" in str(report)
     assert not any(line.startswith("qwen") for line in report.filled)
+
+
+def test_after_a_load_only_the_facts_nobody_said_are_filled(server):
+    """A load learns what its server says of the model now running; an operator's slots
+    (and a model's capabilities set by anyone) stay."""
+    model = Model.objects.create(name="m", capabilities=["tools"])
+    learnt = Deployment.objects.create(server=server, model=model, server_model_id="m")
+    said = ServerModel("m", "loaded", slots=2, capabilities=(), context_length=4096)
+    assert fill_empty_facts(learnt.pk, said) == ["m (context_length: 4096)", f"{learnt} (slots)"]
+    learnt.refresh_from_db()
+    model.refresh_from_db()
+    assert (learnt.slots, model.capabilities, model.context_length) == (2, ["tools"], 4096)
+    assert fill_empty_facts(learnt.pk, replace(said, slots=8)) == []  # said once, kept
+    Deployment.objects.filter(pk=learnt.pk).update(slots=None)
+    assert fill_empty_facts(learnt.pk, ServerModel("m", "loaded")) == []  # it says nothing

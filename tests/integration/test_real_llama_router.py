@@ -141,22 +141,37 @@ def test_alternating_models_swap_through_the_scheduler(router, switchyard):
     assert_words(answer.json()["choices"][0]["text"])
 
     eventually(lambda: matches_router(server, router), what="deployments match the router")
-    # Discovery again: the running model's own /props gives the preset's `np` (2) as its
-    # slots; a model not running has none to give.
-    call_command("sync_models", "router")
+    # Discovery found no slots (no model ran then); each model's first load learnt them from
+    # its own /props, the preset's `np` (2), before its first request was sent. A model
+    # never loaded has none to give.
     slots = dict(server.deployments.values_list("model__name", "slots"))
-    assert (slots["large"], slots["tiny"]) == (2, None)
+    assert (slots["large"], slots["tiny"], slots["embed"]) == (2, 2, None)
     # Its /props says too that its template takes no tools and it has no projector: the
-    # model takes text only, and the context its slots run with. The one not running stays
-    # unknown.
+    # model takes text only, and the context its slots run with.
     said = {m.name: (m.capabilities, m.context_length) for m in Model.objects.all()}
     assert said["large"][0] == [] and said["large"][1] > 0
-    assert said["tiny"] == (None, None)
+    assert said["tiny"][0] == [] and said["tiny"][1] > 0
+    assert said["embed"] == (None, None)
     requests = list(Request.objects.order_by("created_at"))
     assert [r.state for r in requests] == [State.COMPLETED] * 4
     assert [r.attempts for r in requests] == [1] * 4  # none sent on a connection gone dead
     # Each swap was the scheduler's: it unloaded the other model before loading.
     assert "unloaded" not in json.dumps([r.error for r in requests])
+
+
+def test_a_model_is_sent_no_more_at_once_than_it_serves(router, switchyard):
+    """The server takes 4 at once, the router's model runs 2 slots (the preset's `np`), and
+    nobody said so: its load learns it before the first requests go, so the other two wait
+    in Switchyard's line (where a better class can pass them), not in llama-server's."""
+    server = discovered(router, max_llm=1)
+    Server.objects.filter(pk=server.pk).update(slots=4)
+    live = switchyard()
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: chat(live, "large", max_tokens=64), range(4)))
+    requests = list(Request.objects.all())
+    first_end = min(r.finished_at for r in requests)
+    assert sum(r.started_at < first_end for r in requests) <= 2
+    assert server.deployments.get(server_model_id="large").slots == 2
 
 
 def test_an_idle_router_loads_back_what_interactive_work_used(router, switchyard):
