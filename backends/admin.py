@@ -42,6 +42,12 @@ def in_seconds(value: float | None) -> str:
     return "-" if value is None else spoken(value)
 
 
+def to_the_ms(moment) -> str:
+    """`2026-11-30 21:57:10.084 UTC`: a trace's steps often share their second."""
+    local = timezone.localtime(moment)
+    return f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local:%Z}"
+
+
 def age(moment) -> str:
     """`3 minutes ago`, the exact time in its tooltip; `-` for never."""
     if moment is None:

@@ -9,7 +9,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.text import Truncator
 
-from backends.admin import in_seconds, server_label
+from backends.admin import in_seconds, server_label, to_the_ms
 from dashboard.state import caller as caller_of
 
 from .models import Request, State, Trace, Worker
@@ -32,11 +32,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+@admin.display(description="at", ordering="at")
+def at_ms(trace: Trace) -> str:
+    return to_the_ms(trace.at)
+
+
 class TraceInline(admin.TabularInline):
     model = Trace
     extra = 0
     can_delete = False
-    fields = ["at", "from_state", "to_state", "server", "reason"]
+    fields = [at_ms, "from_state", "to_state", "server", "reason"]
     readonly_fields = fields
 
     def has_add_permission(self, request, obj=None) -> bool:
@@ -190,7 +195,7 @@ class RequestAdmin(ReadOnlyAdmin):
 
 @admin.register(Trace)
 class TraceAdmin(ReadOnlyAdmin):
-    list_display = ["at", "request_link", "from_state", "to_state", "server", "reason"]
+    list_display = [at_ms, "request_link", "from_state", "to_state", "server", "reason"]
     list_filter = ["to_state", "from_state", "server"]
     search_fields = ["reason", "request__id", "request__model_name"]
     list_select_related = ["request"]

@@ -257,3 +257,14 @@ def test_a_request_page_links_to_every_turn_of_its_conversation(admin_client):
     turns = admin_client.get(link).content.decode()
     assert str(first.pk)[:8] in turns and str(second.pk)[:8] in turns
     assert "2 results" in turns
+
+
+def test_a_requests_trace_reads_to_the_ms(admin_client, queue):
+    """Its steps often share their second: the page and the traces' list tell them apart."""
+    r = queue[State.PENDING]
+    at = timezone.now().replace(microsecond=84_000)
+    Trace.objects.filter(request=r).update(at=at)
+    stamp = f"{timezone.localtime(at):%H:%M:%S}.084"
+    page = admin_client.get(reverse("admin:scheduler_request_change", args=[r.pk]))
+    assert page.status_code == 200 and stamp in page.content.decode()
+    assert stamp in admin_client.get(changelist("trace")).content.decode()
