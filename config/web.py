@@ -4,9 +4,41 @@ asyncio's own loop."""
 
 import logging
 import os
+import re
 import sys
 
 from config import event_loop
+
+WATCH_LINK = re.compile(r"(/watch/[^/:?\s]+:)[^/?\s]+")  # a request's id, then its key
+
+
+def masked(request: str) -> str:
+    """An access log's request line without the key of a watch link: who holds the link
+    reads the answer, and a log shipped elsewhere must not hand it on."""
+    return WATCH_LINK.sub(r"\1…", request)
+
+
+def web_command():
+    """Daphne's command line, its access log masked. Daphne is imported only here: its
+    server module installs a reactor of its own unless ours is installed first."""
+    from daphne.access import AccessLogGenerator
+    from daphne.cli import CommandLineInterface
+    from daphne.server import Server
+
+    class AccessLog(AccessLogGenerator):
+        def write_entry(self, host, date, request, *args, **kwargs) -> None:
+            super().write_entry(host, date, masked(request), *args, **kwargs)
+
+    class WebServer(Server):
+        def __init__(self, *args, action_logger=None, **kwargs) -> None:
+            if isinstance(action_logger, AccessLogGenerator):
+                action_logger = AccessLog(action_logger.stream)
+            super().__init__(*args, action_logger=action_logger, **kwargs)
+
+    class WebCommand(CommandLineInterface):
+        server_class = WebServer
+
+    return WebCommand()
 
 
 def main() -> None:
@@ -16,10 +48,7 @@ def main() -> None:
 
     django.setup()  # the logging settings, for the line below
     logging.getLogger("config.web").info("web process on %s's event loop", event_loop.name(loop))
-
-    from daphne.cli import CommandLineInterface
-
-    CommandLineInterface().run(sys.argv[1:])
+    web_command().run(sys.argv[1:])
     event_loop.exit_served()
 
 

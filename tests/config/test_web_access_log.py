@@ -1,0 +1,34 @@
+"""A web process's access log (daphne's) names a watch page without its key: who holds the
+link reads the answer."""
+
+import os
+import signal
+
+import httpx
+import pytest
+
+from access.watch import watch_url
+from tests import factories
+from tests.config.test_web_sigterm import listening
+from tests.conftest import database_url, free_port
+from tests.support.manage_process import ManageProcess
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_access_log_leaves_out_a_watch_links_key():
+    link = watch_url(factories.request("m1").pk)
+    request_id, key = link.strip("/").split("/")[-1].split(":")
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url()}
+    args = ["-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+    web = ManageProcess(
+        args, env, lambda line: "web process on" in line, program=("-m", "config.web")
+    )
+    listening(port, web)
+    assert httpx.get(f"http://127.0.0.1:{port}{link}").status_code == 200
+    web.proc.send_signal(signal.SIGTERM)
+    log = "".join(web.log) + web.proc.stdout.read()
+    web.proc.wait(timeout=30)
+    assert f'"GET /watch/{request_id}:…/" 200' in log, log
+    assert key not in log
