@@ -3,6 +3,7 @@
 `ollama_api.py`). What they tell of a model is what Switchyard knows: its names, type,
 capabilities and context length, and where it is loaded; nothing of its file."""
 
+from django.db.models import Max
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET, require_POST
 
@@ -18,6 +19,7 @@ DETAILS = {"format": "", "family": "", "families": None, "parameter_size": ""}
 TYPE_CAPABILITIES = {"llm": ["completion"], "embedding": ["embedding"], "reranking": []}
 # Switchyard knows no architecture; Ollama's clients read `<architecture>.context_length`.
 ARCHITECTURE = "switchyard"
+MB = 1024 * 1024  # Ollama gives sizes in bytes
 
 
 def capabilities(model: Model) -> list[str]:
@@ -44,13 +46,18 @@ def ollama_error(error: ApiError) -> JsonResponse:
 @require_GET
 async def tags(http: HttpRequest) -> HttpResponse:
     """`GET /api/tags`: the models the caller may use that some server has a deployment of,
-    by name and alias, as `GET /v1/models` lists them."""
+    by name and alias, as `GET /v1/models` lists them; each with its largest known size
+    (0: none known)."""
     try:
         api_key = await auth.acaller(key_of(http))
     except ApiError as error:
         return ollama_error(error)
     offered = await model_list.offered(api_key)
-    return JsonResponse({"models": [described(name, model) for name, model in offered]})
+    known = Deployment.objects.filter(size_mb__isnull=False).values("model_id")
+    sizes = {row["model_id"]: row["mb"] async for row in known.annotate(mb=Max("size_mb"))}
+    return JsonResponse(
+        {"models": [described(name, model, sizes.get(model.pk, 0) * MB) for name, model in offered]}
+    )
 
 
 @require_GET
@@ -64,7 +71,7 @@ async def ps(http: HttpRequest) -> HttpResponse:
     found: dict[str, dict] = {}
     async for d in loaded.order_by("model__name"):
         if d.model.name not in found and model_list.may_use(api_key, d.model.names):
-            size = (d.size_mb or 0) * 1024 * 1024
+            size = (d.size_mb or 0) * MB
             running = {"expires_at": None, "size_vram": size}  # none: Switchyard decides
             if d.model.context_length is not None:
                 running["context_length"] = d.model.context_length

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from access.models import ApiKey
-from backends.models import Model
+from backends.models import Deployment, Model
 from scheduler.models import Request, State
 from tests import factories
 from tests.support.openai_upstream import Upstream
@@ -152,11 +152,12 @@ def test_what_a_model_takes_and_its_context_are_shown_where_clients_look(live):
     assert shown.capabilities == ["completion", "tools", "vision"]
     architecture = shown.modelinfo["general.architecture"]
     assert shown.modelinfo[f"{architecture}.context_length"] == 32768
+    Deployment.objects.filter(model__name="qwen").update(size_mb=5000)
     tags = httpx.get(f"{live.url}/api/tags").json()["models"]
-    assert {m["name"]: m["capabilities"] for m in tags} == {
-        "nomic": ["embedding"],
-        "qwen": ["completion", "tools", "vision"],
-        "qwen3:8b": ["completion", "tools", "vision"],
+    assert {m["name"]: (m["capabilities"], m["size"] // 2**20) for m in tags} == {
+        "nomic": (["embedding"], 0),  # no size known
+        "qwen": (["completion", "tools", "vision"], 5000),
+        "qwen3:8b": (["completion", "tools", "vision"], 5000),
     }
     running = httpx.get(f"{live.url}/api/ps").json()["models"]
     assert [m.get("context_length") for m in running] == [None, 32768]  # nomic, qwen
