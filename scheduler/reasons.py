@@ -110,14 +110,26 @@ def make(kind: str, text: str, **details: Any) -> Reason:
 # -- what the pass notes as it goes ------------------------------------------------------
 
 
+def about(n: int) -> str:
+    """`7`; past `EXACT_UP_TO`, its step (`20+`): a count that moves by one rewrites few
+    stored reasons."""
+    return str(n) if n <= EXACT_UP_TO else f"{max(s for s in STEPS if s <= n)}+"
+
+
 def held(
-    rule: str, server: str, victim: str, until: datetime | None, saves_s: float | None = None
+    rule: str,
+    server: str,
+    victim: str,
+    until: datetime | None,
+    saves_s: float | None = None,
+    waited: int = 0,
 ) -> Reason:
-    """A switch on `server` (evicting `victim`) held back by `rule`."""
+    """A switch on `server` (evicting `victim`) held back by `rule` (`waited`: the requests
+    that waited for the victim's load, for no wasted load)."""
     when = f" until {clock(until)}" if until else ""
     text = {
-        "no_wasted_load": f"held: {victim} on {server} first serves the requests that waited"
-        " for its load",
+        "no_wasted_load": f"held: {victim} on {server} first serves the {about(waited)}"
+        f" {'request' if waited == 1 else 'requests'} that waited for its load",
         "collation": f"held: {victim} on {server} serves the requests waiting for it first",
         "residency": f"held: {victim} on {server} keeps its minimum residency{when}",
         "protected": f"held: switch on {server} keeps {victim} for interactive work{when}",

@@ -263,8 +263,10 @@ class Switching:
         if unused_restore(victim) and not theirs:
             return True
         # No wasted load: the requests that waited for the victim's load go first.
-        if victim.loaded_at and any(w.created_at <= victim.loaded_at for w in theirs):
-            self.note(r, waits.held("no_wasted_load", server.name, victim.model, None))
+        if victim.loaded_at and (waited := sum(w.created_at <= victim.loaded_at for w in theirs)):
+            self.note(
+                r, waits.held("no_wasted_load", server.name, victim.model, None, waited=waited)
+            )
             return False
         # About to expire: the holds below would only make it expire (see `urgent`).
         if self.urgent(r, target) and holding.rescue_pays(

@@ -64,7 +64,7 @@ def test_no_drain_against_requests_that_waited_for_the_load():
     )
     assert of(decided.decisions, Dispatch) == [Dispatch(batch[0].id, 1)]
     assert decided.reasons[person.id].text == (
-        "held: big on s1 first serves the requests that waited for its load"
+        "held: big on s1 first serves the 3 requests that waited for its load"
     )
 
 

@@ -145,7 +145,9 @@ def test_reason_held_by_no_wasted_load():
     batch = [req("a", NORMAL, age_s=70 - i, state="ready", deployment_id=1) for i in range(2)]
     ia = req("b", INTERACTIVE, age_s=160)
     found = why(snap([server(1)], [fresh, dep(2, 1, "b")], [*batch, ia]))
-    assert found[ia.id].text == "held: a on s1 first serves the requests that waited for its load"
+    assert found[ia.id].text == "held: a on s1 first serves the 2 requests that waited for its load"
+    # A count past 10 by steps: each one served does not rewrite every held reason.
+    assert [reasons.about(n) for n in (1, 10, 11, 57, 148)] == ["1", "10", "10+", "50+", "100+"]
 
 
 def test_reason_collation_for_an_idle_model_with_a_queue():
