@@ -38,7 +38,7 @@ def test_the_writer_gives_a_reason_once_as_long_as_it_stays():
 
 
 def test_a_new_kind_of_reason_is_traced_a_line_moving_forward_is_not():
-    """ "behind 3" → "behind 2" changes the field, not the trace."""
+    """A line moving forward ("behind 3" → "behind 2") changes the field, not the trace."""
     r = factories.request("m")
     writer = ReasonWriter()
     for step in (behind(3), behind(2), HELD, behind(1)):
@@ -49,7 +49,8 @@ def test_a_new_kind_of_reason_is_traced_a_line_moving_forward_is_not():
 
 
 def test_a_reason_whose_numbers_alone_move_is_stored_not_traced():
-    """ "finishes the 4 running", then 3, 2, 1: one trace row; a new server is news."""
+    """A busy model running dry ("finishes the 4 running", then 3, 2, 1): one trace row; a
+    new server is news."""
     r = factories.request("m")
     writer = ReasonWriter()
 
