@@ -76,6 +76,7 @@ def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Plac
                 load_left_s=left,
                 busy_s=tuple(runs.left_s(r, run_s, now) for r in busy.get(d.pk, ())),
                 idle_s=(now - d.last_used_at).total_seconds() if d.last_used_at else 1e9,
+                slots=d.slots,
             )
         )
     return hosts, places

@@ -70,6 +70,7 @@ class Place:
     load_left_s: float = 0.0
     busy_s: tuple[float, ...] = ()
     idle_s: float = 0.0
+    slots: int | None = None  # its own, where fewer than its server's (llama-server's -np)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,8 @@ def load_left_s(load_s: float, elapsed_s: float, reported: float | None = None) 
 class _Server:
     def __init__(self, host: Host, places: list[Place]) -> None:
         self.host = host
+        # A model with slots of its own runs no more at once (the others wait in line).
+        self.own = {p.id: _free_slots(p.busy_s, p.slots) for p in places if p.slots}
         busy = sorted(b for p in places for b in p.busy_s)[: host.slots]
         self.slots = busy + [0.0] * max(host.slots - len(busy), 0)
         heapq.heapify(self.slots)
@@ -125,6 +128,18 @@ class _Server:
         self.resident = {p.id for p in places if p.state in ("loaded", "loading")}
         # When the work placed here so far would be done, spread over its slots.
         self.backlog = sum(self.slots) / host.slots
+
+    def lanes(self, p: Place) -> int:
+        """How many of `p`'s requests run at once here."""
+        return min(p.slots or self.host.slots, self.host.slots)
+
+
+def _free_slots(busy_s: Iterable[float], slots: int) -> list[float]:
+    """A heap of when each of `slots` slots frees, the busiest `busy_s` in them."""
+    busy = sorted(busy_s)[:slots]
+    free = busy + [0.0] * max(slots - len(busy), 0)
+    heapq.heapify(free)
+    return free
 
 
 def forecast(
@@ -173,7 +188,7 @@ def forecast(
         if p is not None and p.id in ready_at:
             kept[w.id] = max(ready_at[p.id], w.not_before_s)
             run_s = w.run_on(p)
-            work[p.id] = max(work[p.id], kept[w.id]) + run_s / servers[p.server_id].host.slots
+            work[p.id] = max(work[p.id], kept[w.id]) + run_s / servers[p.server_id].lanes(p)
     queues: dict[int, list[tuple[int, Hashable, float, float]]] = {h: [] for h in servers}
     queued = dict.fromkeys(places, 0)
     etas: dict[Hashable, float | None] = {}
@@ -215,10 +230,10 @@ def forecast(
                 if victim is not None:
                     server.resident.discard(victim)
                     ready_at.pop(victim, None)
-            # Rough: its share of the server's slots, for an eviction's wait on this model.
-            work[p.id] = max(work[p.id], ready) + run_s / server.host.slots
+            # Rough: its share of the slots it runs in, for an eviction's wait on this model.
+            work[p.id] = max(work[p.id], ready) + run_s / server.lanes(p)
         server.backlog = start + run_s / server.host.slots
-        queues[p.server_id].append((rank, w.id, run_s, ready))
+        queues[p.server_id].append((rank, w.id, run_s, ready, p.id))
         queued[p.id] += 1
     for server_id, queue in queues.items():
         _send(servers[server_id], queue, etas)
@@ -258,22 +273,31 @@ def _ready(
 
 
 def _send(server: _Server, queue: list, etas: dict) -> None:
-    """Each time a slot frees, the best ranked request whose model is ready by then goes
-    (queue: rank, request, its expected run, when its model is ready there). Requests are kept
-    in one line per moment of readiness, so a deep line costs a pass over it."""
-    lines: dict[float, deque] = {}
+    """Each time a slot frees, the best ranked request that can start by then goes (queue:
+    rank, request, its expected run, when its model is ready there, its place): its model
+    ready, and one of the model's own slots free where it has fewer than the server. The
+    requests are kept in one line per model and moment of readiness, so a deep line costs a
+    pass over it."""
+    lines: dict[tuple[float, int], deque] = {}
     for q in sorted(queue):
-        lines.setdefault(q[3], deque()).append(q)
+        lines.setdefault((q[3], q[4]), deque()).append(q)
+
+    def start(key: tuple[float, int]) -> float:
+        ready, place = key
+        own = server.own.get(place)
+        return max(ready, own[0]) if own else ready
+
     while lines:
-        free = server.slots[0]
-        ready = [t for t in lines if t <= free] or [min(lines)]
-        free = max(free, min(ready))
-        t = min(ready, key=lambda t: lines[t][0][0])
-        _, request_id, run_s, _ = lines[t].popleft()
-        if not lines[t]:
-            del lines[t]
+        starts = {key: start(key) for key in lines}
+        free = max(server.slots[0], min(starts.values()))
+        key = min((k for k, t in starts.items() if t <= free), key=lambda k: lines[k][0][0])
+        _, request_id, run_s, _, place = lines[key].popleft()
+        if not lines[key]:
+            del lines[key]
         etas[request_id] = free
         heapq.heapreplace(server.slots, free + run_s)
+        if place in server.own:
+            heapq.heapreplace(server.own[place], free + run_s)
 
 
 def within(eta_s: float, actual_s: float) -> bool:

@@ -139,3 +139,22 @@ def test_a_request_routed_to_a_load_is_sent_on_it_though_a_switch_is_placed_ahea
     line = [Waiter("a1", "a", 1), Waiter("b1", "b"), Waiter("a2", "a", 1)]
     etas = forecast([Host(1, slots=2)], places, line)
     assert etas == {"a1": 8.0, "b1": 8.5 + 2.0, "a2": 8.0}
+
+
+def test_a_model_with_fewer_slots_than_its_server_runs_no_more_at_once():
+    """llama-server's `-np 2` on a server of 4: two at once, and the other model's requests
+    take the free slots meanwhile."""
+    places = [place(1, 1, "a", slots=2, busy_s=(1.0,)), place(2, 1, "b")]
+    line = [Waiter(f"a{i}", "a") for i in range(4)] + [Waiter("b1", "b")]
+    etas = forecast([Host(1, slots=4, capacity={"llm": 2})], places, line)
+    assert etas == {"a0": 0.0, "a1": 1.0, "a2": 2.0, "a3": 3.0, "b1": 0.0}
+
+
+def test_an_eviction_waits_for_the_models_own_slots_to_serve_what_waited_for_it():
+    """`a` (2 slots of the server's 4) keeps 8 routed requests of 2 s before it can leave:
+    `b` is loaded after 8 s, not 4."""
+    places = [place(1, 1, "a", slots=2), place(2, 1, "b", state="unloaded", load_s=1.0)]
+    line = [Waiter("b1", "b")] + [Waiter(f"a{i}", "a", 1) for i in range(8)]
+    etas = forecast([Host(1, slots=4)], places, line)
+    assert etas["b1"] == 8.0 + 1.0
+    assert [etas[f"a{i}"] for i in range(8)] == [0.0, 0.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0]
