@@ -118,11 +118,11 @@ def load_left_s(load_s: float, elapsed_s: float, reported: float | None = None) 
 class _Server:
     def __init__(self, host: Host, places: list[Place]) -> None:
         self.host = host
-        # A model with slots of its own runs no more at once (the others wait in line).
-        self.own = {p.id: _free_slots(p.busy_s, p.slots) for p in places if p.slots}
-        busy = sorted(b for p in places for b in p.busy_s)[: host.slots]
-        self.slots = busy + [0.0] * max(host.slots - len(busy), 0)
-        heapq.heapify(self.slots)
+        self.slots = _free_slots([b for p in places for b in p.busy_s], host.slots)
+        # A model with fewer slots of its own runs no more at once (the others wait in line).
+        self.own = {
+            p.id: _free_slots(p.busy_s, p.slots) for p in places if p.slots and p.slots < host.slots
+        }
         loading = [p.load_left_s for p in places if p.state == "loading"]
         self.load_free = max(loading, default=0.0)
         self.resident = {p.id for p in places if p.state in ("loaded", "loading")}
@@ -189,7 +189,7 @@ def forecast(
             kept[w.id] = max(ready_at[p.id], w.not_before_s)
             run_s = w.run_on(p)
             work[p.id] = max(work[p.id], kept[w.id]) + run_s / servers[p.server_id].lanes(p)
-    queues: dict[int, list[tuple[int, Hashable, float, float]]] = {h: [] for h in servers}
+    queues: dict[int, list[tuple[int, Hashable, float, float, int]]] = {h: [] for h in servers}
     queued = dict.fromkeys(places, 0)
     etas: dict[Hashable, float | None] = {}
     for rank, w in enumerate(line):
