@@ -11,6 +11,7 @@ from django.db.models import Aggregate, Count, FloatField, Min, Q
 from django.db.models.functions import Coalesce
 
 from backends.models import Server
+from scheduler.durations import to_ms
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Priority, Request, State
 
 from . import eta_checks
@@ -108,7 +109,7 @@ def timeline(since: datetime, now: datetime) -> list[dict]:
                 "loaded_at": iso(s.loaded_at),
                 "ended_at": iso(s.ended_at),
                 "failed": s.failed,
-                "load_s": round((s.loaded_at - s.started_at).total_seconds(), 3)
+                "load_s": to_ms((s.loaded_at - s.started_at).total_seconds())
                 if s.loaded_at
                 else None,
                 "stay_s": round((end - s.started_at).total_seconds(), 1),

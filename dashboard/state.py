@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
+from scheduler.durations import to_ms as seconds
 from scheduler.intents import open_intents
 from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
 from scheduler.reasons_shown import reported_fraction, server_fraction
@@ -32,10 +33,6 @@ ESTIMATE_CAP = 0.99
 
 def iso(at: datetime | None) -> str | None:
     return at.isoformat() if at else None
-
-
-def seconds(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)  # to the ms: the pages show short ones so
 
 
 def server_status(s: Server, now: datetime) -> dict:

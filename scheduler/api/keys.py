@@ -29,6 +29,7 @@ from rest_framework.views import APIView
 from access import usage
 from access.models import ApiKey, Team
 
+from ..durations import to_ms
 from ..models import Priority
 from . import listing
 from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
@@ -58,7 +59,7 @@ class Seconds(serializers.FloatField):
     """Seconds to the millisecond, as the usage report gives them."""
 
     def to_representation(self, value: float) -> float:
-        return round(super().to_representation(value), 3)
+        return to_ms(super().to_representation(value))
 
 
 class UsageOut(serializers.Serializer):

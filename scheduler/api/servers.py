@@ -24,6 +24,7 @@ from backends.discovery import sync_server
 from backends.models import Deployment, Server
 
 from ..asking import ask_load, ask_unload, record
+from ..durations import to_ms
 from ..intents import open_intents
 from ..models import Intent, Request, State
 from . import listing
@@ -111,11 +112,6 @@ def servers_page(params) -> dict[str, Any]:
     return listing.page(
         Server.objects.all(), params, ("name",), servers_body, default_limit=listing.MAX_LIMIT
     )
-
-
-def to_ms(seconds: float | None) -> float | None:
-    """A measured average to the millisecond (as the usage report's seconds)."""
-    return None if seconds is None else round(seconds, 3)
 
 
 def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
