@@ -277,8 +277,9 @@ class _Pass(Routing, Switching, Dispatching, Housekeeping):
 
     def follow_routed(self) -> None:
         for r in list(self.requests.values()):
-            if r.state == "pending" or r.deployment_id is None:
+            if r.state == "pending":
                 continue
+            # None once its deployment was deleted (the row's link is cleared).
             d = self.deployments.get(r.deployment_id)
             if d is None:
                 self.requeue(r, "its deployment was removed")

@@ -21,7 +21,9 @@ class Routing:
     def route_pending(self) -> None:
         later = []
         for r in self.ranked("pending"):
-            if r.model not in self.deployed:
+            if not r.model:  # its model was deleted: the snapshot reads no name for it
+                self.fail(r, "model_not_found", "its model was deleted while it waited")
+            elif r.model not in self.deployed:
                 self.fail(r, "model_not_deployed", f"no server has a deployment of {r.model}")
             elif (why := self.why_nothing_serves(r.model)) is not None:
                 self.no_server(r, why)

@@ -36,6 +36,7 @@ from .waiting import (
 FAILED_STATUS = {
     "bad_request": 400,
     "model_not_deployed": 404,
+    "model_not_found": 404,
     "model_unavailable": 503,
     "not_found": 404,
     "load_failed": 503,
@@ -61,7 +62,7 @@ def error_of(request: Request) -> ApiError:
             503, request.error, type="server_error", code=request.error_code, retry_after_s=30
         )
     status = FAILED_STATUS.get(request.error_code, 502)
-    kind = "invalid_request_error" if status == 400 else "server_error"
+    kind = "invalid_request_error" if status < 500 else "server_error"
     return ApiError(
         status,
         request.error or "the request failed",

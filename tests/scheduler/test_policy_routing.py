@@ -7,10 +7,13 @@ Pure: no database, no clock, no sleeps. Each test says what would break if it fa
 
 from dataclasses import replace
 
+import pytest
+
 from scheduler.decisions import (
     Defer,
     Dispatch,
     Fail,
+    Requeue,
     Route,
     StartLoad,
     Unload,
@@ -349,3 +352,29 @@ def test_defer_is_the_earliest_wake():
     other = dep(2, 1, "b", next_load_at=at(5), load_failures=1, last_error_code="connection")
     decisions = plan(snap([server(1, llm=2)], [d, other], [r, req("b")]), at(0))
     assert len(of(decisions, Defer)) == 1 and defer(decisions).until == at(5)
+
+
+# -- deleted deployments and models ------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["needs_loading", "ready"])
+def test_a_request_whose_deployment_was_deleted_is_routed_again(state):
+    """Deleting a deployment (the admin, `apply_config --prune`) clears the link of what was
+    routed to it: such a request goes back and is routed to another server with its model
+    (it crashed the pass when ready, and waited to expiry when its load was due)."""
+    r = req("a", state=state, deployment_id=None)
+    decisions = plan(snap([server(2)], [dep(2, 2, "a", "loaded")], [r]), at(0))
+    assert of(decisions, Requeue) == [Requeue(r.id, "its deployment was removed", None)]
+    assert [(d.request_id, d.deployment_id, d.ready) for d in of(decisions, Route)] == [
+        (r.id, 2, True)
+    ]
+
+
+def test_a_request_whose_model_was_deleted_fails_naming_why():
+    """A deleted model's requests keep their row but lose the name the pass reads: they fail
+    with model_not_found and say so (not "no server has a deployment of ")."""
+    r = req("", state="ready", deployment_id=None)
+    decisions = plan(snap([server(1)], [dep(1, 1, "a", "loaded")], [r]), at(0))
+    assert of(decisions, Fail) == [
+        Fail(r.id, "model_not_found", "its model was deleted while it waited")
+    ]
