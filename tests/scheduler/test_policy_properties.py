@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from scheduler.decisions import Dispatch, Expire, Fail, Route, StartLoad, StopLoad, Unload
 from scheduler.policy import plan, plan_explained
-from scheduler.snapshot import KeyView, PolicyConfig, Snapshot
+from scheduler.snapshot import KeyView, PolicyConfig, Snapshot, TeamView
 
 from .builders import at, dep, req, server
 
@@ -75,6 +75,12 @@ def snapshots(draw) -> Snapshot:
                     load_started_at=at(-3) if state == "loading" else None,
                     last_priority=draw(st.sampled_from([None, 0, 3])),
                     last_used_at=at(-draw(st.sampled_from([5, 600]))),
+                    last_interactive_at=draw(st.sampled_from([None, at(-30)])),
+                    idle_ttl_s=draw(st.sampled_from([None, 60.0])),
+                    keep_loaded_hours=draw(mostly("", "00:00-00:00")),
+                    load_cause=draw(st.sampled_from(["request", "restore", "operator"])),
+                    displaced=draw(mostly(False, True)),
+                    next_load_at=at(20) if state == "failed" and draw(st.booleans()) else None,
                 )
             )
     requests = []
@@ -100,8 +106,11 @@ def snapshots(draw) -> Snapshot:
                 cache_server=draw(st.sampled_from([None, 1])),
             )
         )
-    keys = (KeyView(1, max_processing=1, processing=draw(st.integers(0, 1))), KeyView(2))
-    return Snapshot(tuple(servers), tuple(deployments), tuple(requests), PolicyConfig(), keys)
+    keys = (KeyView(1, max_processing=1, processing=draw(st.integers(0, 1))), KeyView(2, team=1))
+    teams = (TeamView(1, max_processing=draw(st.sampled_from([None, 1]))),)
+    return Snapshot(
+        tuple(servers), tuple(deployments), tuple(requests), PolicyConfig(), keys, teams
+    )
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
