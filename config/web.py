@@ -18,12 +18,14 @@ def masked(request: str) -> str:
     return WATCH_LINK.sub(r"\1…", request)
 
 
-def web_command():
-    """Daphne's command line, its access log masked. Daphne is imported only here: its
-    server module installs a reactor of its own unless ours is installed first."""
+def web_server_class() -> type:
+    """Daphne's server, its access log masked, that stops without cancelling its callers'
+    requests. Daphne is imported only here: its server module installs a reactor of its own
+    unless ours is installed first."""
     from daphne.access import AccessLogGenerator
-    from daphne.cli import CommandLineInterface
     from daphne.server import Server
+
+    from scheduler.api.waiting import web_process_stopping
 
     class AccessLog(AccessLogGenerator):
         def write_entry(self, host, date, request, *args, **kwargs) -> None:
@@ -35,8 +37,20 @@ def web_command():
                 action_logger = AccessLog(action_logger.stream)
             super().__init__(*args, action_logger=action_logger, **kwargs)
 
+        def kill_all_applications(self):
+            # Daphne cancels every open call as it stops: a restart, not callers hanging up.
+            web_process_stopping()
+            return super().kill_all_applications()
+
+    return WebServer
+
+
+def web_command():
+    """Daphne's command line, on `web_server_class`."""
+    from daphne.cli import CommandLineInterface
+
     class WebCommand(CommandLineInterface):
-        server_class = WebServer
+        server_class = web_server_class()
 
     return WebCommand()
 

@@ -151,7 +151,21 @@ async def until_finished(sub: Subscription, every_s: float) -> Request:
     raise AssertionError("unreachable")
 
 
+_stopping = False
+
+
+def web_process_stopping() -> None:
+    """This web process is stopping (SIGTERM): the connections it closes from now on were
+    not hung up by their callers. What they sent stays stored for a worker, and a retry
+    with its Idempotency-Key finds the answer."""
+    global _stopping
+    _stopping = True
+
+
 async def cancel_abandoned(request_id) -> None:
     """The caller went away: cancel the request, at its server too if it is processing (no
-    one is left to read the answer; the server stops generating)."""
+    one is left to read the answer; the server stops generating). Not when the web process
+    itself is stopping (`web_process_stopping`)."""
+    if _stopping:
+        return
     await asyncio.shield(sync_to_async(cancel_request)(request_id, "the caller disconnected"))

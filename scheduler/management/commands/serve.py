@@ -4,11 +4,11 @@ import asyncio
 import logging
 
 from daphne.endpoints import build_endpoint_description_strings
-from daphne.server import Server
 from django.core.management.base import BaseCommand
 
 from config import event_loop
 from config.asgi import application
+from config.web import web_server_class
 from dashboard.history import record_forever
 from scheduler import restarts
 
@@ -35,7 +35,7 @@ class Command(BaseCommand):
             loop = event_loop.name(asyncio.get_event_loop())
             self.stdout.write(f"Switchyard is serving on http://{host}:{port}/ ({loop})")
 
-        server = Server(
+        server = web_server_class()(
             application=application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
             ready_callable=start_scheduler,
