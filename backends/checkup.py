@@ -164,7 +164,7 @@ def check_server(server: Server) -> Checkup:
     try:
         listed = listed_models(server)
     except AdapterError as error:
-        report.add(ERROR, f"cannot list its models as a {server.kind} server: {error.message}")
+        report.add(ERROR, f"cannot list its models (kind {server.kind}): {error.message}")
         return report
     _check_models(server, listed, report)
     return report

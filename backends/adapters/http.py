@@ -45,6 +45,9 @@ LOAD_FAILED_WORDS = (
     "model_load_error",
 )
 OOM_WORD = re.compile(r"\boom\b")
+# A web page's head (its title and styles say nothing the body does not) and its tags.
+HTML_HEAD = re.compile(r"<head\b.*?</head>", re.IGNORECASE | re.DOTALL)
+HTML_TAG = re.compile(r"<[^>]*>")
 BUSY_WORDS = ("server busy", "too many requests", "loading model", "not ready", "overloaded")
 
 OPENAI_PATHS = {
@@ -90,8 +93,16 @@ def error_from_response(
         body = json.loads(text)
     except ValueError:
         body = None
-    message = message_of(body) if body is not None else text.strip()[:500]
+    message = message_of(body) if body is not None else one_line(text)
     return classify(status, message or f"HTTP {status}", retry_after_of(headers))
+
+
+def one_line(text: str) -> str:
+    """A body that is not JSON, on one line: a web page's text without its tags (a proxy's
+    or a web server's error page at a wrong address, not an inference server's answer)."""
+    if text.lstrip().startswith("<"):
+        text = HTML_TAG.sub(" ", HTML_HEAD.sub(" ", text))
+    return " ".join(text.split())[:500]
 
 
 def error_from_event(event: dict[str, Any]) -> AdapterError:

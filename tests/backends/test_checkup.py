@@ -127,6 +127,38 @@ def test_nothing_answering_is_an_error_and_the_command_fails_on_it(server):
         call_command("check_servers", "nope")
 
 
+ERROR_PAGE = """<!DOCTYPE HTML>
+<html lang="en">
+    <head>
+        <meta charset="utf-8">
+        <title>Error response</title>
+        <style>body { font-family: sans-serif; }</style>
+    </head>
+    <body>
+        <h1>Error response</h1>
+        <p>Error code: 404</p>
+        <p>Message: File not found.</p>
+    </body>
+</html>
+"""
+
+
+def test_a_web_page_at_the_address_is_said_on_one_line(server):
+    """A server's address that reaches a web server (a proxy, a static site) answers error
+    pages: the report says their text, not their HTML."""
+    for path in ("/", "/api/tags", "/api/version", "/api/ps"):
+        server.on("GET", path, Reply(404, ERROR_PAGE, {"Content-Type": "text/html"}))
+    srv = factories.server("web", kind="ollama", base_url=server.url)
+
+    finding = check_server(srv).findings[-1]
+
+    assert (finding.level, finding.text) == (
+        ERROR,
+        "cannot list its models (kind ollama): Error response Error code: 404 Message: File"
+        " not found.",
+    )
+
+
 def test_a_router_that_runs_fewer_models_than_switchyard_may_keep_there(server):
     """The router stops the least recently used model by itself beyond --models-max:
     Switchyard keeping more there would see its models vanish."""
