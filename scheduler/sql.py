@@ -248,10 +248,17 @@ def marks(n: int) -> str:
 
 
 def for_update(of: str = "") -> str:
-    """Lock the rows read (PostgreSQL); SQLite writes one transaction at a time anyway."""
+    """Lock the rows read (PostgreSQL); SQLite writes one transaction at a time anyway.
+
+    `NO KEY UPDATE`, the lock an UPDATE of other columns than the key takes: it leaves
+    alone the checks of foreign keys that point at the row (a request's at its deployment
+    and server, a trace row's at its request), which PostgreSQL makes at commit with a `KEY
+    SHARE` lock. A `FOR UPDATE` would make such a check wait at the end of a transaction
+    that locked requests, behind one that locked the deployment first: a deadlock, against
+    the lock order (docs/architecture.md)."""
     if not connection.features.has_select_for_update:
         return ""
-    return f" FOR UPDATE OF {of}" if of else " FOR UPDATE"
+    return f" FOR NO KEY UPDATE OF {of}" if of else " FOR NO KEY UPDATE"
 
 
 FoundBy = tuple[str, str, Any, tuple[str, Sequence[Any]]]

@@ -15,11 +15,11 @@ from .. import sql, wakeup
 from ..durations import spoken
 from ..models import WAITING_STATES, Request, RequestKind, State
 from ..retry import backoff_s
-from ..transitions import Transition, end_later, move, move_all
+from ..transitions import Transition, end_later, locking, move, move_all
 from .dispatch import Sending, ServeJob, dispatch_all
 from .health import server_failed
 from .knobs import knob
-from .queries import DEPLOYMENTS, lock_deployments, lock_servers
+from .queries import DEPLOYMENTS, lock_deployments, lock_servers, servers_deployments
 
 DS = DeploymentState
 
@@ -89,12 +89,20 @@ def requests_completed(
         sql.without_waiting_for_disk()
         # The lock order (servers, deployments, then requests): with sends, the servers
         # first, as every dispatch locks them; the deployments whose slots free before the
-        # requests that end. Held writes, gone in the same round trip as the ends.
+        # requests. Held writes, gone in the same round trip as the ends.
         freed = sorted({a.job.deployment_id for a in answers})
         if sends:
-            deployments = {send.deployment_id for send in sends}
-            sql.write_later(*lock_servers(sorted(deployments | set(freed))))
-        sql.write_later(*lock_deployments(freed))
+            # And every deployment of their servers, as the dispatch below locks them.
+            deployments = sorted({send.deployment_id for send in sends} | set(freed))
+            sql.write_later(*lock_servers(deployments))
+            sql.write_later(*servers_deployments(deployments))
+        else:
+            sql.write_later(*lock_deployments(freed))
+        if sends or len(answers) > 1:
+            # The requests that end and those sent after, together in id order: an end's
+            # write locks its row, and a lock taken out of order meets another worker's.
+            ids = [a.job.request_id for a in answers] + [send.request_id for send in sends]
+            sql.write_later(*locking("id", sql.keys(Request, dict.fromkeys(ids))))
         ends = []
         for a in answers:
             end = end_later(
@@ -197,7 +205,7 @@ def cancel_request(request_id, reason: str) -> bool:
         if deployment_id is not None:  # before the request: the lock order
             sql.fetch(*lock_deployments([deployment_id]))
         # Still on that deployment (not retried elsewhere meanwhile), under lock.
-        if not at.filter(deployment_id=deployment_id).select_for_update().exists():
+        if not at.filter(deployment_id=deployment_id).select_for_update(no_key=True).exists():
             return False
         if not move(request_id, [State.PROCESSING], State.CANCELLED, reason, server or ""):
             return False

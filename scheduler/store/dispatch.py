@@ -208,8 +208,10 @@ def move_and_dispatch(
             sql.without_waiting_for_disk()
         if others and sends:
             # The lock order (servers, deployments, requests): the rows the moves take are
-            # locked after the slots the sends need, with the sends' own, in one round trip.
-            _lock_in_order([did for _, did in sends], [t.request_id for t in transitions])
+            # locked after the slots the sends need, with the sends' own (all in id order:
+            # the sends' left for later would be taken out of it), in one round trip.
+            moved = [t.request_id for t in transitions]
+            _lock_in_order([did for _, did in sends], moved + [rid for rid, _ in sends])
         done = dict(zip(map(id, others), move_all(others), strict=True))
         jobs = dispatch_all(sends, worker_id, routes, send_now)
         sent = {job.request_id for job in jobs if job is not None}

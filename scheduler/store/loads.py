@@ -54,7 +54,7 @@ def start_load(
     server_id = Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)
     with transaction.atomic():
         # Lock the server row: two workers never start loads on the same server at once.
-        Server.objects.select_for_update().filter(pk=server_id).first()
+        Server.objects.select_for_update(no_key=True).filter(pk=server_id).first()
         busy = Deployment.objects.filter(
             server_id=server_id, state__in=(DS.LOADING, DS.UNLOADING)
         ).exists()

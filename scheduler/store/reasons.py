@@ -55,7 +55,9 @@ def write_reasons(changes: Mapping[UUID, Reason]) -> None:
     pass's moves (a trace row follows the move that led to it)."""
     with sql.atomic():
         sql.without_waiting_for_disk()  # lost in a crash, the next pass writes it again
-        for chunk in sql.chunks(list(changes.items()), PER_STATEMENT):
+        # In id order across the chunks too: each chunk locks its rows, and the lock order
+        # holds for the whole transaction.
+        for chunk in sql.chunks(sorted(changes.items()), PER_STATEMENT):
             _write(dict(chunk), timezone.now())
     channel_hints.dashboard_changed()  # the pages that show them read them again
 
@@ -64,7 +66,7 @@ def _write(changes: dict[UUID, Reason], now: datetime) -> None:
     still_waiting = (
         Request.objects.filter(pk__in=changes, state__in=WAITING_STATES)
         .order_by("pk")
-        .select_for_update()
+        .select_for_update(no_key=True)
         .values_list("pk", "state", "reason")
     )
     new = {}  # id: (state, reason, traced)

@@ -119,7 +119,11 @@ def _hand_back(worker_ids: list[int], reason: str) -> tuple[int, list[int]]:
 def _lock_deployments() -> None:
     """Every deployment locked in id order, as a dispatch locks them (the lock order),
     before any request is written; an UPDATE alone would lock them in the table's order."""
-    list(Deployment.objects.order_by("pk").select_for_update().values_list("pk", flat=True))
+    list(
+        Deployment.objects.order_by("pk")
+        .select_for_update(no_key=True)
+        .values_list("pk", flat=True)
+    )
 
 
 def recount_in_flight() -> None:

@@ -159,7 +159,7 @@ def test_one_request_costs_five_round_trips_on_postgresql_four_if_sent_on_arriva
         assert on_requests
         mention = rf"(?:FROM|UPDATE) {table} "
         unindexed = r"\([^()]*\) IS NOT DISTINCT FROM \([^()]*\)"
-        by_key = rf"{mention}[^()]*?WHERE id = \$\d+( AND {unindexed})?( FOR UPDATE)?(\)|$)"
+        by_key = rf"{mention}[^()]*?WHERE id = \$\d+( AND {unindexed})?( FOR NO KEY UPDATE)?(\)|$)"
         for part in on_requests:
             if f" AS INSERT INTO {table} " not in part:
                 assert len(re.findall(by_key, part)) == len(re.findall(mention, part)), part

@@ -95,7 +95,7 @@ def test_a_batch_of_moves_commits_together_and_a_refused_one_writes_nothing(
         for r in (first, gone, *rest)
     ]
 
-    # However many: BEGIN, one SELECT … FOR UPDATE, one UPDATE for the rows that move
+    # However many: BEGIN, one SELECT … FOR NO KEY UPDATE, one UPDATE for the rows that move
     # alike, one INSERT of their trace rows, COMMIT.
     with django_assert_max_num_queries(5):
         assert move_all(batch) == [True, False] + [True] * 8
