@@ -40,6 +40,7 @@ class Effects:
         self.retired: list[Adapter] = []  # replaced after an edit; closed at stop
         self.tasks: dict[str, asyncio.Task] = {}  # named tasks under way
         self.chores: set[asyncio.Future] = set()  # writes no task waits for to the end
+        self.closed = False  # its adapters closed: the worker has stopped
 
     # -- the clock -----------------------------------------------------------------------
 
@@ -56,6 +57,11 @@ class Effects:
     def start(self, name: str, work: Coroutine, ended: TaskEnded) -> asyncio.Task:
         """Run `work` as the task `name`; `ended(name, task)` once it is done."""
         task = asyncio.create_task(work, name=name)
+        if self.closed:
+            # Started after the worker stopped (the serve tasks of a send whose commit came
+            # back late, the status sync their failure asks for): nothing can reach a server
+            # now, and what it held is handed back. Cancelled before it runs.
+            task.cancel()
         self.tasks[name] = task
 
         def finished(t: asyncio.Task) -> None:
@@ -126,6 +132,7 @@ class Effects:
             self.retired.append(self.adapters.pop(server.pk))
 
     async def close_adapters(self) -> None:
+        self.closed = True
         for adapter in [*self.adapters.values(), *self.retired]:
             await adapter.close()
 

@@ -93,3 +93,21 @@ async def test_stopping_cancels_the_tasks_a_cancelled_task_starts_as_it_ends():
     await effects.cancel_all()
     assert len(started) == 1 and started[0].cancelled()
     assert effects.tasks == {}
+
+
+async def test_a_task_started_after_the_worker_stopped_never_runs():
+    """A send whose commit came back after the stop starts its serve task late: on closed
+    adapters it would fail, ask for a status sync, and that sync crashed on a closed client.
+    Once the adapters are closed, a task is cancelled before it runs."""
+    effects = Effects()
+    ran: list[str] = []
+
+    async def serve() -> None:
+        ran.append("serve")
+
+    await effects.cancel_all()
+    await effects.close_adapters()
+    task = effects.start("serve 1", serve(), lambda *_: None)
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and ran == []
+    assert effects.tasks == {}
