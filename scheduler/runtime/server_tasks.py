@@ -43,6 +43,7 @@ class ServerTasks:
         self.last_sync = -float("inf")
         self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
         self.to_mark_up: set[int] = set()  # servers whose answer's mark waits for the pass
+        self.refused: dict[int, str] = {}  # server → why it refused its last status sync
 
     # -- loads and unloads ---------------------------------------------------------------
 
@@ -277,5 +278,26 @@ class ServerTasks:
             if error.server_fault:
                 self.forget_answers(server_id)
                 await db(store.mark_down)(server_id, error.message)
+            else:
+                await self.sync_refused(server_id, error)
             return
+        self.refused.pop(server_id, None)
         await db(store.apply_server_models)(server_id, listed, asked_at)
+
+    async def sync_refused(self, server_id: int, error: AdapterError) -> None:
+        """A server that answers, but not with its model list: another kind of server, or
+        something else at its address (a web page's 404), or a key it does not take (401).
+        Nothing is marked (its loads will fail, or succeed where only the list is missing),
+        but the log says so once, not at every sync."""
+        if self.refused.get(server_id) == error.message:
+            return
+        self.refused[server_id] = error.message
+        name = await db(store.server_name)(server_id)
+        log.warning(
+            "server %s answers, but not with its model list (%s: %s): is it a server of its"
+            " kind at that address? `manage.py check_servers %s` says what answers there",
+            name,
+            error.code,
+            error.message,
+            name,
+        )

@@ -41,6 +41,7 @@ from .health import (
     recheck_deployment,
     server_failed,
     server_for_adapter,
+    server_name,
     server_succeeded,
 )
 from .knobs import knob, policy_config
@@ -110,6 +111,7 @@ __all__ = [
     "server_for_adapter",
     "server_of_deployment",
     "server_failed",
+    "server_name",
     "server_succeeded",
     "set_load_progress",
     "start_load",
