@@ -29,8 +29,10 @@ from .waiting import (
     Subscription,
     cancel_abandoned,
     finished_after,
+    restarting,
     state_unknown,
     until_finished,
+    web_stopping,
 )
 
 FAILED_STATUS = {
@@ -237,9 +239,13 @@ async def respond(
     except ApiError as lost:
         reply = Reply.error(lost, request.pk)
     except asyncio.CancelledError:
+        await sub.close()
+        if web_stopping():
+            # Cut by this web process stopping, not by its caller: say where the request
+            # goes on (it is not cancelled), instead of closing the connection unanswered.
+            return Reply.error(restarting(request.pk), request.pk)
         if hang_up_cancels:
             await cancel_abandoned(request.pk)
-        await sub.close()
         raise
     else:
         if finished.state == State.COMPLETED:

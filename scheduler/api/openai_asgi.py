@@ -21,9 +21,10 @@ from access import auth
 from .. import faults
 from ..models import RequestKind
 from ..pool_threads import in_pool_thread
-from . import ollama_api, recovery
+from . import ollama_api, recovery, waiting
 from .errors import ApiError, request_too_large
 from .inference import Reply, answer, run_detached
+from .waiting import restarting
 
 log = logging.getLogger(__name__)
 
@@ -160,15 +161,27 @@ async def send_reply(send, found: Reply, ollama: dict | None = None) -> None:
         try:
             async for event in events:
                 await send(part(event.encode(), more=True))
-        except Exception as exc:  # the status is sent: say why in the body, then end it
-            request_id = headers.get("X-Request-Id")
-            error = failed(exc, f"relaying request {request_id}")
-            ended = f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n"
-            if ollama is not None:
-                ended = json.dumps(ollama_api.error_body(error.body())) + "\n"
+        except asyncio.CancelledError:
+            if not waiting.web_stopping():
+                raise  # the caller hung up: nobody is left to tell
+            # This web process stops (a restart): the stream ends as every stream ends, and
+            # says where its request goes on.
             with contextlib.suppress(Exception):
-                await send(part(ended.encode(), more=True))
+                await send(part(last_event(restarting(headers.get("X-Request-Id")), ollama)))
+            raise
+        except Exception as exc:  # the status is sent: say why in the body, then end it
+            error = failed(exc, f"relaying request {headers.get('X-Request-Id')}")
+            with contextlib.suppress(Exception):
+                await send(part(last_event(error, ollama), more=True))
     await send(part(b""))
+
+
+def last_event(error: ApiError, ollama: dict | None) -> bytes:
+    """A stream's end after its status was sent: the error, then `[DONE]` (an NDJSON error
+    line for Ollama's API)."""
+    if ollama is not None:
+        return (json.dumps(ollama_api.error_body(error.body())) + "\n").encode()
+    return f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
 
 
 def failed(exc: Exception, doing: str) -> ApiError:

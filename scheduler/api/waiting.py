@@ -162,6 +162,23 @@ def web_process_stopping() -> None:
     _stopping = True
 
 
+def web_stopping() -> bool:
+    return _stopping
+
+
+def restarting(request_id) -> ApiError:
+    """What a caller whose call this web process cuts as it stops is told: the request goes
+    on, and where its answer will be."""
+    return ApiError(
+        503,
+        f"Switchyard's web process is restarting. Request {request_id} goes on: read its"
+        f" answer at /api/v1/requests/{request_id}, or resend with the same Idempotency-Key.",
+        type="server_error",
+        code="restarting",
+        retry_after_s=1,
+    )
+
+
 async def cancel_abandoned(request_id) -> None:
     """The caller went away: cancel the request, at its server too if it is processing (no
     one is left to read the answer; the server stops generating). Not when the web process

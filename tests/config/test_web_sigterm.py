@@ -1,6 +1,6 @@
 """A web process told to stop (SIGTERM) while a caller waits for an answer exits promptly: the
-waiting caller's connection is closed, its request stays stored for a worker to run (not
-cancelled as if its caller had hung up)."""
+waiting caller is told (503 `restarting`, or a stream's last event and `[DONE]`) that its
+request stays stored for a worker to run (not cancelled as if its caller had hung up)."""
 
 import os
 import signal
@@ -89,7 +89,19 @@ def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
     assert answered, "the caller was never let go"
     # Stored, and not cancelled: its caller did not hang up, the web process stopped (a
     # retry with its Idempotency-Key would find the answer).
-    assert Request.objects.get().state == "pending"
+    request = Request.objects.get()
+    assert request.state == "pending"
+    # Told so, as every call ends: an answer, or a stream's last event and [DONE].
+    answer = answered[0]
+    assert isinstance(answer, httpx.Response), answer
+    if stream:
+        assert answer.status_code == 200
+        assert answer.text.endswith("data: [DONE]\n\n"), answer.text
+        assert '"code": "restarting"' in answer.text and str(request.pk) in answer.text
+    else:
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "restarting"
+        assert answer.headers["X-Request-Id"] == str(request.pk)
 
 
 def test_a_stopped_web_process_exits_with_a_request_thread_still_waiting():
