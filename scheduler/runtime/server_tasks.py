@@ -73,26 +73,33 @@ class ServerTasks:
             await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, repr(exc)))
         else:
             if job.learn_facts:
-                await self.learn_facts(adapter, job)
+                target = job.target.server_model_id
+                await self.learn_facts(adapter, job.deployment_id, target, job.server_name)
             await db(store.load_succeeded)(job, time.monotonic() - started)
             self.server_answered(job.server_id)
 
-    async def learn_facts(self, adapter: Adapter, job: store.LoadJob) -> None:
+    async def learn_facts(
+        self,
+        adapter: Adapter,
+        deployment_id: int,
+        model: str,
+        server_name: str,
+        when: str = "after the load",
+    ) -> None:
         """Before the model's first requests are sent: what its server says of it now that
         it runs (llama-server's slots, its chat template's capabilities, its context), where
         nobody has said it, so that it is sent no more at once than it serves (llama-server
-        queues the rest out of our sight). A server that cannot say is not asked again
-        until the next load."""
-        model = job.target.server_model_id
+        queues the rest out of our sight). After a load, or once the status sync finds it
+        loaded outside Switchyard. A server that cannot say is not asked again until then."""
         try:
             async with asyncio.timeout(FACTS_TIMEOUT_S):
                 found = await discovery.described(adapter, only=model)
         except (AdapterError, TimeoutError) as error:
             why = getattr(error, "message", f"no answer in {FACTS_TIMEOUT_S:.0f} s")
-            log.info("%s on %s: could not learn its slots: %s", model, job.server_name, why)
+            log.info("%s on %s: could not learn its slots: %s", model, server_name, why)
             return
-        if found and (filled := await db(discovery.fill_empty_facts)(job.deployment_id, found[0])):
-            log.info("learnt from %s after the load: %s", job.server_name, "; ".join(filled))
+        if found and (filled := await db(discovery.fill_empty_facts)(deployment_id, found[0])):
+            log.info("learnt from %s %s: %s", server_name, when, "; ".join(filled))
 
     async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
         """Unload the victims first. One that fails to unload is re-checked with the server,
@@ -282,7 +289,12 @@ class ServerTasks:
                 await self.sync_refused(server_id, error)
             return
         self.refused.pop(server_id, None)
-        await db(store.apply_server_models)(server_id, listed, asked_at)
+        synced = await db(store.apply_server_models)(server_id, listed, asked_at)
+        if synced.to_learn:
+            name = await db(store.server_name)(server_id)
+            for deployment_id, model in synced.to_learn:
+                outside = "of a model loaded outside Switchyard"
+                await self.learn_facts(adapter, deployment_id, model, name, outside)
 
     async def sync_refused(self, server_id: int, error: AdapterError) -> None:
         """A server that answers, but not with its model list: another kind of server, or

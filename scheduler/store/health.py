@@ -2,6 +2,7 @@
 
 import logging
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.db.models import F, Q
 from django.utils import timezone
@@ -19,6 +20,7 @@ from backends.models import (
 from .. import channel_hints
 from ..models import MetricEvent
 from .knobs import knob
+from .loads import facts_unknown
 
 log = logging.getLogger(__name__)
 DS = DeploymentState
@@ -96,18 +98,26 @@ def mark_down(server_id: int, message: str) -> None:
         channel_hints.dashboard_changed()
 
 
-def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: datetime) -> list[str]:
-    """Correct deployment states from what the server reported when asked at `asked_at`;
-    returns what changed. A deployment whose state changed after the question (a load that
-    finished meanwhile) is left alone: the answer is older than what we know."""
+class Synced(NamedTuple):
+    changes: list[str]
+    """What changed, as the log says it."""
+    to_learn: list[tuple[int, str]]
+    """The deployments found loaded outside Switchyard whose facts nobody has said (their
+    ids and model names there): the worker asks their server, as after a load of its own."""
+
+
+def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: datetime) -> Synced:
+    """Correct deployment states from what the server reported when asked at `asked_at`. A
+    deployment whose state changed after the question (a load that finished meanwhile) is
+    left alone: the answer is older than what we know."""
     now = timezone.now()
     was_down = Server.objects.filter(pk=server_id, health=Health.DOWN).exists()
     Server.objects.filter(pk=server_id).exclude(health=Health.COOLDOWN).update(
         health=Health.UP, last_seen=now, last_error="", unavailable_since=available_again("health")
     )
     loaded = {m.id for m in listed if m.state == "loaded"}
-    changes = []
-    settled = Deployment.objects.filter(
+    changes, to_learn = [], []
+    settled = Deployment.objects.select_related("model").filter(
         server_id=server_id, state__in=(DS.LOADED, DS.UNLOADED), state_changed_at__lt=asked_at
     )
     for d in settled:
@@ -128,10 +138,12 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
                 load_progress=1.0,  # as a load of ours that finished
             )
             changes.append(f"{d.server_model_id} was loaded outside Switchyard")
+            if facts_unknown(d):
+                to_learn.append((d.pk, d.server_model_id))
     if said := ["back up"] * was_down + changes:
         log.info("status sync of server %s: %s", server_name(server_id), "; ".join(said))
         channel_hints.dashboard_changed()
-    return changes
+    return Synced(changes, to_learn)
 
 
 def recheck_deployment(

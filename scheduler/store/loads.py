@@ -112,9 +112,17 @@ def start_load(
             float(d.model.load_timeout_s),
         ),
         evict=victims,
-        learn_facts=d.slots is None
+        learn_facts=facts_unknown(d),
+    )
+
+
+def facts_unknown(d: Deployment) -> bool:
+    """Whether nobody has said what its server can tell once the model runs: its slots, its
+    model's context or (an LLM's) capabilities."""
+    return (
+        d.slots is None
         or d.model.context_length is None
-        or (d.model.type == ModelType.LLM and d.model.capabilities is None),
+        or (d.model.type == ModelType.LLM and d.model.capabilities is None)
     )
 
 

@@ -411,7 +411,7 @@ def test_a_server_back_up_says_so_beside_what_its_restart_changed(caplog):
     srv = factories.server("box", health=Health.DOWN)
     factories.deployment(srv, "m1", state=DS.LOADED)
     asked = timezone.now() + timedelta(seconds=1)
-    assert store.apply_server_models(srv.pk, [ServerModel("m1")], asked) == [
+    assert store.apply_server_models(srv.pk, [ServerModel("m1")], asked).changes == [
         "m1 was unloaded outside Switchyard"
     ]
     assert "status sync of server box: back up; m1 was unloaded outside Switchyard" in caplog.text
