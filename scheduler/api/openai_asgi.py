@@ -24,7 +24,6 @@ from ..pool_threads import in_pool_thread
 from . import ollama_api, recovery, waiting
 from .errors import ApiError, request_too_large
 from .inference import Reply, answer, run_detached
-from .waiting import restarting
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +165,9 @@ async def send_reply(send, found: Reply, ollama: dict | None = None) -> None:
                 raise  # the caller hung up: nobody is left to tell
             # This web process stops (a restart): the stream ends as every stream ends, and
             # says where its request goes on.
+            told = waiting.restarting(headers.get("X-Request-Id"))
             with contextlib.suppress(Exception):
-                await send(part(last_event(restarting(headers.get("X-Request-Id")), ollama)))
+                await send(part(last_event(told, ollama)))
             raise
         except Exception as exc:  # the status is sent: say why in the body, then end it
             error = failed(exc, f"relaying request {headers.get('X-Request-Id')}")

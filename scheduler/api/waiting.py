@@ -163,6 +163,7 @@ def web_process_stopping() -> None:
 
 
 def web_stopping() -> bool:
+    """Whether this web process is stopping (`web_process_stopping`)."""
     return _stopping
 
 
