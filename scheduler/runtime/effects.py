@@ -19,7 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from backends.adapters.base import Adapter
+from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.adapters.registry import adapter_for, settings_of
 from backends.models import Server
 
@@ -114,7 +114,10 @@ class Effects:
 
     async def adapter(self, server_id: int) -> Adapter:
         if server_id not in self.adapters:
-            server, spelled = await in_database_thread(store.server_for_adapter)(server_id)
+            found = await in_database_thread(store.server_for_adapter)(server_id)
+            if found is None:  # deleted since a pass planned for it: as if unreachable
+                raise AdapterError(ErrorCode.CONNECTION, f"server #{server_id} was deleted")
+            server, spelled = found
             # Tasks that start together (a status sync, a first call) all come here: one
             # builds the adapter, the others use it (one replaced would never be closed).
             if server_id not in self.adapters:

@@ -164,6 +164,8 @@ class ServerTasks:
         """Set a load or unload under way to what its server says now (unloaded if it cannot
         say); `held_by` None for orphans."""
         server_id = await db(store.server_of_deployment)(deployment_id)
+        if server_id is None:  # deleted meanwhile
+            return
         try:
             listed = await (await self.effects.adapter(server_id)).list_models()
         except AdapterError:
@@ -223,9 +225,8 @@ class ServerTasks:
     # -- server health -------------------------------------------------------------------
 
     async def probe(self, server_id: int) -> None:
-        adapter = await self.effects.adapter(server_id)
         try:
-            await adapter.health()
+            await (await self.effects.adapter(server_id)).health()
         except AdapterError as error:
             await db(store.probe_result)(server_id, error)
         else:
@@ -277,9 +278,9 @@ class ServerTasks:
 
     async def sync_server(self, server_id: int) -> None:
         """Ask the server what it has loaded and correct our deployment states."""
-        adapter = await self.effects.adapter(server_id)
         asked_at = timezone.now()
         try:
+            adapter = await self.effects.adapter(server_id)
             listed = await adapter.list_models()
         except AdapterError as error:
             if error.server_fault:

@@ -50,7 +50,9 @@ def server_failed(server_id: int, message: str) -> None:
     Server.objects.filter(pk=server_id).update(
         consecutive_failures=F("consecutive_failures") + 1, last_error=message[:2000]
     )
-    server = Server.objects.get(pk=server_id)
+    server = Server.objects.filter(pk=server_id).first()
+    if server is None:  # deleted meanwhile
+        return
     if server.consecutive_failures >= knob("BREAKER_FAILURES") and server.health != Health.COOLDOWN:
         open_breaker(server, f"{server.consecutive_failures} failures in a row: {message}")
 
@@ -68,7 +70,9 @@ def open_breaker(server: Server, reason: str) -> None:
 
 
 def probe_result(server_id: int, error: AdapterError | None) -> None:
-    server = Server.objects.get(pk=server_id)
+    server = Server.objects.filter(pk=server_id).first()
+    if server is None:  # deleted meanwhile
+        return
     if error is None:
         Server.objects.filter(pk=server_id).update(
             health=Health.UP,
@@ -152,7 +156,9 @@ def recheck_deployment(
     """A load or unload that nobody finished (its worker died or it failed halfway): trust
     what the server says now. Only while it is still under way and held by `held_by` (no
     worker: an orphan), so that a load another worker started meanwhile is left alone."""
-    d = Deployment.objects.get(pk=deployment_id)
+    d = Deployment.objects.filter(pk=deployment_id).first()
+    if d is None:  # deleted meanwhile: nothing to set
+        return
     is_loaded = listed is not None and any(
         m.id == d.server_model_id and m.state == "loaded" for m in listed
     )
@@ -175,7 +181,10 @@ def all_servers() -> list[Server]:
     return list(Server.objects.all())
 
 
-def server_for_adapter(server_id: int) -> tuple[Server, list[str]]:
-    """The server, and how its deployments name its models (`Adapter.spell`)."""
-    server = Server.objects.get(pk=server_id)
+def server_for_adapter(server_id: int) -> tuple[Server, list[str]] | None:
+    """The server, and how its deployments name its models (`Adapter.spell`); None once it
+    is deleted."""
+    server = Server.objects.filter(pk=server_id).first()
+    if server is None:
+        return None
     return server, list(server.deployments.values_list("server_model_id", flat=True))

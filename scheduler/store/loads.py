@@ -51,7 +51,10 @@ def start_load(
     deployment_id: int, evict: tuple[int, ...], worker_id: int, reason: str, cause: str = "request"
 ):
     now = timezone.now()
-    server_id = Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)
+    server_id = Deployment.objects.values_list("server_id", flat=True).filter(pk=deployment_id)
+    server_id = server_id.first()
+    if server_id is None:  # deleted since the pass read it
+        return None
     with transaction.atomic():
         # Lock the server row: two workers never start loads on the same server at once.
         Server.objects.select_for_update(no_key=True).filter(pk=server_id).first()
@@ -127,8 +130,8 @@ def facts_unknown(d: Deployment) -> bool:
 
 
 def evicted(deployment_id: int, to_make_room: bool = False) -> None:
-    if to_make_room:
-        d = Deployment.objects.select_related("server", "model").get(pk=deployment_id)
+    d = Deployment.objects.select_related("server", "model").filter(pk=deployment_id).first()
+    if to_make_room and d is not None:
         MetricEvent.record(MetricEvent.Kind.EVICTION, d.server.name, d.model.name)
     Deployment.objects.filter(pk=deployment_id).update(
         state=DS.UNLOADED,
@@ -149,8 +152,12 @@ def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
         load_progress=None,
     ):
         return None
-    d = Deployment.objects.get(pk=deployment_id)
-    return d.server_id, d.server_model_id
+    # None if deleted meanwhile: nothing to unload for.
+    return (
+        Deployment.objects.filter(pk=deployment_id)
+        .values_list("server_id", "server_model_id")
+        .first()
+    )
 
 
 @dataclass(frozen=True)
@@ -173,14 +180,17 @@ def stop_load(deployment_id: int, worker_id: int) -> StopJob | None:
         pk=deployment_id, state=DS.LOADING, worker_id=worker_id
     ).update(state=DS.UNLOADING, state_changed_at=timezone.now(), load_progress=None):
         return None
-    d = Deployment.objects.select_related("model", "server").get(pk=deployment_id)
+    d = Deployment.objects.select_related("model", "server").filter(pk=deployment_id).first()
+    if d is None:  # deleted meanwhile: its load goes with it
+        return None
     MetricEvent.record(MetricEvent.Kind.LOAD_STOPPED, d.server.name, d.model.name)
     channel_hints.dashboard_changed()
     return StopJob(d.pk, d.server_id, d.server.name, d.model.name, d.server_model_id)
 
 
-def server_of_deployment(deployment_id: int) -> int:
-    return Deployment.objects.values_list("server_id", flat=True).get(pk=deployment_id)
+def server_of_deployment(deployment_id: int) -> int | None:
+    """None once the deployment is deleted."""
+    return Deployment.objects.values_list("server_id", flat=True).filter(pk=deployment_id).first()
 
 
 def set_load_progress(deployment_id: int, fraction: float) -> None:
@@ -190,7 +200,9 @@ def set_load_progress(deployment_id: int, fraction: float) -> None:
 
 def load_succeeded(job: LoadJob, seconds: float) -> None:
     now = timezone.now()
-    d = Deployment.objects.get(pk=job.deployment_id)
+    d = gone_meanwhile(job, "loaded")
+    if d is None:
+        return
     avg = seconds if d.avg_load_s is None else 0.7 * d.avg_load_s + 0.3 * seconds
     mine = Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id)
     loaded = mine.update(
@@ -216,7 +228,9 @@ def load_succeeded(job: LoadJob, seconds: float) -> None:
 
 def load_failed(job: LoadJob, error: AdapterError) -> None:
     """Back off and retry, or give up: `failed` when attempts are spent or it is not found."""
-    d = Deployment.objects.get(pk=job.deployment_id)
+    d = gone_meanwhile(job, "failed to load")
+    if d is None:
+        return
     failures = d.load_failures + 1
     permanent = error.code == ErrorCode.NOT_FOUND or failures >= knob("LOAD_ATTEMPTS")
     delay = backoff_s(failures, knob("RETRY_BASE_S"), knob("RETRY_MAX_S"))
@@ -242,6 +256,20 @@ def load_failed(job: LoadJob, error: AdapterError) -> None:
         "; giving up" if permanent else f"; retrying in {delay:.0f} s",
     )
     channel_hints.dashboard_changed()
+
+
+def gone_meanwhile(job: LoadJob, ended: str) -> Deployment | None:
+    """The deployment of a load that has ended, or None (said in the log) if an operator
+    deleted it meanwhile (the admin, `apply_config --prune`)."""
+    d = Deployment.objects.select_related("server", "model").filter(pk=job.deployment_id).first()
+    if d is None:
+        log.info(
+            "%s %s on %s, whose deployment was deleted meanwhile",
+            job.model_name,
+            ended,
+            job.server_name,
+        )
+    return d
 
 
 def took(seconds: float) -> str:

@@ -1,6 +1,6 @@
 """A server that answers, but not with its model list (another kind of server, or a web
 page at its address): the worker's status sync says so in its log, once, and marks nothing
-(its loads will say the rest)."""
+(its loads will say the rest). And one deleted before its sync or probe asks."""
 
 import logging
 
@@ -37,3 +37,15 @@ async def test_a_refused_model_list_is_said_once_and_marks_nothing(caplog):
         " `manage.py check_servers web` says what answers there"
     ]
     assert (await Server.objects.aget(pk=server.pk)).health == Health.UP
+
+
+async def test_a_sync_or_probe_of_a_server_deleted_since_is_quiet(caplog):
+    """A pass plans a probe or a sync, and the operator deletes the server before the task
+    asks for its adapter: the task ends without a word (it crashed the worker)."""
+    caplog.set_level(logging.WARNING, logger="scheduler")
+    server = await sync_to_async(factories.server)("gone", kind="ollama", base_url="http://x")
+    await server.adelete()
+    runtime = Runtime()
+    await runtime.server_tasks.sync_server(server.pk)
+    await runtime.server_tasks.probe(server.pk)
+    assert caplog.records == []
