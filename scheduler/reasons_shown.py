@@ -20,12 +20,14 @@ def shown(
     """A request's stored reason as shown while it waits (its text as of `now`, with a load
     at the fraction its server `reported`, if it did); without one (a deep line's tail, not
     yet seen by a pass), `behind N requests` if `ahead` (the requests before it in line) is
-    known; None once it no longer waits."""
+    known, `waiting to be placed` if none is; None once it no longer waits."""
     if state not in WAITING_STATES:
         return None
     if not stored:
         if ahead is None:
             return None
+        if ahead == 0:  # first in line, before any pass has seen it (or none runs)
+            return {"kind": WAITING, "text": "waiting to be placed", "details": {}}
         noun = "request" if ahead == 1 else "requests"
         return {
             "kind": BEHIND,

@@ -252,3 +252,5 @@ def test_reason_as_shown_while_waiting_and_for_a_tail_no_pass_reached():
     assert shown(None, "pending", at(0)) is None
     tail = shown(None, "pending", at(0), ahead=812)
     assert (tail["kind"], tail["text"]) == ("behind", "behind 812 requests in line")
+    first = shown(None, "pending", at(0), ahead=0)  # not "behind 0 requests"
+    assert (first["kind"], first["text"]) == ("waiting", "waiting to be placed")
