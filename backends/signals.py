@@ -1,0 +1,19 @@
+"""The dashboard hears of the servers, models and deployments an operator adds, edits or
+deletes (the admin, a configuration file, the operator API), as it hears of the worker's own
+changes (`channel_hints.dashboard_changed`): a pruned server left its card on every open
+dashboard until something else changed. After the commit; the dashboards coalesce hints."""
+
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from scheduler import channel_hints
+
+from .models import Deployment, Model, Server
+
+
+@receiver([post_save, post_delete], sender=Server)
+@receiver([post_save, post_delete], sender=Model)
+@receiver([post_save, post_delete], sender=Deployment)
+def operator_changed(**kwargs) -> None:
+    transaction.on_commit(channel_hints.dashboard_changed)
