@@ -15,5 +15,6 @@ from .models import Deployment, Model, Server
 @receiver([post_save, post_delete], sender=Server)
 @receiver([post_save, post_delete], sender=Model)
 @receiver([post_save, post_delete], sender=Deployment)
-def operator_changed(**kwargs) -> None:
-    transaction.on_commit(channel_hints.dashboard_changed)
+def operator_changed(using: str, **kwargs) -> None:
+    # On the database the row was written to (the bench writes its own through an alias).
+    transaction.on_commit(channel_hints.dashboard_changed, using=using)
