@@ -51,8 +51,7 @@ def start_load(
     deployment_id: int, evict: tuple[int, ...], worker_id: int, reason: str, cause: str = "request"
 ):
     now = timezone.now()
-    server_id = Deployment.objects.values_list("server_id", flat=True).filter(pk=deployment_id)
-    server_id = server_id.first()
+    server_id = server_of_deployment(deployment_id)
     if server_id is None:  # deleted since the pass read it
         return None
     with transaction.atomic():
@@ -130,9 +129,10 @@ def facts_unknown(d: Deployment) -> bool:
 
 
 def evicted(deployment_id: int, to_make_room: bool = False) -> None:
-    d = Deployment.objects.select_related("server", "model").filter(pk=deployment_id).first()
-    if to_make_room and d is not None:
-        MetricEvent.record(MetricEvent.Kind.EVICTION, d.server.name, d.model.name)
+    if to_make_room:
+        found = Deployment.objects.select_related("server", "model").filter(pk=deployment_id)
+        if (d := found.first()) is not None:  # None: deleted meanwhile
+            MetricEvent.record(MetricEvent.Kind.EVICTION, d.server.name, d.model.name)
     Deployment.objects.filter(pk=deployment_id).update(
         state=DS.UNLOADED,
         state_changed_at=timezone.now(),
