@@ -20,7 +20,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from config import daphne_requests, urls  # noqa: E402, F401
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from scheduler import health  # noqa: E402
-from scheduler.api import gate, ollama_api, openai_asgi  # noqa: E402
+from scheduler.api import gate, ollama_api, openai_asgi, web_stop  # noqa: E402
 from scheduler.api.errors import json_errors  # noqa: E402
 from scheduler.api.inference import Reply  # noqa: E402
 
@@ -52,10 +52,17 @@ async def http(scope, receive, send) -> None:
         app = api_asgi_app
     else:
         app = django_asgi_app
-    if app is not django_asgi_app and (refused := gate.refusal(scope)) is not None:
-        # What the site's middleware checks (Host, cross-site posts), for the paths without it.
-        await openai_asgi.send_reply(send, Reply.error(refused))
-        return
+    if app is not django_asgi_app:
+        if web_stop.draining():  # a new call on a connection kept open: not taken
+            refused = Reply.error(web_stop.not_taken())
+            refused.headers["Connection"] = "close"
+            await openai_asgi.send_reply(send, refused)
+            return
+        if (refused := gate.refusal(scope)) is not None:
+            # What the site's middleware checks (Host, cross-site posts), for the paths
+            # without it.
+            await openai_asgi.send_reply(send, Reply.error(refused))
+            return
     await app(scope, receive, send)
 
 

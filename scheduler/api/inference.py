@@ -23,16 +23,14 @@ from ..pool_threads import in_pool_thread
 from ..reasons_shown import reported_fraction
 from ..reasons_shown import shown as shown_reason
 from ..streams import ASKED, CatchUp
-from . import idempotency, intake, recovery
+from . import idempotency, intake, recovery, web_stop
 from .errors import ApiError, too_deep
 from .waiting import (
     Subscription,
     cancel_abandoned,
     finished_after,
-    restarting,
     state_unknown,
     until_finished,
-    web_stopping,
 )
 
 FAILED_STATUS = {
@@ -240,10 +238,10 @@ async def respond(
         reply = Reply.error(lost, request.pk)
     except asyncio.CancelledError:
         await sub.close()
-        if web_stopping():
+        if web_stop.stopping():
             # Cut by this web process stopping, not by its caller: say where the request
             # goes on (it is not cancelled), instead of closing the connection unanswered.
-            return Reply.error(restarting(request.pk), request.pk)
+            return Reply.error(web_stop.restarting(request.pk), request.pk)
         if hang_up_cancels:
             await cancel_abandoned(request.pk)
         raise

@@ -21,7 +21,7 @@ from access import auth
 from .. import faults
 from ..models import RequestKind
 from ..pool_threads import in_pool_thread
-from . import ollama_api, recovery, waiting
+from . import ollama_api, recovery, web_stop
 from .errors import ApiError, request_too_large
 from .inference import Reply, answer, run_detached
 
@@ -161,11 +161,11 @@ async def send_reply(send, found: Reply, ollama: dict | None = None) -> None:
             async for event in events:
                 await send(part(event.encode(), more=True))
         except asyncio.CancelledError:
-            if not waiting.web_stopping():
+            if not web_stop.stopping():
                 raise  # the caller hung up: nobody is left to tell
             # This web process stops (a restart): the stream ends as every stream ends, and
             # says where its request goes on.
-            told = waiting.restarting(headers.get("X-Request-Id"))
+            told = web_stop.restarting(headers.get("X-Request-Id"))
             with contextlib.suppress(Exception):
                 await send(part(last_event(told, ollama)))
             raise

@@ -12,6 +12,7 @@ from .. import faults
 from ..models import TERMINAL_STATES, Request, State
 from ..pool_threads import in_pool_thread
 from ..store.completion import cancel_request
+from . import web_stop
 from .errors import ApiError
 from .inbox import WAKE, Message, inbox
 
@@ -151,39 +152,10 @@ async def until_finished(sub: Subscription, every_s: float) -> Request:
     raise AssertionError("unreachable")
 
 
-_stopping = False
-
-
-def web_process_stopping() -> None:
-    """This web process is stopping (SIGTERM): the connections it closes from now on were
-    not hung up by their callers. What they sent stays stored for a worker, and a retry
-    with its Idempotency-Key finds the answer."""
-    global _stopping
-    _stopping = True
-
-
-def web_stopping() -> bool:
-    """Whether this web process is stopping (`web_process_stopping`)."""
-    return _stopping
-
-
-def restarting(request_id) -> ApiError:
-    """What a caller whose call this web process cuts as it stops is told: the request goes
-    on, and where its answer will be."""
-    return ApiError(
-        503,
-        f"Switchyard's web process is restarting. Request {request_id} goes on: read its"
-        f" answer at /api/v1/requests/{request_id}, or resend with the same Idempotency-Key.",
-        type="server_error",
-        code="restarting",
-        retry_after_s=1,
-    )
-
-
 async def cancel_abandoned(request_id) -> None:
     """The caller went away: cancel the request, at its server too if it is processing (no
     one is left to read the answer; the server stops generating). Not when the web process
-    itself is stopping (`web_process_stopping`)."""
-    if _stopping:
+    itself is stopping (`web_stop`)."""
+    if web_stop.stopping():
         return
     await asyncio.shield(sync_to_async(cancel_request)(request_id, "the caller disconnected"))

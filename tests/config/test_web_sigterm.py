@@ -1,6 +1,8 @@
-"""A web process told to stop (SIGTERM) while a caller waits for an answer exits promptly: the
-waiting caller is told (503 `restarting`, or a stream's last event and `[DONE]`) that its
-request stays stored for a worker to run (not cancelled as if its caller had hung up)."""
+"""A web process told to stop (SIGTERM) drains: it takes no new connection, answers new calls
+on open ones `503 restarting` (nothing stored), and lets the calls it holds be answered, for
+up to `SWITCHYARD_DRAIN_S`. A caller still waiting then is told (503 `restarting`, or a
+stream's last event and `[DONE]`) that its request stays stored for a worker to run (not
+cancelled as if its caller had hung up)."""
 
 import os
 import signal
@@ -17,6 +19,7 @@ from scheduler.models import Request
 from tests import factories
 from tests.conftest import database_url, free_port
 from tests.support.manage_process import ROOT, ManageProcess
+from tests.support.openai_upstream import Upstream
 from tests.support.polling import eventually
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,7 +46,7 @@ def listening(port: int, web: ManageProcess) -> None:
 def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
     factories.deployment(factories.server("s"), "m1")  # never served: no worker runs
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url()}
+    env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_DRAIN_S": "1"}
     if program == "serve":
         args, run = ["serve", "--no-scheduler", "--port", str(port)], ("manage.py",)
         ready = "is serving on"
@@ -85,6 +88,7 @@ def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
     took = time.monotonic() - started
     print(f"exited in {took:.1f} s")
     assert took < EXIT_WITHIN_S, out
+    assert "1 call(s) still open are told where their requests go on" in out, out
     caller.join(timeout=30)
     assert answered, "the caller was never let go"
     # Stored, and not cancelled: its caller did not hang up, the web process stopped (a
@@ -102,6 +106,62 @@ def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
         assert answer.status_code == 503, answer.text
         assert answer.json()["error"]["code"] == "restarting"
         assert answer.headers["X-Request-Id"] == str(request.pk)
+
+
+def test_a_stopping_web_process_answers_the_calls_it_holds_and_takes_no_new_ones():
+    upstream = Upstream(["m1"])
+    upstream.gate = threading.Event()  # the answer waits until the web process drains
+    srv = factories.server("up", kind="openai", base_url=upstream.url)
+    factories.deployment(srv, "m1", state="loaded")
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_DRAIN_S": "60"}
+    web = ManageProcess(["serve", "--port", str(port)], env, lambda line: "is serving on" in line)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    kept_open = httpx.Client(timeout=30)  # a caller's pool: its connection stays open
+    answered: list[httpx.Response] = []
+    caller = threading.Thread(
+        target=lambda: answered.append(httpx.post(url, json=body, timeout=60))
+    )
+    try:
+        listening(port, web)
+        assert kept_open.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        caller.start()
+        assert upstream.arrived.wait(30), "".join(web.log)
+
+        web.proc.send_signal(signal.SIGTERM)
+        web.wait_for_line("stopping: no new calls; 1 open")
+
+        def refused() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return False
+            except ConnectionRefusedError:
+                return True
+
+        eventually(refused, what="the port refusing connections")
+        # A new call on a connection the caller kept open: refused, and nothing stored.
+        late = kept_open.post(url, json=body)
+        assert late.status_code == 503, late.text
+        assert late.json()["error"]["code"] == "restarting"
+        assert "nothing was stored" in late.json()["error"]["message"]
+        assert late.headers["Connection"] == "close"
+        assert Request.objects.count() == 1
+        assert web.proc.poll() is None  # still draining: the call it holds is not cut
+
+        upstream.gate.set()
+        caller.join(timeout=60)
+        out = web.output(timeout=60)
+    finally:
+        upstream.gate.set()
+        kept_open.close()
+        upstream.close()
+        if web.proc.poll() is None:
+            web.proc.kill()
+    assert answered and answered[0].status_code == 200, (answered, out)
+    assert answered[0].json()["choices"][0]["message"]["content"] == "Hello from upstream"
+    assert Request.objects.get().state == "completed"
+    assert "still open" not in out, out
 
 
 def test_a_stopped_web_process_exits_with_a_request_thread_still_waiting():

@@ -1,0 +1,58 @@
+"""A web process stopping (SIGTERM): it drains, then stops.
+
+Draining, it takes no new connection and answers new calls on open ones `503 restarting`
+(nothing stored), while the calls it holds go on to their answers, for up to
+`SWITCHYARD_DRAIN_S`. Then it stops: the calls still open are cut, and their callers told
+where their requests go on (they are not cancelled: their callers did not hang up)."""
+
+from .errors import ApiError
+
+_draining = False
+_stopping = False
+
+
+def begin_drain() -> None:
+    global _draining
+    _draining = True
+
+
+def stop() -> None:
+    """The calls this process cuts from now on were not hung up by their callers."""
+    global _draining, _stopping
+    _draining = _stopping = True
+
+
+def draining() -> bool:
+    """Whether this web process takes no new calls (it drains, or stops)."""
+    return _draining
+
+
+def stopping() -> bool:
+    """Whether this web process cuts its open calls (`stop`)."""
+    return _stopping
+
+
+def not_taken() -> ApiError:
+    """A new call while this process drains: nothing was stored, and another connection
+    (another web process, or this one restarted) takes it."""
+    return ApiError(
+        503,
+        "Switchyard's web process is restarting and takes no new calls; nothing was stored:"
+        " send it again.",
+        type="server_error",
+        code="restarting",
+        retry_after_s=1,
+    )
+
+
+def restarting(request_id) -> ApiError:
+    """What a caller whose call this web process cuts as it stops is told: the request goes
+    on, and where its answer will be."""
+    return ApiError(
+        503,
+        f"Switchyard's web process is restarting. Request {request_id} goes on: read its"
+        f" answer at /api/v1/requests/{request_id}, or resend with the same Idempotency-Key.",
+        type="server_error",
+        code="restarting",
+        retry_after_s=1,
+    )
