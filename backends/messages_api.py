@@ -18,6 +18,16 @@ from typing import Any
 END = "message_stop"
 TEXT_DELTA = "text_delta"
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# Anthropic's error types by HTTP status; its clients show `error.type` and `error.message`.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def event_type(chunk: dict[str, Any]) -> str:
@@ -103,6 +113,18 @@ def ending(result: dict[str, Any], seen: str) -> list[dict[str, Any]]:
 # -- asked as a chat ----------------------------------------------------------------------
 
 SAME_IN_CHAT = ("max_tokens", "temperature", "top_p", "top_k", "stream")
+
+
+def error_body(status: int, openai: dict | None) -> dict[str, Any]:
+    """An error in Anthropic's shape, from one in OpenAI's (`{"error": {"message", …}}`);
+    its `param` and `code`, where it has them, kept beside (Anthropic's clients ignore
+    them, an app may read them)."""
+    said = (openai or {}).get("error")
+    said = said if isinstance(said, dict) else {"message": said}
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    error = {"type": kind, "message": said.get("message") or "the request failed"}
+    error.update({k: said[k] for k in ("param", "code") if said.get(k) is not None})
+    return {"type": "error", "error": error}
 
 
 def _text(content: Any) -> str:

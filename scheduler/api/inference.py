@@ -14,6 +14,7 @@ from django.utils import timezone
 from access import auth
 from access.models import STREAM_PROGRESS
 from access.watch import watch_url
+from backends import messages_api
 from dashboard import eta_checks
 
 from .. import faults
@@ -355,11 +356,11 @@ async def tell_start(asked: dict, relayed: "CatchUp") -> None:
 def ending(request: Request, relayed: "CatchUp") -> list[str]:
     """A finished request's last events: its error, or what of its text was not relayed."""
     if request.state != State.COMPLETED:
-        error = error_of(request).body()
+        error = error_of(request)
         if request.kind == RequestKind.MESSAGE:  # as Anthropic's clients read an error
-            said = error["error"]
-            error = {"type": "error", "error": {"type": said["type"], "message": said["message"]}}
-        last = [sse_event(error)]
+            last = [sse_event(messages_api.error_body(error.status, error.body()))]
+        else:
+            last = [sse_event(error.body())]
     elif missed := relayed.ending(request.result, request.pk):
         last = [sse_event(event) for event in missed]
     else:

@@ -10,6 +10,7 @@ template, and their database work runs in pool threads (`in_pool_thread`). Every
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from access import auth
+from backends import messages_api
 
 from .. import faults
 from ..models import RequestKind
@@ -36,6 +38,7 @@ KINDS = {
     "/v1/messages": RequestKind.MESSAGE,
     "/v1/messages/count_tokens": RequestKind.COUNT_TOKENS,
 }
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 async def app(scope: dict[str, Any], receive, send) -> None:
@@ -44,13 +47,14 @@ async def app(scope: dict[str, Any], receive, send) -> None:
     (`ollama_api`)."""
     path = scope["path"]
     ollama = ollama_api.shape_of(path) if path in ollama_api.PATHS else None
+    anthropic = path in ANTHROPIC_PATHS
     if scope["method"] != "POST":
         error = ApiError(
             405, f"{scope['method']} is not allowed here; use POST.", code="method_not_allowed"
         )
         refused = Reply.error(error)
         refused.headers["Allow"] = "POST"
-        await send_reply(send, refused, ollama)
+        await send_reply(send, refused, ollama, anthropic)
         return
     try:
         api_key = await auth.acaller(
@@ -58,12 +62,13 @@ async def app(scope: dict[str, Any], receive, send) -> None:
         )
         raw = await read_body(receive)
     except ApiError as error:
-        await send_reply(send, Reply.error(error), ollama)
+        await send_reply(send, Reply.error(error), ollama, anthropic)
         return
     except faults.DATABASE_FAULTS as exc:  # finding the caller's key: nothing is stored yet
         log.warning("finding the caller's key failed: %s", exc)
         await in_pool_thread(faults.check_pool)()
-        await send_reply(send, Reply.error(recovery.unavailable("The database")), ollama)
+        unavailable = Reply.error(recovery.unavailable("The database"))
+        await send_reply(send, unavailable, ollama, anthropic)
         return
     if raw is None:
         return
@@ -82,7 +87,7 @@ async def app(scope: dict[str, Any], receive, send) -> None:
     idempotency_key = header(scope, b"idempotency-key")
     progress = header(scope, b"x-switchyard-progress")
     replying = asyncio.create_task(
-        reply(kind, raw, priority, send, api_key, idempotency_key, progress, ollama)
+        reply(kind, raw, priority, send, api_key, idempotency_key, progress, ollama, anthropic)
     )
     hang_up = asyncio.create_task(receive())  # all that can come now is http.disconnect
     try:
@@ -124,13 +129,14 @@ async def reply(
     idempotency_key=None,
     progress: str | None = None,
     ollama: dict | None = None,
+    anthropic: bool = False,
 ) -> None:
     try:
         found = await answer(kind, raw, priority, api_key, idempotency_key, progress)
     except Exception as exc:
         found = Reply.error(failed(exc, f"answering a {kind} request"))
     try:
-        await send_reply(send, found, ollama)
+        await send_reply(send, found, ollama, anthropic)
     finally:
         if found.then is not None:
             # In a task of its own: daphne reports the caller gone as soon as the answer
@@ -138,11 +144,15 @@ async def reply(
             run_detached(found.then())
 
 
-async def send_reply(send, found: Reply, ollama: dict | None = None) -> None:
+async def send_reply(
+    send, found: Reply, ollama: dict | None = None, anthropic: bool = False
+) -> None:
     """Send `found`; for a call to Ollama's API (`ollama`: `ollama_api.shape_of` the call),
-    in Ollama's shape."""
+    in Ollama's shape; an error to a call to Anthropic's (`anthropic`), in Anthropic's."""
     if ollama is not None:
         found = ollama_api.reply(ollama, found)
+    elif anthropic and found.events is None and found.status >= 400:
+        found = dataclasses.replace(found, body=messages_api.error_body(found.status, found.body))
     headers = dict(found.headers)
     if found.events is None:
         body = json.dumps(found.body).encode()
@@ -167,20 +177,23 @@ async def send_reply(send, found: Reply, ollama: dict | None = None) -> None:
             # says where its request goes on.
             told = web_stop.restarting(headers.get("X-Request-Id"))
             with contextlib.suppress(Exception):
-                await send(part(last_event(told, ollama)))
+                await send(part(last_event(told, ollama, anthropic)))
             raise
         except Exception as exc:  # the status is sent: say why in the body, then end it
             error = failed(exc, f"relaying request {headers.get('X-Request-Id')}")
             with contextlib.suppress(Exception):
-                await send(part(last_event(error, ollama), more=True))
+                await send(part(last_event(error, ollama, anthropic), more=True))
     await send(part(b""))
 
 
-def last_event(error: ApiError, ollama: dict | None) -> bytes:
+def last_event(error: ApiError, ollama: dict | None, anthropic: bool = False) -> bytes:
     """A stream's end after its status was sent: the error, then `[DONE]` (an NDJSON error
-    line for Ollama's API)."""
+    line for Ollama's API, a named `error` event for Anthropic's)."""
     if ollama is not None:
         return (json.dumps(ollama_api.error_body(error.body())) + "\n").encode()
+    if anthropic:
+        said = messages_api.error_body(error.status, error.body())
+        return f"event: error\ndata: {json.dumps(said)}\n\ndata: [DONE]\n\n".encode()
     return f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
 
 

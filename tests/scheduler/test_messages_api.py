@@ -204,9 +204,40 @@ def test_bad_input_is_a_400_that_stores_nothing(live, make_key):
     for body, param, code in bad:
         answer = httpx.post(f"{live.url}/v1/messages", json=body, headers=headers)
         assert answer.status_code == 400, answer.text
+        assert answer.json()["type"] == "error", answer.text  # Anthropic's shape
         error = answer.json()["error"]
+        assert error["type"] == "invalid_request_error", error
         assert error["param"] == param and (code is None or error["code"] == code), error
     assert not Request.objects.exists()
+
+
+def test_errors_come_in_anthropics_shape_as_its_client_reads_them(live, make_key):
+    """Before a message is stored or its stream opens, and as a stream's last event: the
+    shape and error types of Anthropic's API (`{"type": "error", "error": {"type",
+    "message"}}`), so that its clients raise the right error with the message."""
+    c = client(live, make_key())
+    hi = [{"role": "user", "content": "hi"}]
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        c.messages.create(model="nope", max_tokens=2, messages=hi)
+    assert missing.value.body["error"]["type"] == "not_found_error"
+    assert "nope" in missing.value.message
+    streamed = c.messages.stream(model="nope", max_tokens=2, messages=hi)
+    with pytest.raises(anthropic.NotFoundError), streamed as stream:
+        stream.get_final_message()
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        client(live, "sy-not.a-key").messages.count_tokens(model="m", messages=hi)
+    assert refused.value.body["error"]["type"] == "authentication_error"
+    wrong = httpx.get(f"{live.url}/v1/messages", headers={"x-api-key": make_key()})
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["type"] == "invalid_request_error"
+    assert not Request.objects.exists()
+    # OpenAI's paths keep OpenAI's shape.
+    chat = httpx.post(
+        f"{live.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {make_key()}"},
+        json={"model": "nope", "messages": hi},
+    )
+    assert chat.status_code == 404 and "type" not in chat.json(), chat.text
 
 
 def test_a_streams_events_fold_into_the_message_and_its_text():
