@@ -225,7 +225,16 @@ class AliveFilter(admin.SimpleListFilter):
 
 @admin.register(Worker)
 class WorkerAdmin(ReadOnlyAdmin):
-    list_display = ["id", "host", "pid", "started_at", "last_heartbeat", "alive", "processing"]
+    list_display = [
+        "id",
+        "host",
+        "pid",
+        "started_at",
+        "last_heartbeat",
+        "alive",
+        "processing",
+        "passes",
+    ]
     list_filter = [AliveFilter, "host"]
     search_fields = ["host", "pid"]
 
@@ -244,6 +253,12 @@ class WorkerAdmin(ReadOnlyAdmin):
     @admin.display(description="processing", ordering="n_processing")
     def processing(self, worker: Worker) -> int:
         return worker.n_processing
+
+    @admin.display(description="passes", ordering="failing_since")
+    def passes(self, worker: Worker) -> str:
+        if worker.failing_since is None:
+            return "working"
+        return f"failing since {worker.failing_since:%Y-%m-%d %H:%M:%S}: {worker.failing_error}"
 
 
 from . import admin_operations  # noqa: E402, F401 (intents and callbacks)

@@ -18,6 +18,11 @@ REDIS_FAULTS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSErro
 POOL_CHECK_EVERY_S = 0.5
 
 
+def one_line(error: BaseException) -> str:
+    """An error's text on one line, for a log line (its type where it has none)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def is_database_fault(exc: BaseException) -> bool:
     return isinstance(exc, DATABASE_FAULTS)
 

@@ -138,15 +138,21 @@ class DatabaseCollector:
             labels=["worker", "host"],
         )
         stale = now - timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
-        live = 0
+        live = failing = 0
         for w in Worker.objects.all():
             age.add_metric([str(w.pk), w.host], max((now - w.last_heartbeat).total_seconds(), 0))
             live += w.last_heartbeat >= stale
+            failing += w.last_heartbeat >= stale and w.failing_since is not None
         yield age
         yield GaugeMetricFamily(
             "switchyard_workers_live",
             "Workers whose heartbeat is fresher than SWITCHYARD_WORKER_STALE_S",
             value=live,
+        )
+        yield GaugeMetricFamily(
+            "switchyard_workers_failing",
+            "Live workers whose passes fail (they serve what they run and try again)",
+            value=failing,
         )
 
 

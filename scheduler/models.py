@@ -49,6 +49,9 @@ class Worker(models.Model):
     machine = models.CharField(max_length=120, blank=True, default="")
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
+    # Its passes fail since then (it goes on serving what it runs: runtime/failing_passes).
+    failing_since = models.DateTimeField(null=True, blank=True)
+    failing_error = models.TextField(blank=True, default="")
 
     def __str__(self) -> str:
         return f"worker {self.pk} ({self.host}:{self.pid})"

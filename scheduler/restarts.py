@@ -40,7 +40,7 @@ async def run_worker(
             log.warning(
                 "worker %s lost the database (%s); starting again as soon as it answers",
                 runtime.worker_id,
-                one_line(error),
+                faults.one_line(error),
             )
         if not await hand_back(runtime.worker_id, stop):
             return
@@ -62,7 +62,3 @@ async def hand_back(worker_id: int | None, stop: asyncio.Event) -> bool:
                 async with asyncio.timeout(RETRY_S):
                     await stop.wait()
     return False
-
-
-def one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__

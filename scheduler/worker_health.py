@@ -1,5 +1,6 @@
 """A worker's own health, for its supervisor: `run_scheduler --health-port N` answers
-`GET /healthz` with 200 while its loop is alive and a pass ended recently, else 503.
+`GET /healthz` with 200 while its loop is alive and a pass ended recently, else 503 (also
+while its passes fail: `runtime.failing_passes`).
 
 A pass is due at least every poll interval (the safety net), so a loop that has not ended
 one within twice that (and at least a second, for a pass's own time) is stuck or dead. The
@@ -46,14 +47,17 @@ class WorkerHealth:
             worker, passes = (rt.worker_id, rt.passes) if rt else (None, 0)
             return 503, {"status": "starting", "worker": worker, "passes": passes}
         age = time.monotonic() - self.last_pass
-        healthy = age <= self.stale_s
+        failing = rt.failing.since is not None
+        healthy = age <= self.stale_s and not failing
         body = {
-            "status": "ok" if healthy else "stalled",
+            "status": "ok" if healthy else "failing" if failing else "stalled",
             "worker": rt.worker_id,
             "passes": rt.passes,
             "last_pass_age_s": round(age, 3),
             "stale_after_s": self.stale_s,
         }
+        if failing:
+            body |= {"failed_passes": rt.failing.count, "error": rt.failing.error}
         return (200 if healthy else 503), body
 
     async def watch(self, rt: Runtime) -> None:

@@ -32,6 +32,7 @@ from ..wakeup import Cancelled, News
 from ..webhooks import Webhooks
 from .effects import Effects
 from .execution import Execution, Home, MovesAndSends, db, homes
+from .failing_passes import FailingPasses
 from .fast_paths import FastPaths, PassArrivals, SentOnArrival
 from .server_tasks import FreedSlot, ServerTasks
 
@@ -79,6 +80,7 @@ class Runtime:
         self.server_of: dict[int, Home] = {}  # deployment → server, as of the last snapshot
         self.dropped = 0  # decisions of the last pass that the database refused
         self.crashed: BaseException | None = None
+        self.failing = FailingPasses()  # passes that raised, in a row
         self.until_idle = False
         # For tests and embedders: `passes` counts finished passes, `quiet_ends` the tasks
         # whose end called for none; `passed` is notified after each of either, so a caller
@@ -184,7 +186,15 @@ class Runtime:
             while not stop.is_set():
                 self.wake.clear()
                 await self.server_tasks.sync_status_if_due(self.knobs["STATUS_SYNC_S"])
-                did = await self.step()
+                try:
+                    did = await self.step()
+                except Exception as error:
+                    if faults.is_database_fault(error):
+                        raise
+                    await self.pass_failed(error, stop)
+                    continue
+                if self.failing.worked(self.clock()):
+                    await db(store.passes_failing)(self.worker_id, None)
                 self.server_tasks.write_marks()
                 await self.count_pass()
                 if self.crashed:
@@ -205,6 +215,21 @@ class Runtime:
                 task.cancel()
             await asyncio.gather(*side, return_exceptions=True)
             await self.stop()
+
+    async def pass_failed(self, error: Exception, stop: asyncio.Event) -> None:
+        """Say so, and wait to try again (`failing_passes`); what runs goes on meanwhile. A
+        task's crash still stops the worker."""
+        retry_s = self.failing.failed(error, self.clock())
+        await db(store.passes_failing)(self.worker_id, self.failing.since, self.failing.error)
+        async with self.passed:
+            self.passed.notify_all()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(retry_s):
+                while not (stop.is_set() or self.crashed):
+                    self.wake.clear()
+                    await self.wake.wait()
+        if self.crashed:
+            raise self.crashed
 
     async def count_pass(self) -> None:
         async with self.passed:

@@ -63,6 +63,7 @@ from .snapshots import MODEL_HEAD, SNAPSHOT_HEAD, SnapshotReader, pass_reads
 from .workers import (
     heartbeat,
     orphaned_deployments,
+    passes_failing,
     recount_in_flight,
     register_worker,
     release_worker,
@@ -98,6 +99,7 @@ __all__ = [
     "move_and_dispatch",
     "open_breaker",
     "orphaned_deployments",
+    "passes_failing",
     "pass_reads",
     "policy_config",
     "probe_result",

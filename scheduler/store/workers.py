@@ -3,7 +3,7 @@
 import logging
 import os
 import socket
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.db import transaction
@@ -52,6 +52,11 @@ def exited(pid: int) -> bool:
 
 def heartbeat(worker_id: int) -> bool:
     return Worker.objects.filter(pk=worker_id).update(last_heartbeat=timezone.now()) == 1
+
+
+def passes_failing(worker_id: int, since: datetime | None, error: str = "") -> None:
+    """Whether the worker's passes fail (since when, and the last error), or no longer."""
+    Worker.objects.filter(pk=worker_id).update(failing_since=since, failing_error=error)
 
 
 def take_over_stale_workers(stale_s: float, me: int | None = None) -> tuple[int, list[int]]:

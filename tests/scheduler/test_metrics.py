@@ -17,6 +17,8 @@ from scheduler.models import MetricEvent, Priority, Worker
 from tests import factories
 from tests.scheduler.test_health import web_only
 
+LONG_AGO = timezone.now() - timedelta(days=1)
+
 pytestmark = pytest.mark.django_db
 TOKEN = "scrape-me"
 
@@ -90,8 +92,13 @@ def test_gauges_counters_and_histograms(client, token):
     MetricEvent.record("restore", "gpu-1", "qwen")
     MetricEvent.record("eviction", "gpu-1", "llama")
     MetricEvent.record("breaker_trip", "gpu-1")
+    Worker.objects.create(host="a", pid=1)
+    Worker.objects.create(host="b", pid=2, failing_since=timezone.now(), failing_error="KeyError")
+    Worker.objects.create(host="c", pid=3, failing_since=timezone.now(), last_heartbeat=LONG_AGO)
 
     got = scrape(client, token)
+    assert got["switchyard_workers_live", ()] == 2
+    assert got["switchyard_workers_failing", ()] == 1  # of the live ones
     fast = (("class", "interactive"), ("model", "qwen"))
     assert got["switchyard_requests_waiting", (("class", "interactive"),)] == 1
     assert got["switchyard_requests_waiting", (("class", "background"),)] == 0

@@ -1,9 +1,9 @@
 """Run the scheduler's Runtime in-process for a test and wait on facts, never on time.
 
 `Running.until(fact)` re-checks `fact` (a sync function, run on the DB thread) after every
-pass of the loop and after every task whose end called for no pass (a completed request
-while nothing else waits), so every change the runtime makes is followed by a check. The
-timeout only bounds a test that would otherwise hang.
+pass of the loop (one that failed too) and after every task whose end called for no pass (a
+completed request while nothing else waits), so every change the runtime makes is followed
+by a check. The timeout only bounds a test that would otherwise hang.
 """
 
 import asyncio
@@ -54,7 +54,7 @@ class Running:
             wakeup.wake_local()
         async with asyncio.timeout(timeout):
             while True:
-                seen = (rt.passes, rt.quiet_ends)
+                seen = (rt.passes, rt.quiet_ends, rt.failing.count)
                 if value := await sync_to_async(fact)():
                     return value
                 if self.task.done():
@@ -62,7 +62,9 @@ class Running:
                     raise AssertionError("the runtime stopped before the fact held")
                 async with rt.passed:
                     await rt.passed.wait_for(
-                        lambda seen=seen: (rt.passes, rt.quiet_ends) != seen or self.task.done()
+                        lambda seen=seen: (
+                            (rt.passes, rt.quiet_ends, rt.failing.count) != seen or self.task.done()
+                        )
                     )
 
     async def passes(self, n: int = 1) -> None:

@@ -7,7 +7,7 @@ from django.db import InterfaceError, OperationalError
 
 from config import event_loop
 from dashboard.history import record_forever
-from scheduler import restarts
+from scheduler import faults, restarts
 from scheduler.worker_health import WorkerHealth
 
 log = logging.getLogger("scheduler")
@@ -47,7 +47,7 @@ class Command(BaseCommand):
             log.error(
                 "lost the database (%s) while stopping; exiting. What this worker held is"
                 " taken over once its lease is stale (SWITCHYARD_WORKER_STALE_S).",
-                restarts.one_line(exc),
+                faults.one_line(exc),
             )
             raise SystemExit(1) from exc
 
