@@ -13,12 +13,13 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 
 from . import sql
 from .models import Request
 
 CHANNEL = "switchyard"
+NOTIFY = "SELECT pg_notify(%s, %s)"
 ORIGIN_HEX = 8  # see origin_channel
 log = logging.getLogger(__name__)
 
@@ -126,9 +127,16 @@ def notify_later(channel: str, payload: str, only_if: sql.Statement | None = Non
     if not settings.IS_POSTGRES:
         return
     where, params = only_if or ("TRUE", [])
-    sql.write_later(
-        sql.prepared(f"SELECT pg_notify(%s, %s) WHERE {where}"), [channel, payload, *params]
-    )
+    sql.write_later(sql.prepared(f"{NOTIFY} WHERE {where}"), [channel, payload, *params])
+
+
+def wake_workers(using: str = "default") -> None:
+    """Wake every worker now, after a commit that gave them work (an operator's new server
+    or deployment): this process's, and on PostgreSQL the others by NOTIFY."""
+    wake_local()
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute(NOTIFY, [CHANNEL, ""])
 
 
 def origin_channel(request_id: uuid.UUID) -> str:

@@ -317,6 +317,7 @@ class Runtime:
             return self.plan_and_write(send_now, worker_id, arrivals_seen)
 
         snapshot, decisions, first, reasons = await self.execution.committed(plan_and_write)
+        self.server_tasks.sync_new(snapshot.servers)
         self.server_of = homes(snapshot)
         self.next_wake = None
         done: list[Decision] = []

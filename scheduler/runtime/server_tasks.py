@@ -8,6 +8,7 @@ State (the health marks): touched on the event loop's thread only.
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from django.utils import timezone
@@ -18,6 +19,7 @@ from backends.adapters.http import wants_usage
 from backends.models import Health
 
 from .. import store, streams
+from ..snapshot import ServerView
 from . import execution
 from .execution import db
 
@@ -41,6 +43,7 @@ class ServerTasks:
         self.rt = runtime
         self.effects = runtime.effects
         self.last_sync = -float("inf")
+        self.asked: set[int] = set()  # servers a status sync has asked (or is asking)
         self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
         self.to_mark_up: set[int] = set()  # servers whose answer's mark waits for the pass
         self.refused: dict[int, str] = {}  # server → why it refused its last status sync
@@ -267,8 +270,18 @@ class ServerTasks:
         self.last_sync = self.effects.monotonic()
         for server in await db(store.all_servers)():
             self.effects.retire_stale_adapter(server)  # one in cooldown too: its probe needs it
+            self.asked.add(server.pk)
             if server.enabled and server.health != Health.COOLDOWN:
                 self.sync_soon(server.pk)
+
+    def sync_new(self, servers: Iterable[ServerView]) -> None:
+        """A server an operator added since the last round is asked at once, not at the next
+        round (its card said `unknown` until then, and nothing was sent to it)."""
+        for server in servers:
+            if server.id not in self.asked:
+                self.asked.add(server.id)
+                if server.enabled and server.health != Health.COOLDOWN:
+                    self.sync_soon(server.id)
 
     def sync_soon(self, server_id: int) -> None:
         """Ask the server what it holds, in a task of its own (after a failure, the failed
