@@ -31,8 +31,8 @@ def json_body(schema: dict, description: str = "") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def errors(*codes: int) -> dict[str, Any]:
-    return {str(c): json_body(ref("Error"), ERROR_CODES[c]) for c in codes}
+def errors(*codes: int, schema: str = "Error") -> dict[str, Any]:
+    return {str(c): json_body(ref(schema), ERROR_CODES[c]) for c in codes}
 
 
 # The operator and jobs API's operations as a client generator names them (drf-spectacular
@@ -116,7 +116,7 @@ JOB_ID = {
 }
 
 
-def inference(summary: str, body: str, streams: bool) -> dict[str, Any]:
+def inference(summary: str, body: str, streams: bool, error: str = "Error") -> dict[str, Any]:
     ok = json_body(
         ref("OpenAIResponse"), "The answer" + (", or with `stream` SSE events" if streams else "")
     )
@@ -133,7 +133,10 @@ def inference(summary: str, body: str, streams: bool) -> dict[str, Any]:
                 "required": True,
                 "content": {"application/json": {"schema": ref(body)}},
             },
-            "responses": {"200": ok, **errors(400, 404, 405, 409, 413, 429, 500, 502, 503)},
+            "responses": {
+                "200": ok,
+                **errors(400, 404, 405, 409, 413, 429, 500, 502, 503, schema=error),
+            },
         }
     }
 
@@ -145,8 +148,10 @@ def paths() -> dict[str, Any]:
         "/v1/embeddings": inference("Embeddings", "EmbeddingRequest", False),
         "/v1/rerank": inference("Rerank", "RerankRequest", False),
         "/v1/responses": inference("Response", "ResponseRequest", True),
-        "/v1/messages": inference("Message", "MessageRequest", True),
-        "/v1/messages/count_tokens": inference("Message token count", "MessageRequest", False),
+        "/v1/messages": inference("Message", "MessageRequest", True, "AnthropicError"),
+        "/v1/messages/count_tokens": inference(
+            "Message token count", "MessageRequest", False, "AnthropicError"
+        ),
         "/v1/models": {
             "get": {
                 "operationId": "models_list",

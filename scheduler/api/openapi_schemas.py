@@ -69,6 +69,25 @@ SCHEMAS: dict[str, Any] = {
             }
         },
     },
+    "AnthropicError": {
+        "type": "object",
+        "description": "An error on Anthropic's paths, in Anthropic's shape; Switchyard's"
+        " `param` and `code` beside where it has them.",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"type": "string", "enum": ["error"]},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {
+                    "type": {"type": "string", "example": "not_found_error"},
+                    "message": {"type": "string"},
+                    "param": {"type": "string"},
+                    "code": {"type": "string", "example": "model_not_found"},
+                },
+            },
+        },
+    },
     "ChatCompletionRequest": {
         "type": "object",
         "required": ["model", "messages"],

@@ -277,6 +277,8 @@ class ServerTasks:
     def sync_new(self, servers: Iterable[ServerView]) -> None:
         """A server an operator added since the last round is asked at once, not at the next
         round (its card said `unknown` until then, and nothing was sent to it)."""
+        if self.last_sync == -float("inf"):
+            return  # no round yet: the first asks every server
         for server in servers:
             if server.id not in self.asked:
                 self.asked.add(server.id)

@@ -43,6 +43,8 @@ def test_every_endpoint_is_in_the_schema(client):
     assert expected <= set(schema["paths"]), expected - set(schema["paths"])
     for path, item in schema["paths"].items():
         shape = "OllamaError" if path in ollama_openapi.PATH_SET else "Error"
+        if path.startswith("/v1/messages"):
+            shape = "AnthropicError"
         for method, operation in item.items():
             errors = [s for s in operation["responses"] if s.startswith(("4", "5"))]
             assert errors, (method, path)
@@ -87,7 +89,7 @@ def test_the_docs_page_loads_nothing_from_elsewhere(client):
         assert client.get(source).status_code == 200, source
 
 
-def error_is_json_in_openai_shape(ctx, response, case) -> None:
+def error_is_json_in_its_apis_shape(ctx, response, case) -> None:
     if response.status_code < 400:
         return
     headers = {k.lower(): v for k, v in response.headers.items()}
@@ -99,6 +101,10 @@ def error_is_json_in_openai_shape(ctx, response, case) -> None:
     error = response.json()["error"]
     if case.path in ollama_openapi.PATH_SET:  # Ollama's shape, for Ollama's clients
         assert isinstance(error, str) and error, error
+        return
+    if case.path.startswith("/v1/messages"):  # Anthropic's, for Anthropic's clients
+        assert response.json()["type"] == "error", response.text
+        assert {"type", "message"} <= set(error) <= {"type", "message", "param", "code"}, error
         return
     assert set(error) == {"message", "type", "param", "code"}, error
 
@@ -136,7 +142,7 @@ def test_generated_inputs_never_get_a_5xx_or_a_non_json_error(served):
             case.call_and_validate(
                 base_url=live.url,
                 headers=headers,
-                checks=[not_a_server_error, error_is_json_in_openai_shape],
+                checks=[not_a_server_error, error_is_json_in_its_apis_shape],
                 timeout=30,
             )
 
