@@ -280,7 +280,7 @@ async def subscribe() -> Subscription:
 async def relay_sse(
     sub: Subscription,
     *,
-    known: Request | None = None,
+    known: Request,
     live: bool = True,
     hang_up_cancels: bool = True,
     progress: bool = False,
@@ -298,9 +298,9 @@ async def relay_sse(
     try:
         yield f": queued as {request_id}\n\n"
         try:
-            if known is not None and known.is_terminal:
+            if known.is_terminal:
                 finished = True
-                for event in ending(known, relayed):
+                for event in ending(known, relayed, known.kind):
                     yield event
                 return
             async for message in sub.messages(every_s):
@@ -333,12 +333,12 @@ async def relay_sse(
                     if request is None:
                         continue
                 finished = True
-                for event in ending(request, relayed):
+                for event in ending(request, relayed, known.kind):
                     yield event
                 return
         except ApiError as lost:  # its row is gone, or unreadable: see waiting
             finished = True
-            yield f"data: {json.dumps(lost.body())}\n\n"
+            yield error_event(lost, known.kind)
             yield "data: [DONE]\n\n"
     finally:
         if not finished and hang_up_cancels:
@@ -353,19 +353,24 @@ async def tell_start(asked: dict, relayed: "CatchUp") -> None:
         await send(asked["channel"], {"type": "stream.start", "text": relayed.text}, one=True)
 
 
-def ending(request: Request, relayed: "CatchUp") -> list[str]:
-    """A finished request's last events: its error, or what of its text was not relayed."""
+def ending(request: Request, relayed: "CatchUp", kind: str) -> list[str]:
+    """A finished request's last events: its error, or what of its text was not relayed.
+    (`kind`: the request's, which a row told by its hint does not carry.)"""
     if request.state != State.COMPLETED:
-        error = error_of(request)
-        if request.kind == RequestKind.MESSAGE:  # as Anthropic's clients read an error
-            last = [sse_event(messages_api.error_body(error.status, error.body()))]
-        else:
-            last = [sse_event(error.body())]
+        last = [error_event(error_of(request), kind)]
     elif missed := relayed.ending(request.result, request.pk):
         last = [sse_event(event) for event in missed]
     else:
         last = []
     return [*last, "data: [DONE]\n\n"]
+
+
+def error_event(error: ApiError, kind: str) -> str:
+    """A stream's error event: in Anthropic's shape, and named, for a message (Anthropic's
+    clients read named events only)."""
+    if kind == RequestKind.MESSAGE:
+        return sse_event(messages_api.error_body(error.status, error.body()))
+    return sse_event(error.body())
 
 
 def sse_event(chunk: dict) -> str:

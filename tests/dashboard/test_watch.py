@@ -83,7 +83,7 @@ async def test_a_socket_opened_mid_answer_gets_its_start_from_the_callers_relay(
     layer, group = get_channel_layer(), request_group(r.pk)
     sub = await Subscription(r.pk).open()
     caller: asyncio.Queue[str] = asyncio.Queue()
-    relaying = asyncio.create_task(collect(relay_sse(sub, hang_up_cancels=False), caller))
+    relaying = asyncio.create_task(collect(relay_sse(sub, known=r, hang_up_cancels=False), caller))
 
     def written(text: str, at: int) -> dict:
         chunk = {"choices": [{"index": 0, "delta": {"content": text}}]}

@@ -128,6 +128,6 @@ async def test_a_waiting_caller_whose_row_was_lost_is_told_to_send_it_again(lost
 @pytest.mark.usefixtures("db_thread_closed")
 async def test_a_streaming_caller_whose_row_was_lost_gets_an_error_event(lost_request, knobs):
     knobs(WAITING_COMMENT_S=0.01)
-    events = [event async for event in relay_sse(lost_request)]
+    events = [event async for event in relay_sse(lost_request, known=Request(kind="chat"))]
     assert '"code": "request_lost"' in events[-2]
     assert events[-1] == "data: [DONE]\n\n"

@@ -18,6 +18,7 @@ from backends.models import Model, ModelType
 from scheduler.models import Request, State
 from scheduler.streams import CatchUp, answer_text, text_of
 from tests import factories
+from tests.support.openai_upstream import Upstream
 
 START = {
     "type": "message_start",
@@ -231,6 +232,23 @@ def test_errors_come_in_anthropics_shape_as_its_client_reads_them(live, make_key
     assert wrong.status_code == 405
     assert wrong.json()["error"]["type"] == "invalid_request_error"
     assert not Request.objects.exists()
+    # A message its server refuses, streamed: the stream's last event is a named `error`
+    # event, which Anthropic's client raises (it read an unnamed one as nothing, and the
+    # stream's end without a message as its own failure).
+    refusing = Upstream(["m2"])
+    refusing.fail_next = [(400, "request (8054 tokens) exceeds the available context size")]
+    try:
+        srv = factories.server("refusing", kind="openai", base_url=refusing.url)
+        factories.deployment(srv, "m2", state="loaded")
+        streamed = c.messages.stream(model="m2", max_tokens=2, messages=hi)
+        with pytest.raises(anthropic.APIStatusError) as failed, streamed as stream:
+            stream.get_final_message()
+    finally:
+        refusing.close()
+    assert failed.value.body["error"]["type"] == "invalid_request_error", failed.value.body
+    assert "exceeds the available context size" in failed.value.body["error"]["message"]
+    assert Request.objects.get().state == State.FAILED
+    Request.objects.all().delete()
     # OpenAI's paths keep OpenAI's shape.
     chat = httpx.post(
         f"{live.url}/v1/chat/completions",
