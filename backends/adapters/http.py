@@ -49,6 +49,14 @@ OOM_WORD = re.compile(r"\boom\b")
 HTML_HEAD = re.compile(r"<head\b.*?</head>", re.IGNORECASE | re.DOTALL)
 HTML_TAG = re.compile(r"<[^>]*>")
 BUSY_WORDS = ("server busy", "too many requests", "loading model", "not ready", "overloaded")
+# The request is too large for the model as it is loaded: the same answer on every retry and
+# every server, whatever its status (llama-server answers an embedding input over its batch
+# size with a 500), and no fault of the server's: retried, it opened the breaker for all.
+TOO_LARGE_WORDS = (
+    "too large to process",  # llama-server: an input over its physical batch size
+    "exceeds the available context size",  # llama-server
+    "maximum context length",  # vLLM
+)
 
 OPENAI_PATHS = {
     "chat": "/v1/chat/completions",
@@ -118,6 +126,8 @@ def classify(status: int, message: str, retry_after: float | None = None) -> Ada
         code = ErrorCode.NOT_LOADED
     elif any(w in lowered for w in LOAD_FAILED_WORDS) or OOM_WORD.search(lowered):
         code = ErrorCode.LOAD_FAILED
+    elif any(w in lowered for w in TOO_LARGE_WORDS):
+        code = ErrorCode.BAD_REQUEST
     elif status == 404 or any(w in lowered for w in NOT_FOUND_WORDS):
         code = ErrorCode.NOT_FOUND
     elif status == 429 or (status == 503 and (retry_after is not None or _busy(lowered))):

@@ -205,6 +205,22 @@ def test_embeddings_from_an_embeddings_preset(router, switchyard):
     assert [len(d["embedding"]) for d in data] == [tiny_gguf.SMALL.dim] * 2
 
 
+def test_an_input_too_large_fails_alone_and_trips_no_breaker(router, switchyard):
+    """llama-server answers an embedding input over its batch size with a 500: the request
+    itself is wrong, so it fails at once with the server's message (it was retried, and
+    its failures opened the breaker of the whole server, for every model on it)."""
+    server = discovered(router)
+    live = switchyard()
+    too_large = live.post("/v1/embeddings", {"model": "embed", "input": "word " * 2000})
+    assert too_large.status_code == 400, too_large.text
+    assert "too large to process" in too_large.json()["error"]["message"]
+    assert Request.objects.get().attempts == 1
+    server.refresh_from_db()
+    assert (server.health, server.consecutive_failures) == ("up", 0)
+    answer = live.post("/v1/embeddings", {"model": "embed", "input": "hello"})
+    assert answer.status_code == 200, answer.text
+
+
 def test_a_model_the_router_does_not_have(router, switchyard):
     server = discovered(router)
     ghost = Model.objects.create(name="ghost")
