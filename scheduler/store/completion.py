@@ -182,7 +182,10 @@ def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -
         )
         if moved:
             _release(job.deployment_id)
-    if error.server_fault:
+    # A request's own retries count once toward its server's breaker, unless it could not
+    # reach the server: an answer the server gives one request alone (a poison input) must
+    # not put the server in cooldown for every model on it.
+    if error.server_fault and (attempts <= 1 or error.code == ErrorCode.CONNECTION):
         server_failed(job.server_id, error.message)
     return state if moved else "taken over"
 

@@ -168,7 +168,12 @@ async def test_breaker_opens_after_three_failures_and_one_probe_closes_it(
 ):
     knobs(REQUEST_ATTEMPTS=5)
     upstream.fail_next = [(500, "boom")] * 3
-    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+
+    def three_requests() -> list[Request]:
+        setup_server(upstream, slots=3)
+        return [factories.request("m1") for _ in range(3)]
+
+    requests = await db(three_requests)()
     with caplog.at_level(logging.INFO):
         await run_until_idle()
     messages = [r.getMessage() for r in caplog.records]
@@ -177,15 +182,34 @@ async def test_breaker_opens_after_three_failures_and_one_probe_closes_it(
     assert any("answered its probe" in m for m in messages)
 
     def check():
-        request.refresh_from_db()
-        assert request.state == State.COMPLETED
-        assert request.attempts == 4  # three failures, then one after the probe
-        assert any("server up is unavailable" in reason for *_, reason in traces(request))
-        # Sent back to pending from the server it left, which its trace row names.
-        back = request.traces.filter(to_state="pending", reason__contains="unavailable")
-        assert {t.server for t in back} == {"up"}
+        for request in requests:
+            request.refresh_from_db()
+            assert request.state == State.COMPLETED
+            assert request.attempts == 2  # a failure, then one after the probe
+            assert any("server up is unavailable" in reason for *_, reason in traces(request))
+            # Sent back to pending from the server it left, which its trace row names.
+            back = request.traces.filter(to_state="pending", reason__contains="unavailable")
+            assert {t.server for t in back} == {"up"}
         srv = Server.objects.get()
         assert (srv.health, srv.consecutive_failures, srv.cooldown_until) == (Health.UP, 0, None)
+
+    await db(check)()
+
+
+async def test_one_requests_own_retries_count_once_toward_the_breaker(upstream, fast, knobs):
+    """A server that fails one request again and again (a poison input) while it serves
+    others stays up: that request's retries count once, so it alone never puts the server in
+    cooldown for every model on it. One that cannot be reached counts every time."""
+    knobs(REQUEST_ATTEMPTS=4)
+    upstream.fail_next = [(500, "boom")] * 4
+    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    await run_until_idle()
+
+    def check():
+        request.refresh_from_db()
+        assert (request.state, request.attempts) == (State.FAILED, 4)
+        srv = Server.objects.get()
+        assert (srv.health, srv.consecutive_failures) == (Health.UP, 1)
 
     await db(check)()
 
