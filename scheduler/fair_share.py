@@ -9,7 +9,12 @@ to the caller with fewer requests waiting in the class, then to the line's own o
 plan for the slots that free next (SendNext) is made before anyone knows whose slot frees
 first, and a light caller whose own request is about to end must not lose that slot to a
 flood that holds as many (it would then wait a whole inference more). A team's own order
-is the same rule one level down: its keys share its turns by their weights.
+is the same rule one level down: its keys share its turns by their weights, but a tie goes
+to the key served longest ago (`KeyView.last_served`), then to the one with fewer waiting.
+A team held to its `max_processing` decides each turn in a pass after one of its requests
+ended, with none of its keys holding a slot: every head ties, and "fewer waiting" alone
+would hand every turn to the key just served (it has one fewer each time), so one key's
+line ran dry before another key of the team was served at all.
 
 This is weighted fair queuing on slots held, which over time is processing time: a key with
 weight 2 holds twice the slots of a key with weight 1 while both have work waiting, and a
@@ -83,9 +88,9 @@ def _shared_by_keys(
         i = nth[r.api_key]
         nth[r.api_key] += 1
         tag = (key.processing + i + 1) / max(key.weight, 1)
-        tagged.append((tag, waiting[r.api_key], position, r))
-    tagged.sort(key=lambda t: t[:3])
-    return [(position, r) for _, _, position, r in tagged]
+        tagged.append((tag, key.last_served, waiting[r.api_key], position, r))
+    tagged.sort(key=lambda t: t[:4])
+    return [(position, r) for *_, position, r in tagged]
 
 
 class Quota:

@@ -145,6 +145,9 @@ class KeyView:
     """Its requests processing now."""
     team: int | None = None
     """The id of its team (`TeamView`), if any."""
+    last_served: int = 0
+    """When a request of its last left the line, as a count of passes (0: not seen to): its
+    team's tie-break. Set by the runtime from the passes it made (`runtime.keys_served`)."""
 
 
 @dataclass(frozen=True, slots=True)

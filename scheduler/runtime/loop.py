@@ -34,6 +34,7 @@ from .effects import Effects
 from .execution import Execution, Home, MovesAndSends, db, homes
 from .failing_passes import FailingPasses
 from .fast_paths import FastPaths, PassArrivals, SentOnArrival
+from .keys_served import KeysServed
 from .server_tasks import FreedSlot, ServerTasks
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Runtime:
         self.config = store.policy_config()
         self.snapshots = store.SnapshotReader()
         self.pass_arrivals = PassArrivals()
+        self.keys_served = KeysServed()
         # The rest: the event loop's thread only.
         self.reasons = store.ReasonWriter()  # why each request waits, stored as it changes
         self.execution = Execution(self)
@@ -349,6 +351,7 @@ class Runtime:
         plan's reasons why requests wait go back with the rest."""
         snapshot = self.snapshots.read(self.config)
         number = self.pass_arrivals.read(snapshot)
+        snapshot = self.keys_served.read(snapshot, number)
         server_of = homes(snapshot)
         slots = {s.id: s.slots for s in snapshot.servers}
         planned = plan_explained(snapshot, self.clock())  # the clock: read from any thread

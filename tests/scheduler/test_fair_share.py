@@ -195,3 +195,21 @@ def test_a_team_at_its_quota_waits_while_others_use_the_free_slots():
     assert set(dispatched(decided.decisions)) == {b[0].id, solo[0].id, solo[1].id}
     assert decided.reasons[b[1].id].kind == reasons.QUOTA
     assert decided.reasons[b[1].id].text == "its team's quota is full (3 processing at once)"
+
+
+def test_a_tie_in_a_team_goes_to_the_key_served_longest_ago():
+    """A team held to one request at a time decides each turn with none of its keys holding
+    a slot: their heads tie. The turn goes to the key served longest ago, so the keys take
+    turns; by "fewer waiting" alone it went to the key just served (one fewer each time), and
+    A's whole line ran before B was served at all."""
+    a = ready(3, A, first_age_s=60)  # one of A's was just served: A has fewer waiting
+    b = ready(4, B, first_age_s=59)
+    team = (TeamView(TEAM, max_processing=1),)
+    for a_served, b_served, first in [(7, 0, b), (7, 6, b), (5, 6, a)]:
+        keys = (
+            KeyView(A, team=TEAM, last_served=a_served),
+            KeyView(B, team=TEAM, last_served=b_served),
+        )
+        line = snap([server(1, slots=4)], [dep(1, 1, "m", "loaded")], a + b)
+        s = with_keys(line, *keys, teams=team)
+        assert dispatched(plan(s, at(0))) == [first[0].id], (a_served, b_served)
