@@ -1,9 +1,10 @@
-"""The dashboard and the workers hear of the servers, models and deployments an operator
-adds, edits or deletes (the admin, a configuration file, the operator API). The dashboard,
-as it hears of the worker's own changes (`channel_hints.dashboard_changed`): a pruned server
-left its card on every open dashboard until something else changed. The workers, so that a
-new server is asked what it holds, and what waits for a new deployment is routed, at once
-(not at the next status sync or poll). After the commit; the dashboards coalesce hints."""
+"""The dashboard hears of the servers, models and deployments an operator adds, edits or
+deletes (the admin, a configuration file, the operator API), as it hears of the worker's own
+changes (`channel_hints.dashboard_changed`): a pruned server
+left its card on every open dashboard until something else changed. The workers hear of a
+server's, so that a new one is asked what it holds at once (not at the next status sync),
+and an edit (its slots, enabled) is planned with at once. After the commit; the dashboards
+coalesce hints."""
 
 import functools
 
@@ -19,8 +20,8 @@ from .models import Deployment, Model, Server
 @receiver([post_save, post_delete], sender=Server)
 @receiver([post_save, post_delete], sender=Model)
 @receiver([post_save, post_delete], sender=Deployment)
-def operator_changed(using: str, update_fields=None, **kwargs) -> None:
+def operator_changed(sender, using: str, **kwargs) -> None:
     # On the database the row was written to (the bench writes its own through an alias).
     transaction.on_commit(channel_hints.dashboard_changed, using=using)
-    if update_fields is None:  # not the worker's own fill of a fact it learnt
+    if sender is Server:
         transaction.on_commit(functools.partial(wakeup.wake_workers, using), using=using)
