@@ -242,7 +242,9 @@ async def respond(
         if web_stop.stopping():
             # Cut by this web process stopping, not by its caller: say where the request
             # goes on (it is not cancelled), instead of closing the connection unanswered.
-            return Reply.error(web_stop.restarting(request.pk), request.pk)
+            # With an Idempotency-Key (its hang-up cancels nothing) a resend is safe.
+            told = web_stop.restarting(request.pk, resend_safe=not hang_up_cancels)
+            return Reply.error(told, request.pk)
         if hang_up_cancels:
             await cancel_abandoned(request.pk)
         raise

@@ -45,13 +45,24 @@ def not_taken() -> ApiError:
     )
 
 
-def restarting(request_id) -> ApiError:
+def restarting(request_id, resend_safe: bool | None = None) -> ApiError:
     """What a caller whose call this web process cuts as it stops is told: the request goes
-    on, and where its answer will be."""
+    on, and where its answer will be. `resend_safe`: whether the call had an Idempotency-Key
+    (a resend then gets the answer); without one, clients are told not to resend by
+    themselves (`x-should-retry: false`): it would run again. None: not known (a stream)."""
+    where = f"/api/v1/requests/{request_id}"
+    said = f"Switchyard's web process is restarting. Request {request_id} goes on"
+    if resend_safe is False:
+        return ApiError(
+            503,
+            f"{said}: read its answer at {where} (sending it again would run it twice).",
+            type="server_error",
+            code="restarting",
+            should_retry=False,
+        )
     return ApiError(
         503,
-        f"Switchyard's web process is restarting. Request {request_id} goes on: read its"
-        f" answer at /api/v1/requests/{request_id}, or resend with the same Idempotency-Key.",
+        f"{said}: read its answer at {where}, or resend with the same Idempotency-Key.",
         type="server_error",
         code="restarting",
         retry_after_s=1,

@@ -41,9 +41,10 @@ def listening(port: int, web: ManageProcess) -> None:
 
 
 @pytest.mark.parametrize(
-    ("program", "stream"), [("serve", False), ("config.web", False), ("config.web", True)]
+    ("program", "stream", "idempotent"),
+    [("serve", False, False), ("config.web", False, True), ("config.web", True, False)],
 )
-def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
+def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream, idempotent):
     factories.deployment(factories.server("s"), "m1")  # never served: no worker runs
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_DRAIN_S": "1"}
@@ -67,6 +68,7 @@ def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
                         "messages": [{"role": "user", "content": "hi"}],
                         "stream": stream,
                     },
+                    headers={"Idempotency-Key": "k1"} if idempotent else {},
                     timeout=60,
                 )
             )
@@ -106,6 +108,12 @@ def test_sigterm_stops_a_web_process_with_a_caller_waiting(program, stream):
         assert answer.status_code == 503, answer.text
         assert answer.json()["error"]["code"] == "restarting"
         assert answer.headers["X-Request-Id"] == str(request.pk)
+        if idempotent:  # a resend gets the answer: clients may resend by themselves
+            assert answer.headers["Retry-After"] == "1"
+            assert "x-should-retry" not in answer.headers
+        else:  # a resend would run it twice: OpenAI's clients are told not to
+            assert answer.headers["x-should-retry"] == "false"
+            assert "twice" in answer.json()["error"]["message"]
 
 
 def test_a_stopping_web_process_answers_the_calls_it_holds_and_takes_no_new_ones():
