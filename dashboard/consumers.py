@@ -106,6 +106,13 @@ class DashboardConsumer(StaffConsumer):
     def group_names(self) -> list[str]:
         return [DASHBOARD_GROUP]
 
+    async def connect(self) -> None:
+        # Its page was read just now: the first push must not be a shared read older than
+        # that (a reload within `max_age_s` showed the state before the reload, until the
+        # next hint).
+        shared_overview.hinted()
+        await super().connect()
+
     def read_state(self) -> dict:
         return shared_overview.get()
 

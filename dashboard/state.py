@@ -1,12 +1,13 @@
 """The full state a dashboard shows, as plain JSON-able dicts (messages carry full state).
 
 Each function runs a fixed number of queries however many rows it shows: the overview reads
-servers, their deployments, the operators' open intents and three bounded lists of
-requests, nothing per row.
+the workers, servers, their deployments, the operators' open intents and three bounded
+lists of requests, nothing per row.
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
@@ -14,7 +15,7 @@ from django.utils import timezone
 from backends.models import Deployment, DeploymentState, Health, LoadCause, Server
 from scheduler.durations import to_ms as seconds
 from scheduler.intents import open_intents
-from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State
+from scheduler.models import TERMINAL_STATES, WAITING_STATES, Request, State, Worker
 from scheduler.reasons_shown import reported_fraction, server_fraction
 from scheduler.reasons_shown import shown as shown_reason
 from scheduler.snapshot import unused_restore
@@ -223,6 +224,7 @@ def overview(now: datetime | None = None) -> dict:
     asked = intents_by_server()
     return {
         "at": iso(now),
+        "workers": workers_state(now),
         "servers": [server_row(s, now, asked.get(s.pk)) for s in servers],
         "waiting": waiting_rows(now),
         "waiting_total": sum(c["waiting"] for c in classes),
@@ -245,6 +247,26 @@ def overview(now: datetime | None = None) -> dict:
                 "error": r.error,
             }
             for r in recent
+        ],
+    }
+
+
+def workers_state(now: datetime) -> dict:
+    """Whether anything schedules: the live workers (heartbeat fresher than
+    `SWITCHYARD_WORKER_STALE_S`), the last heartbeat of any, and the live ones whose passes
+    fail (`runtime.failing_passes`). The page says so above everything else."""
+    stale = now - timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
+    rows = list(
+        Worker.objects.values_list("id", "host", "last_heartbeat", "failing_since", "failing_error")
+    )
+    live = [row for row in rows if row[2] >= stale]
+    return {
+        "live": len(live),
+        "last_heartbeat": iso(max((row[2] for row in rows), default=None)),
+        "failing": [
+            {"id": wid, "host": host, "since": iso(since), "error": error}
+            for wid, host, _, since, error in live
+            if since is not None
         ],
     }
 

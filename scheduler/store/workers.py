@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from backends.models import Deployment, DeploymentState
 
+from .. import channel_hints
 from ..models import Request, State, Worker
 from ..transitions import Transition, move_all
 
@@ -57,6 +58,7 @@ def heartbeat(worker_id: int) -> bool:
 def passes_failing(worker_id: int, since: datetime | None, error: str = "") -> None:
     """Whether the worker's passes fail (since when, and the last error), or no longer."""
     Worker.objects.filter(pk=worker_id).update(failing_since=since, failing_error=error)
+    channel_hints.dashboard_changed()  # its banner
 
 
 def take_over_stale_workers(stale_s: float, me: int | None = None) -> tuple[int, list[int]]:

@@ -3,6 +3,7 @@ through the admin, watches a model load on a simulated server and the request co
 Playwright's `expect` waits for each state; nothing sleeps."""
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import httpx
@@ -12,6 +13,7 @@ from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from backends.models import Server
+from scheduler.models import Worker
 from tests import factories
 
 pytestmark = pytest.mark.browser
@@ -153,3 +155,43 @@ def test_an_operator_watches_loads_and_requests_complete(live, browser_page):
     expect(intent.locator(".tag")).to_have_attribute("title", "asked by user operator")
     expect(intent).to_have_count(0, timeout=OPERATOR_LOAD_S * 1000 + 30_000)
     expect(card.locator('[data-model="big"] .pill')).to_have_text("loaded")
+
+
+@pytest.fixture
+def no_worker(transactional_db):
+    """A web process, and no worker anywhere."""
+    from tests.scheduler.test_health import web_only
+
+    User.objects.create_superuser("operator", "op@example.com", "a-long-password")
+    web = web_only()
+    yield web
+    web.stop()
+
+
+def in_thread(fn):
+    """The ORM from a thread of its own: Playwright's sync API runs an event loop here."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
+
+
+def test_the_dashboard_says_when_nothing_schedules(no_worker, browser_page):
+    """No live worker: requests are taken and nothing runs them, which every wait below
+    would otherwise leave unexplained. A worker whose passes fail: the same, for new work."""
+    sign_in(browser_page, no_worker.url)
+    alert = browser_page.locator("#workers-alert")
+    expect(alert).to_contain_text("No worker is running")
+    expect(alert).to_contain_text("python manage.py run_scheduler")
+
+    failing = in_thread(
+        lambda: Worker.objects.create(
+            host="gpu-host", pid=1, failing_since=timezone.now(), failing_error="KeyError: None"
+        )
+    )
+    browser_page.reload()
+    expect(alert).to_contain_text(f"Worker {failing.pk} on gpu-host cannot plan")
+    expect(alert).to_contain_text("KeyError: None")
+    expect(alert).not_to_contain_text("No worker is running")
+
+    in_thread(lambda: Worker.objects.filter(pk=failing.pk).update(failing_since=None))
+    browser_page.reload()  # within half a second: the socket pushes nothing older
+    expect(alert).to_be_hidden()

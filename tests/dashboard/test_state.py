@@ -13,7 +13,7 @@ from django.utils import timezone
 from access.models import ApiKey, Team
 from backends.models import Deployment, DeploymentState, Server
 from dashboard import state
-from scheduler.models import Intent, Priority, Request, State, Trace
+from scheduler.models import Intent, Priority, Request, State, Trace, Worker
 from tests import factories
 from tests.support.table_reads import entries_read_by
 
@@ -272,7 +272,7 @@ def test_the_overview_runs_the_same_few_queries_for_three_rows_or_a_hundred_and_
     add(117)
     many, shown = queries()
     assert shown == state.WAITING_SHOWN
-    assert many == few <= 13
+    assert many == few <= 14
 
 
 def test_request_detail_has_place_eta_load_and_trace():
@@ -395,3 +395,19 @@ def test_an_answer_that_calls_tools_shows_each_call_in_every_api_shape():
 
 def test_an_unknown_request_has_no_detail():
     assert state.request_detail("00000000-0000-0000-0000-000000000000") is None
+
+
+def test_the_workers_say_whether_anything_schedules(settings):
+    settings.SWITCHYARD = {**settings.SWITCHYARD, "WORKER_STALE_S": 30}
+    assert state.workers_state(NOW) == {"live": 0, "last_heartbeat": None, "failing": []}
+    Worker.objects.create(host="a", pid=1, last_heartbeat=ago(5))
+    gone = Worker.objects.create(host="b", pid=2, last_heartbeat=ago(60), failing_since=ago(90))
+    failing = Worker.objects.create(
+        host="c", pid=3, last_heartbeat=ago(1), failing_since=ago(20), failing_error="KeyError"
+    )
+    seen = state.workers_state(NOW)
+    assert seen["live"] == 2 and seen["last_heartbeat"] == ago(1).isoformat()
+    assert seen["failing"] == [
+        {"id": failing.pk, "host": "c", "since": ago(20).isoformat(), "error": "KeyError"}
+    ]
+    assert gone.pk not in [f["id"] for f in seen["failing"]]  # a dead one: not "live"

@@ -141,8 +141,29 @@ const Switchyard = (() => {
       ...columns(r).map((c) => el("td", {}, c)))));
   }
 
+  // Nothing schedules without a live worker, and a worker whose passes fail plans nothing
+  // new: said above everything, since every wait below is then explained by it.
+  function renderWorkers(w) {
+    const alert = document.getElementById("workers-alert");
+    const said = [];
+    if (w && w.live === 0) {
+      said.push(el("p", {}, el("strong", {}, "No worker is running"),
+        w.last_heartbeat ? ` (the last heartbeat was at ${stamp(new Date(w.last_heartbeat))})` : "",
+        ": requests are taken, but none is routed, loaded or sent until one starts ",
+        "(python manage.py run_scheduler)."));
+    }
+    for (const f of (w && w.failing) || []) {
+      said.push(el("p", {}, el("strong", {}, `Worker ${f.id} on ${f.host} cannot plan`),
+        ` since ${stamp(new Date(f.since))}: ${f.error}. It serves what it runs and tries `,
+        "again; its log has the traceback."));
+    }
+    alert.replaceChildren(...said);
+    alert.hidden = said.length === 0;
+  }
+
   function renderOverview(state) {
     syncClock(state.at);
+    renderWorkers(state.workers);
     const servers = document.getElementById("servers");
     if (state.servers.length) servers.replaceChildren(...state.servers.map(serverCard));
     else servers.replaceChildren(el("p", {class: "muted"}, "No servers yet: add one in the admin."));
