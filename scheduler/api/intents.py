@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..models import INTENT_ENDED, Intent
-from . import listing
+from . import listing, web_stop
 from .callers import OPERATOR_REFUSALS, StaffSession, operator_of
 from .errors import ApiError
 from .jobs import parse_wait_s
@@ -145,7 +145,7 @@ async def intent_detail(http, intent_id: int):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     rows = Intent.objects.filter(pk=intent_id).values_list("status", flat=True)
-    while (left := deadline - loop.time()) > 0:
+    while (left := deadline - loop.time()) > 0 and not web_stop.draining():
         await asyncio.sleep(min(POLL_S, left))
         if await rows.afirst() in INTENT_ENDED:
             break

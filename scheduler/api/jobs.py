@@ -23,7 +23,7 @@ from ..models import Request, RequestKind
 from ..reasons_shown import reported_fraction
 from ..reasons_shown import shown as shown_reason
 from ..store.completion import cancel_request
-from . import callback_url, callers, idempotency, intake, listing, recovery
+from . import callback_url, callers, idempotency, intake, listing, recovery, web_stop
 from .errors import ApiError
 from .strict import Strict
 from .waiting import Subscription, current, stored, until_finished
@@ -246,7 +246,7 @@ async def wait_until_finished(request_id, wait_s: float) -> None:
     try:
         async with asyncio.timeout(wait_s):
             if not (await current(request_id)).is_terminal:
-                await until_finished(sub, every_s=min(wait_s, 5.0))
+                await web_stop.unless_draining(until_finished(sub, every_s=min(wait_s, 5.0)))
     except TimeoutError:
         pass
     finally:

@@ -1,19 +1,47 @@
 """A web process stopping (SIGTERM): it drains, then stops.
 
 Draining, it takes no new connection and answers new calls on open ones `503 restarting`
-(nothing stored), while the calls it holds go on to their answers, for up to
-`SWITCHYARD_DRAIN_S`. Then it stops: the calls still open are cut, and their callers told
-where their requests go on (they are not cancelled: their callers did not hang up)."""
+(nothing stored), long polls at once (`unless_draining`), while the calls it holds go on to
+their answers, for up to `SWITCHYARD_DRAIN_S`. Then it stops: the calls still open are cut,
+and their callers told where their requests go on (they are not cancelled: their callers
+did not hang up)."""
+
+import asyncio
+from collections.abc import Awaitable
 
 from .errors import ApiError
 
 _draining = False
 _stopping = False
+_long_polls: set[asyncio.Event] = set()  # set when the drain begins
 
 
 def begin_drain() -> None:
+    """On the event loop's thread (daphne's reactor runs on it)."""
     global _draining
     _draining = True
+    for begun in _long_polls:
+        begun.set()
+
+
+async def unless_draining(work: Awaitable) -> None:
+    """`work` (a long poll's wait), cut short when this process begins to drain: a long
+    poll may answer early, and its caller polls again, at a process that stays up. Waiting
+    out the drain instead, it was cut unanswered."""
+    task = asyncio.ensure_future(work)
+    begun = asyncio.Event()
+    _long_polls.add(begun)
+    drain = asyncio.ensure_future(begun.wait())
+    try:
+        if not _draining:
+            await asyncio.wait([task, drain], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        _long_polls.discard(begun)
+        for pending in (task, drain):
+            pending.cancel()
+        await asyncio.gather(task, drain, return_exceptions=True)
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        raise task.exception()
 
 
 def stop() -> None:
