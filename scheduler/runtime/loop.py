@@ -105,6 +105,14 @@ class Runtime:
         await self.take_over()
         loop = event_loop.name(self.loop)
         log.info("worker %s started on %s's event loop", self.worker_id, loop)
+        if others := await db(store.workers_beside_simulated)(self.worker_id):
+            log.warning(
+                "simulated servers (%s) live in each worker's memory, and %d other worker(s)"
+                " run: what one loads the others do not have, and their status syncs undo it."
+                " Run one worker for a demo on simulated servers.",
+                ", ".join(others[1]),
+                others[0],
+            )
 
     async def take_over(self) -> bool:
         """Take back work from stale workers and re-check loads that nobody holds. True if

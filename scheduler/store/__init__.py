@@ -68,6 +68,7 @@ from .workers import (
     register_worker,
     release_worker,
     take_over_stale_workers,
+    workers_beside_simulated,
 )
 
 __all__ = [
@@ -120,5 +121,6 @@ __all__ = [
     "start_unload",
     "stop_load",
     "take_over_stale_workers",
+    "workers_beside_simulated",
     "write_reasons",
 ]

@@ -6,12 +6,13 @@ import socket
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from backends.models import Deployment, DeploymentState
+from backends.models import Deployment, DeploymentState, Server
 
 from .. import channel_hints
 from ..models import Request, State, Worker
@@ -53,6 +54,18 @@ def exited(pid: int) -> bool:
 
 def heartbeat(worker_id: int) -> bool:
     return Worker.objects.filter(pk=worker_id).update(last_heartbeat=timezone.now()) == 1
+
+
+def workers_beside_simulated(me: int) -> tuple[int, list[str]] | None:
+    """The other live workers and the enabled simulated servers, if there are both."""
+    simulated = list(
+        Server.objects.filter(kind="simulated", enabled=True).values_list("name", flat=True)
+    )
+    if not simulated:
+        return None
+    stale = timezone.now() - timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
+    others = Worker.objects.exclude(pk=me).filter(last_heartbeat__gte=stale).count()
+    return (others, simulated) if others else None
 
 
 def passes_failing(worker_id: int, since: datetime | None, error: str = "") -> None:
