@@ -367,7 +367,7 @@ def ending(request: Request, relayed: "CatchUp", kind: str) -> list[str]:
     return [*last, "data: [DONE]\n\n"]
 
 
-def error_event(error: ApiError, kind: str) -> str:
+def error_event(error: ApiError, kind: str | None) -> str:
     """A stream's error event: in Anthropic's shape, and named, for a message (Anthropic's
     clients read named events only)."""
     if kind == RequestKind.MESSAGE:

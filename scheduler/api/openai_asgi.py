@@ -25,7 +25,7 @@ from ..models import RequestKind
 from ..pool_threads import in_pool_thread
 from . import ollama_api, recovery, web_stop
 from .errors import ApiError, request_too_large
-from .inference import Reply, answer, run_detached
+from .inference import Reply, answer, error_event, run_detached
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +191,8 @@ def last_event(error: ApiError, ollama: dict | None, anthropic: bool = False) ->
     line for Ollama's API, a named `error` event for Anthropic's)."""
     if ollama is not None:
         return (json.dumps(ollama_api.error_body(error.body())) + "\n").encode()
-    if anthropic:
-        said = messages_api.error_body(error.status, error.body())
-        return f"event: error\ndata: {json.dumps(said)}\n\ndata: [DONE]\n\n".encode()
-    return f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
+    kind = RequestKind.MESSAGE if anthropic else None
+    return (error_event(error, kind) + "data: [DONE]\n\n").encode()
 
 
 def failed(exc: Exception, doing: str) -> ApiError:
