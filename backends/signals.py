@@ -1,10 +1,9 @@
 """The dashboard hears of the servers, models and deployments an operator adds, edits or
 deletes (the admin, a configuration file, the operator API), as it hears of the worker's own
-changes (`channel_hints.dashboard_changed`): a pruned server
-left its card on every open dashboard until something else changed. The workers hear of a
-server's, so that a new one is asked what it holds at once (not at the next status sync),
-and an edit (its slots, enabled) is planned with at once. After the commit; the dashboards
-coalesce hints."""
+changes (`channel_hints.dashboard_changed`): a pruned server left its card on every open
+dashboard until something else changed. The workers hear of a server's, so that a new one
+is asked what it holds at once (not at the next status sync), and an edit (its slots,
+enabled) is planned with at once. After the commit; the dashboards coalesce hints."""
 
 import functools
 

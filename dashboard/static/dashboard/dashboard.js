@@ -157,6 +157,10 @@ const Switchyard = (() => {
         ` since ${stamp(new Date(f.since))}: ${f.error}. It serves what it runs and tries `,
         "again; its log has the traceback."));
     }
+    // Redrawn only when it says something new: an alert is read out each time it changes.
+    const text = said.map((p) => p.textContent).join("\n");
+    if (alert.dataset.said === text) return;
+    alert.dataset.said = text;
     alert.replaceChildren(...said);
     alert.hidden = said.length === 0;
   }
