@@ -1,12 +1,15 @@
 """Websockets for staff. Every message carries the full state, read after the commit that
 sent the hint; hints in a burst are folded into one read (see `scheduler/throttle.py`)."""
 
+import asyncio
 import math
 import threading
 import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from django.utils import timezone
 
 from scheduler.channel_hints import DASHBOARD_GROUP, request_group
 from scheduler.streams import ASKED, text_of
@@ -100,6 +103,49 @@ class SharedRead:
 shared_overview = SharedRead(state.overview)
 
 
+class WorkerWatch:
+    """A worker that dies sends no news, and the banner that says nothing schedules would
+    wait for the next hint: while a dashboard is open in this process, the workers' rows are
+    read every `every_s` (one small query), and a change of who is live or failing hints the
+    dashboards."""
+
+    every_s = 5.0
+
+    def __init__(self) -> None:
+        self.pages = 0
+        self.task: asyncio.Task | None = None
+
+    def opened(self) -> None:
+        self.pages += 1
+        running = self.task is not None and not self.task.done()
+        if not running or self.task.get_loop() is not asyncio.get_running_loop():
+            self.pages = 1  # a loop that ended took its pages with it
+            self.task = asyncio.create_task(self.run())
+
+    def closed(self) -> None:
+        self.pages -= 1
+        if self.pages <= 0 and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    async def run(self) -> None:
+        seen = await database_sync_to_async(self.summary)()
+        while True:
+            await asyncio.sleep(self.every_s)
+            now = await database_sync_to_async(self.summary)()
+            if now != seen:
+                await get_channel_layer().group_send(DASHBOARD_GROUP, {"type": "dashboard.changed"})
+            seen = now
+
+    @staticmethod
+    def summary() -> tuple:
+        workers = state.workers_state(timezone.now())
+        return workers["live"], [f["id"] for f in workers["failing"]]
+
+
+worker_watch = WorkerWatch()
+
+
 class DashboardConsumer(StaffConsumer):
     message_type = "overview"
 
@@ -112,6 +158,13 @@ class DashboardConsumer(StaffConsumer):
         # next hint).
         shared_overview.hinted()
         await super().connect()
+        if hasattr(self, "throttle"):  # accepted
+            worker_watch.opened()
+
+    async def disconnect(self, code) -> None:
+        if hasattr(self, "throttle"):
+            worker_watch.closed()
+        await super().disconnect(code)
 
     def read_state(self) -> dict:
         return shared_overview.get()

@@ -131,3 +131,24 @@ def test_pages_in_one_process_share_a_fresh_read_until_the_next_hint():
     assert shared.get() == 2  # something moved since: read again
     shared.started -= 1  # a read older than max_age_s is not handed out
     assert shared.get() == 3
+
+
+@db
+async def test_a_worker_that_dies_quietly_reaches_an_open_dashboard(staff_cookie, monkeypatch):
+    """A dead worker sends no news: the page's process looks at the workers every few
+    seconds while a dashboard is open, and a change of who is live hints the pages."""
+    from dashboard.consumers import WorkerWatch
+    from scheduler.models import Worker
+
+    monkeypatch.setattr(WorkerWatch, "every_s", 0.05)
+    worker = await Worker.objects.acreate(host="gpu-host", pid=1)
+    ws = communicator("/ws/dashboard/", staff_cookie)
+    connected, _ = await ws.connect(timeout=10)
+    assert connected
+    await receive_until(ws, lambda s: s["workers"]["live"] == 1)
+
+    long_ago = worker.last_heartbeat.replace(year=2000)
+    await Worker.objects.filter(pk=worker.pk).aupdate(last_heartbeat=long_ago)
+    seen = await receive_until(ws, lambda s: s["workers"]["live"] == 0)
+    assert seen["state"]["workers"]["last_heartbeat"].startswith("2000-")
+    await ws.disconnect()
