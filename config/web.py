@@ -3,9 +3,11 @@ daphne on Switchyard's event loop (see `config.event_loop`). Plain `daphne` work
 asyncio's own loop."""
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 
 from config import event_loop
@@ -54,6 +56,11 @@ def web_server_class() -> type:
             for port in self.ports:
                 port.stopListening()
             drained = asyncio.ensure_future(self.calls_answered(settings.SWITCHYARD["DRAIN_S"]))
+            # Asked again (a second Ctrl-C): stop now, as after the drain.
+            loop = asyncio.get_event_loop()
+            for asked in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(asked, drained.cancel)
             waited = defer.Deferred.fromFuture(drained)
             waited.addBoth(lambda _: self.cut_calls())
             return waited

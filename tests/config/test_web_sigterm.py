@@ -172,6 +172,38 @@ def test_a_stopping_web_process_answers_the_calls_it_holds_and_takes_no_new_ones
     assert "still open" not in out, out
 
 
+def test_a_second_signal_ends_the_drain_at_once():
+    """Asked to stop again (a second Ctrl-C), a draining web process stops at once: its
+    callers still waiting are told where their requests go on."""
+    factories.deployment(factories.server("s"), "m1")  # never served: no worker runs
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_DRAIN_S": "120"}
+    args = ["-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+    web = ManageProcess(
+        args, env, lambda line: "web process on" in line, program=("-m", "config.web")
+    )
+    listening(port, web)
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    answered: list[httpx.Response] = []
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    caller = threading.Thread(
+        target=lambda: answered.append(httpx.post(url, json=body, timeout=60))
+    )
+    caller.start()
+    eventually(Request.objects.exists, what="the request stored")
+
+    started = time.monotonic()
+    web.proc.send_signal(signal.SIGINT)
+    web.wait_for_line("stopping: no new calls; 1 open")
+    web.proc.send_signal(signal.SIGINT)
+    out = web.output(timeout=EXIT_WITHIN_S + 30)
+    assert time.monotonic() - started < EXIT_WITHIN_S, out
+    caller.join(timeout=30)
+    assert answered and answered[0].status_code == 503, (answered, out)
+    assert answered[0].json()["error"]["code"] == "restarting"
+    assert Request.objects.get().state == "pending"
+
+
 def test_a_stopped_web_process_exits_with_a_request_thread_still_waiting():
     """A SIGTERM can stop the loop while a request's sync half (Django's sync middleware, in
     a pool thread) waits for the async rest: that thread never returns, and Python's own
