@@ -185,7 +185,8 @@ def test_the_generator_reaches_every_step_and_the_rows_a_prune_leaves():
     some hold requests whose deployment or model was deleted."""
     seen: set[str] = set()
 
-    @settings(max_examples=200, deadline=None)
+    # The same examples every run: a random 200 once held no Dispatch at all.
+    @settings(max_examples=200, deadline=None, derandomize=True)
     @given(snapshots())
     def look(snapshot):
         seen.update(type(d).__name__ for d in plan(snapshot, at(0)))
