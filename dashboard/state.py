@@ -5,9 +5,8 @@ the workers, servers, their deployments, the operators' open intents and three b
 lists of requests, nothing per row.
 """
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.db.models import Prefetch, Q
 from django.urls import reverse
 from django.utils import timezone
@@ -255,7 +254,7 @@ def workers_state(now: datetime) -> dict:
     """Whether anything schedules: the live workers (heartbeat fresher than
     `SWITCHYARD_WORKER_STALE_S`), the last heartbeat of any, and the live ones whose passes
     fail (`runtime.failing_passes`). The page says so above everything else."""
-    stale = now - timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
+    stale = Worker.live_since(now)
     rows = list(
         Worker.objects.values_list("id", "host", "last_heartbeat", "failing_since", "failing_error")
     )

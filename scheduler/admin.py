@@ -1,6 +1,3 @@
-from datetime import timedelta
-
-from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.urls import reverse
@@ -218,8 +215,7 @@ class AliveFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         if self.value() is None:
             return queryset
-        since = timezone.now() - timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
-        fresh = Q(last_heartbeat__gte=since)
+        fresh = Q(last_heartbeat__gte=Worker.live_since())
         return queryset.filter(fresh if self.value() == "yes" else ~fresh)
 
 
@@ -247,8 +243,7 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(boolean=True, description="alive")
     def alive(self, worker: Worker) -> bool:
-        stale_after = timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
-        return timezone.now() - worker.last_heartbeat < stale_after
+        return worker.is_live()
 
     @admin.display(description="processing", ordering="n_processing")
     def processing(self, worker: Worker) -> int:

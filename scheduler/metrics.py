@@ -6,7 +6,6 @@ truth, whichever worker did the work: gauges from the live rows, counters and hi
 from durable rows (see scheduler.metric_totals). No process keeps a number of its own."""
 
 import hmac
-from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Count, Min
@@ -137,12 +136,11 @@ class DatabaseCollector:
             "Seconds since each registered worker's last heartbeat",
             labels=["worker", "host"],
         )
-        stale = now - timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
         live = failing = 0
         for w in Worker.objects.all():
             age.add_metric([str(w.pk), w.host], max((now - w.last_heartbeat).total_seconds(), 0))
-            live += w.last_heartbeat >= stale
-            failing += w.last_heartbeat >= stale and w.failing_since is not None
+            live += w.is_live(now)
+            failing += w.is_live(now) and w.failing_since is not None
         yield age
         yield GaugeMetricFamily(
             "switchyard_workers_live",

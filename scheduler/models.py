@@ -1,8 +1,9 @@
 """Requests, their traces, and the workers that hold them."""
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -41,6 +42,11 @@ WAITING_STATES = (State.PENDING, State.NEEDS_LOADING, State.READY)
 TERMINAL_STATES = (State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED)
 
 
+class WorkerQuerySet(models.QuerySet):
+    def live(self, now: datetime | None = None) -> "WorkerQuerySet":
+        return self.filter(last_heartbeat__gte=Worker.live_since(now))
+
+
 class Worker(models.Model):
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
@@ -53,8 +59,21 @@ class Worker(models.Model):
     failing_since = models.DateTimeField(null=True, blank=True)
     failing_error = models.TextField(blank=True, default="")
 
+    objects = WorkerQuerySet.as_manager()
+
     def __str__(self) -> str:
         return f"worker {self.pk} ({self.host}:{self.pid})"
+
+    @staticmethod
+    def live_since(now: datetime | None = None) -> datetime:
+        """A worker is live while its heartbeat is fresher than `SWITCHYARD_WORKER_STALE_S`:
+        what the dashboard, /readyz, the metrics and the admin count (the runtime's take-over
+        reads its own knob)."""
+        stale_s = settings.SWITCHYARD["WORKER_STALE_S"]
+        return (now or timezone.now()) - timedelta(seconds=stale_s)
+
+    def is_live(self, now: datetime | None = None) -> bool:
+        return self.last_heartbeat >= self.live_since(now)
 
 
 class Request(models.Model):

@@ -6,7 +6,6 @@ import socket
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
@@ -63,8 +62,7 @@ def workers_beside_simulated(me: int) -> tuple[int, list[str]] | None:
     )
     if not simulated:
         return None
-    stale = timezone.now() - timedelta(seconds=settings.SWITCHYARD["WORKER_STALE_S"])
-    others = Worker.objects.exclude(pk=me).filter(last_heartbeat__gte=stale).count()
+    others = Worker.objects.live().exclude(pk=me).count()
     return (others, simulated) if others else None
 
 
