@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import sys
+from http import HTTPStatus
 
 from config import event_loop
 
@@ -32,8 +33,14 @@ def web_server_class() -> type:
     from daphne.ws_protocol import WebSocketProtocol
     from django.conf import settings
     from twisted.internet import defer
+    from twisted.web import http
 
     from scheduler.api import web_stop
+
+    # Twisted knows no reason for some codes Switchyard answers (429): its status line read
+    # "429 Unknown Status". Its public table takes the standard library's names.
+    for status in HTTPStatus:
+        http.RESPONSES.setdefault(status.value, status.phrase.encode())
 
     class AccessLog(AccessLogGenerator):
         def write_entry(self, host, date, request, *args, **kwargs) -> None:

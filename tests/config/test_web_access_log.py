@@ -1,5 +1,6 @@
 """A web process's access log (daphne's) names a watch page without its key: who holds the
-link reads the answer."""
+link reads the answer; and its status lines carry the standard reason (Twisted has none for
+some codes Switchyard answers, such as 429)."""
 
 import os
 import signal
@@ -7,6 +8,7 @@ import signal
 import httpx
 import pytest
 
+from access.models import ApiKey
 from access.watch import watch_url
 from tests import factories
 from tests.config.test_web_sigterm import listening
@@ -16,17 +18,25 @@ from tests.support.manage_process import ManageProcess
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_the_access_log_leaves_out_a_watch_links_key():
+def test_the_access_log_leaves_out_a_watch_links_key_and_status_lines_have_reasons():
     link = watch_url(factories.request("m1").pk)
     request_id, key = link.strip("/").split("/")[-1].split(":")
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url()}
+    env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_AUTH": "required"}
     args = ["-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
     web = ManageProcess(
         args, env, lambda line: "web process on" in line, program=("-m", "config.web")
     )
     listening(port, web)
     assert httpx.get(f"http://127.0.0.1:{port}{link}").status_code == 200
+    paced, secret = ApiKey.generate("paced", rpm=0)
+    paced.save()
+    refused = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {secret}"},
+        json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert (refused.status_code, refused.reason_phrase) == (429, "Too Many Requests")
     web.proc.send_signal(signal.SIGTERM)
     log = "".join(web.log) + web.proc.stdout.read()
     web.proc.wait(timeout=30)
