@@ -113,13 +113,15 @@ def claim_due() -> list[Delivery]:
     ]
 
 
-def record(delivery: Delivery, error: str | None) -> None:
-    """The attempt's outcome: delivered, retried later, or given up; a trace row each."""
+def record(delivery: Delivery, error: str | None) -> float | None:
+    """The attempt's outcome: delivered, retried later, or given up; a trace row each.
+    Returns the seconds until the retry, if there is one."""
     knobs = settings.SWITCHYARD
     host = httpx.URL(delivery.url).host
     with transaction.atomic():
         request = Request.objects.get(pk=delivery.request_id)
         fields: dict = {"attempts": delivery.attempt, "last_error": (error or "")[:2000]}
+        delay = None
         if error is None:
             fields.update(status=Callback.Status.DELIVERED, next_at=None)
             reason = f"callback delivered to {host} (attempt {delivery.attempt})"
@@ -138,6 +140,7 @@ def record(delivery: Delivery, error: str | None) -> None:
             request=request, from_state=request.state, to_state=request.state, reason=reason
         )
     (log.info if error is None else log.warning)("request %s: %s", delivery.request_id, reason)
+    return delay
 
 
 class Webhooks:
@@ -155,18 +158,13 @@ class Webhooks:
         async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
             try:
                 while True:
-                    started = time.monotonic()
-                    try:
-                        for delivery in await in_pool_thread(claim_due)():
-                            task = asyncio.create_task(self.send(client, delivery))
-                            self.sending.add(task)
-                            task.add_done_callback(self.sending.discard)
-                    except faults.DATABASE_FAULTS as error:  # the worker starts again
-                        log.info("looking for callbacks to send failed: %r", error)
-                    except Exception:  # a failed look must not end the worker
-                        log.exception("looking for callbacks to send failed")
-                    await asyncio.sleep(max(MIN_GAP_S - (time.monotonic() - started), 0))
+                    # Counted before the look: a request that ends while it runs or during
+                    # the gap calls for another (counted after, its end was missed until
+                    # the next poll).
                     seen = (rt.passes, rt.quiet_ends)
+                    started = time.monotonic()
+                    await self.send_due(client)
+                    await asyncio.sleep(max(MIN_GAP_S - (time.monotonic() - started), 0))
                     async with rt.passed:
                         try:
                             async with asyncio.timeout(knobs["POLL_INTERVAL_S"]):
@@ -179,6 +177,21 @@ class Webhooks:
                 for task in self.sending:
                     task.cancel()
                 await asyncio.gather(*self.sending, return_exceptions=True)
+
+    async def send_due(self, client: httpx.AsyncClient) -> None:
+        """Claim the callbacks due now and send each in a task of its own."""
+        try:
+            deliveries = await in_pool_thread(claim_due)()
+        except faults.DATABASE_FAULTS as error:  # the worker starts again
+            log.info("looking for callbacks to send failed: %r", error)
+            return
+        except Exception:  # a failed look must not end the worker
+            log.exception("looking for callbacks to send failed")
+            return
+        for delivery in deliveries:
+            task = asyncio.create_task(self.send(client, delivery))
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
 
     async def send(self, client: httpx.AsyncClient, delivery: Delivery) -> None:
         headers = {
@@ -193,6 +206,10 @@ class Webhooks:
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {str(exc)[:200]}"
         try:
-            await in_pool_thread(record)(delivery, error)
+            retry_in = await in_pool_thread(record)(delivery, error)
         except Exception:
             log.exception("recording the callback of %s failed", delivery.request_id)
+            return
+        if retry_in is not None:  # at its time, not at the next poll
+            await asyncio.sleep(retry_in)
+            await self.send_due(client)

@@ -76,7 +76,14 @@ def test_a_callback_to_a_host_not_allowed_is_refused_and_stores_nothing(
 @pytest.mark.django_db(transaction=True)
 def test_the_final_state_is_posted_signed_and_retried(served, receiver):
     factories.deployment(factories.server("sim"), "m")
-    live = served(SWITCHYARD_WEBHOOK_HOSTS="127.0.0.1", SWITCHYARD_WEBHOOK_SECRET=SECRET)
+    # Sent when the request ends and retried at its time (1 s after the first attempt), not
+    # at the next poll (there is none within the test).
+    live = served(
+        SWITCHYARD_WEBHOOK_HOSTS="127.0.0.1",
+        SWITCHYARD_WEBHOOK_SECRET=SECRET,
+        SWITCHYARD_POLL_INTERVAL_S="300",
+        SWITCHYARD_STATUS_SYNC_S="300",
+    )
     job = {"kind": "chat", "body": HI, "callback_url": f"{receiver.url}/hook?x=1"}
     r = httpx.post(f"{live.url}/api/v1/requests", json=job)
     assert r.status_code == 202, r.text
