@@ -150,6 +150,15 @@ def no_server(model: str, why: str, deadline: datetime) -> Reason:
     )
 
 
+def failed_load(model: str, server: str, error: str) -> str:
+    """A deployment failed for good (its attempts spent, or the server has no such model):
+    said to the requests that fail for it, with what lets it load again."""
+    return (
+        f"{model} failed to load on {server}: {error or '?'}"
+        " (not tried there again until an operator resets it)"
+    )
+
+
 def no_room(
     model: str, why: Iterable[str], until: datetime | None, server: str | None = None
 ) -> Reason:

@@ -55,7 +55,7 @@ class Routing:
                 until = f" until {s.cooldown_until:%H:%M:%S}" if s.cooldown_until else ""
                 reasons.append(f"{s.name} is in cooldown{until}")
             elif d.state == "failed":
-                reasons.append(f"{model} failed to load on {s.name}: {d.last_error or '?'}")
+                reasons.append(waits.failed_load(model, s.name, d.last_error))
             else:
                 reasons, down = [], False
                 break

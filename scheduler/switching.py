@@ -48,7 +48,7 @@ class Switching:
         leave_wait_s = None if leave is None else self.wait_in_line_s(r, leave)
         for d in candidates:
             if d.state == "failed":
-                message = d.last_error or f"{d.model} failed to load"
+                message = waits.failed_load(d.model, self.servers[d.server_id].name, d.last_error)
                 reasons.append(NoRoom(message, True, d.last_error_code or "load_failed"))
             elif d.state != "unloaded":
                 reasons.append(

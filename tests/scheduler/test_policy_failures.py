@@ -30,6 +30,9 @@ from .builders import (
     snap,
 )
 
+# What a request failed for a deployment that failed for good is told, after the error.
+FOR_GOOD = " (not tried there again until an operator resets it)"
+
 # -- failures ----------------------------------------------------------------------------
 
 
@@ -53,14 +56,19 @@ def test_failure_not_found_fails_waiting_requests():
     d = dep(1, 1, "a", "failed", last_error_code="not_found", last_error="no such model")
     decisions = plan(snap([server(1)], [d], [r]), at(0))
     assert of(decisions, Requeue)[0].request_id == r.id
-    assert of(decisions, Fail) == [Fail(r.id, "not_found", "no such model")]
+    assert of(decisions, Fail) == [
+        Fail(r.id, "not_found", f"a failed to load on s1: no such model{FOR_GOOD}")
+    ]
 
 
 def test_failure_spent_attempts_fail_new_requests_at_once():
     """A deployment left failed after its attempts fails new requests for it at once."""
     d = dep(1, 1, "a", "failed", last_error_code="load_failed", last_error="out of memory")
     [fail] = of(plan(snap([server(1)], [d], [req("a")]), at(0)), Fail)
-    assert fail.code == "load_failed" and fail.message == "out of memory"
+    assert (
+        fail.code == "load_failed"
+        and fail.message == f"a failed to load on s1: out of memory{FOR_GOOD}"
+    )
 
 
 def test_failure_fails_every_waiting_request_for_the_model_alike():
@@ -71,7 +79,8 @@ def test_failure_fails_every_waiting_request_for_the_model_alike():
     requests = [req("a", age_s=30 - i) for i in range(3)]
     fails = of(plan(snap([server(1)], [d], [*requests, req("b")]), at(0)), Fail)
     by_request = {f.request_id: (f.code, f.message) for f in fails}
-    assert [by_request.get(r.id) for r in requests] == [("load_failed", "out of memory")] * 3
+    failed = ("load_failed", f"a failed to load on s1: out of memory{FOR_GOOD}")
+    assert [by_request.get(r.id) for r in requests] == [failed] * 3
 
 
 def test_failure_requests_held_back_alike_wait_for_the_earliest_moment():
@@ -183,6 +192,6 @@ def test_no_server_counts_a_failed_deployment_beside_a_down_server():
         Fail(
             r.id,
             "no_server_available",
-            "no server can serve a: a failed to load on s1: out of memory; s2 is down",
+            f"no server can serve a: a failed to load on s1: out of memory{FOR_GOOD}; s2 is down",
         )
     ]
