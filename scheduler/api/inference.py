@@ -56,7 +56,8 @@ def error_of(request: Request) -> ApiError:
             retry_after_s=30,
         )
     if request.state == State.CANCELLED:
-        return ApiError(409, "the request was cancelled", code="cancelled")
+        why = f": {request.error}" if request.error else ""
+        return ApiError(409, f"the request was cancelled{why}", code="cancelled")
     if request.error_code == "no_server_available":
         # Nothing could serve it: worth another try once a server is back.
         return ApiError(

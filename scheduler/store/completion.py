@@ -190,6 +190,12 @@ def request_failed(job: ServeJob, error: AdapterError, may_retry: bool = True) -
     return state if moved else "taken over"
 
 
+def cancelled_because(reason: str) -> dict[str, str]:
+    """A cancelled request's error: who cancelled it, for its caller, the jobs API, the
+    pages and a batch's error file (as a failed one says why it failed)."""
+    return {"error": reason[:2000], "error_code": "cancelled"}
+
+
 def cancel_request(request_id, reason: str) -> bool:
     """Cancel a request that has not ended; False if it had. A waiting one ends at once. One
     at its server ends with its slot freed in the same transaction, and the worker serving
@@ -197,7 +203,8 @@ def cancel_request(request_id, reason: str) -> bool:
     server's generation. Should that worker not hear (it died, or runs in another process
     on the embedded default, which has no NOTIFY), its answer finds the request ended and is
     dropped; the slot was freed here either way."""
-    if move(request_id, WAITING_STATES, State.CANCELLED, reason):
+    said = cancelled_because(reason)
+    if move(request_id, WAITING_STATES, State.CANCELLED, reason, **said):
         return True
     at = Request.objects.filter(pk=request_id, state=State.PROCESSING)
     found = at.values_list("deployment_id", "server__name").first()
@@ -210,7 +217,7 @@ def cancel_request(request_id, reason: str) -> bool:
         # Still on that deployment (not retried elsewhere meanwhile), under lock.
         if not at.filter(deployment_id=deployment_id).select_for_update(no_key=True).exists():
             return False
-        if not move(request_id, [State.PROCESSING], State.CANCELLED, reason, server or ""):
+        if not move(request_id, [State.PROCESSING], State.CANCELLED, reason, server or "", **said):
             return False
         if deployment_id is not None:
             _release(deployment_id)
@@ -229,7 +236,10 @@ def cancel_requests(ids: list, reason: str, processing: bool = True) -> int:
     then stopped there, else it is left alone."""
     cancelled = 0
     for chunk in sql.chunks(ids, CANCELS_PER_TRANSACTION):
-        moved = move_all([Transition(pk, WAITING_STATES, State.CANCELLED, reason) for pk in chunk])
+        said = cancelled_because(reason)
+        moved = move_all(
+            [Transition(pk, WAITING_STATES, State.CANCELLED, reason, said) for pk in chunk]
+        )
         cancelled += sum(moved)
         if processing:
             left = (pk for pk, done in zip(chunk, moved, strict=True) if not done)

@@ -49,11 +49,13 @@ def processing(live, upstream) -> Request:
 
 
 def assert_stopped_and_slot_free(live, upstream, request: Request, reason: str) -> None:
-    """Cancelled from processing with `reason`; the upstream saw its caller hang up; the
-    deployment's slot is free, and the next request is served in it."""
+    """Cancelled from processing with `reason` (its error, as a failed one's says why); the
+    upstream saw its caller hang up; the deployment's slot is free, and the next request is
+    served in it."""
     assert upstream.hung_up.wait(30), "the call to the server was not closed"
     shown = finished(live, request)
     assert shown["state"] == State.CANCELLED
+    assert (shown["error_code"], shown["error"]) == ("cancelled", reason)
     last = shown["trace"][-1]
     assert (last["from_state"], last["to_state"]) == ("processing", "cancelled")
     assert reason in last["reason"] and last["server"] == "up"
@@ -91,7 +93,11 @@ def test_a_streaming_caller_whose_request_is_cancelled_is_told_so(gated):
         assert httpx.delete(f"{live.url}/api/v1/requests/{request_id}").status_code == 200
         events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["error"]["code"] == "cancelled"
+    told = json.loads(events[-2])["error"]
+    assert (told["code"], told["message"]) == (
+        "cancelled",
+        "the request was cancelled: cancelled through the API",
+    )
     assert upstream.hung_up.wait(30)
 
 
