@@ -363,7 +363,8 @@ class Runtime:
         server_of = homes(snapshot)
         slots = {s.id: s.slots for s in snapshot.servers}
         planned = plan_explained(snapshot, self.clock())  # the clock: read from any thread
-        decisions = planned.decisions
+        # Read here, not changed: the loop replaces what it holds after this pass is written.
+        decisions = self.reasons.with_last_reasons(planned.decisions)
         later = [d for d in decisions if isinstance(d, SendNext | SendOnArrival)]
         decisions = [d for d in decisions if not isinstance(d, SendNext | SendOnArrival)]
         self.call_on_loop(self.fast.install, later, arrivals_seen, slots, number)

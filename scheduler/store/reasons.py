@@ -13,12 +13,14 @@ reason writes nothing."""
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from uuid import UUID
 
 from django.utils import timezone
 
 from .. import channel_hints, sql
+from ..decisions import Decision, Expire
 from ..models import WAITING_STATES, Request, Trace
 from ..reasons import BEHIND, Reason
 
@@ -42,6 +44,16 @@ class ReasonWriter:
                 changes[rid] = reason
         self.written = dict(reasons)
         return changes
+
+    def with_last_reasons(self, decisions: list[Decision]) -> list[Decision]:
+        """Each `Expire` saying what its request last waited for, as this worker gave it:
+        "still waiting after 120 s" alone tells its caller nothing it can act on."""
+        told = []
+        for d in decisions:
+            if isinstance(d, Expire) and (last := self.written.get(d.request_id)) is not None:
+                d = replace(d, reason=f"{d.reason} (last: {last.text})")
+            told.append(d)
+        return told
 
 
 def said(text: str | None) -> str | None:

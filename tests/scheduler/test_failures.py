@@ -401,6 +401,26 @@ async def test_a_request_past_its_longest_wait_expires_and_the_log_says_why(upst
     assert f"request {request.pk} expired: {reason}" in said, said
 
 
+async def test_an_expired_request_says_what_it_last_waited_for(upstream):
+    """Not only how long it waited: the reason it was last given, which its caller (and
+    the operator) can act on."""
+    upstream.close()
+
+    def setup():
+        setup_server(upstream, health=Health.DOWN)
+        return factories.request("m1", no_server_grace_s=3600)
+
+    request = await db(setup)()
+    async with Running() as running:
+        await running.until(lambda: Request.objects.get(pk=request.pk).reason)
+        late = timezone.now() - timedelta(seconds=1)
+        await db(Request.objects.filter(pk=request.pk).update)(expires_at=late)
+        await running.until(lambda: state_of(request) == State.EXPIRED)
+    await request.arefresh_from_db()
+    assert request.error.startswith("expired: still waiting after ")
+    assert "s (last: no server can serve m1: up is down; fails at " in request.error
+
+
 async def test_a_request_no_server_can_serve_fails_fast_with_503_naming_why(
     upstream, knobs, caplog
 ):
