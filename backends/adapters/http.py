@@ -49,6 +49,10 @@ OOM_WORD = re.compile(r"\boom\b")
 HTML_HEAD = re.compile(r"<head\b.*?</head>", re.IGNORECASE | re.DOTALL)
 HTML_TAG = re.compile(r"<[^>]*>")
 BUSY_WORDS = ("server busy", "too many requests", "loading model", "not ready", "overloaded")
+# Full for now, whatever the status: llama-server's router at --models-max with every model
+# busy answers a load with a 500 that says so. Given up after the attempts, a model fit to
+# load was failed for good.
+TRY_LATER_WORDS = ("model limit reached", "try again later")
 # The request is too large for the model as it is loaded: the same answer on every retry and
 # every server, whatever its status (llama-server answers an embedding input over its batch
 # size with a 500), and no fault of the server's: retried, it opened the breaker for all.
@@ -130,7 +134,11 @@ def classify(status: int, message: str, retry_after: float | None = None) -> Ada
         code = ErrorCode.BAD_REQUEST
     elif status == 404 or any(w in lowered for w in NOT_FOUND_WORDS):
         code = ErrorCode.NOT_FOUND
-    elif status == 429 or (status == 503 and (retry_after is not None or _busy(lowered))):
+    elif (
+        status == 429
+        or (status == 503 and (retry_after is not None or _busy(lowered)))
+        or any(w in lowered for w in TRY_LATER_WORDS)
+    ):
         code = ErrorCode.BUSY
     elif 400 <= status < 500 or status == 501:
         # 501: the server cannot do this at all (llama-server's embeddings without

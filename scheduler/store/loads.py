@@ -227,12 +227,14 @@ def load_succeeded(job: LoadJob, seconds: float) -> None:
 
 
 def load_failed(job: LoadJob, error: AdapterError) -> None:
-    """Back off and retry, or give up: `failed` when attempts are spent or it is not found."""
+    """Back off and retry, or give up: `failed` when attempts are spent or it is not found.
+    A server that is busy (full for now) is asked again however often it says so."""
     d = gone_meanwhile(job, "failed to load")
     if d is None:
         return
     failures = d.load_failures + 1
-    permanent = error.code == ErrorCode.NOT_FOUND or failures >= knob("LOAD_ATTEMPTS")
+    spent = failures >= knob("LOAD_ATTEMPTS") and error.code != ErrorCode.BUSY
+    permanent = error.code == ErrorCode.NOT_FOUND or spent
     delay = backoff_s(failures, knob("RETRY_BASE_S"), knob("RETRY_MAX_S"))
     failed = Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING, worker=job.worker_id)
     if failed.update(

@@ -222,6 +222,19 @@ async def test_router_load_joins_a_load_already_running(server, adapter):
     await adapter.load(LoadTarget(GEMMA), lambda f: None)
 
 
+async def test_a_full_router_is_busy_not_a_failed_load(server, adapter):
+    """At --models-max with every model busy, b11434 answers a load with a 500 that says to
+    try again later (`server-models.cpp`): busy, so the load is asked again, not given up."""
+    server.on("GET", "/v1/models", router({"value": "unloaded", "args": ARGS}, {}))
+    full = {"code": 500, "message": "model limit reached, try again later", "type": "server_error"}
+    server.on("POST", "/models/load", Reply(500, {"error": full}))
+    server.on("GET", "/models/sse", Stream(sse(done=False), hold_open=True))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.load(LoadTarget(GEMMA), lambda f: None)
+    assert raised.value.code == ErrorCode.BUSY
+    assert raised.value.message == "model limit reached, try again later"
+
+
 async def test_router_load_of_an_unknown_model(server, adapter):
     server.on("GET", "/v1/models", router({"value": "unloaded"}, {}))
     with pytest.raises(AdapterError) as raised:

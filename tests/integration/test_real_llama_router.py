@@ -459,3 +459,39 @@ def test_a_caller_that_hangs_up_mid_stream_stops_the_routers_child(router, switc
         next(line for line in response.iter_lines() if line.startswith("data: "))
     eventually(lambda: "cancel task" in router.log(), what="the child cancels the task")
     eventually(lambda: Request.objects.get().state == State.CANCELLED, what="cancelled")
+
+
+def test_a_full_router_is_asked_again_not_given_up(router, switchyard):
+    """The router runs one model (--models-max 1), but Switchyard may keep an LLM and an
+    embedding model there (`check_servers` warns of it; a model loaded outside Switchyard
+    fills a router the same way). While the LLM streams, the router refuses the embedding
+    model's load with a 500 "model limit reached, try again later": busy, not broken. The
+    load is asked again past its attempts, and once the stream has ended it goes through
+    (the retry evicts the LLM, idle by then). It was failed for good after its attempts:
+    every embedding request after it failed at once until an operator reset it."""
+    server = discovered(router)
+    live = switchyard(LOAD_ATTEMPTS="2")
+    embed = server.deployments.get(server_model_id="embed")
+    body = {"model": "large", "prompt": "Once", "max_tokens": 5000, "ignore_eos": True}
+    with live.stream("/v1/completions", body) as response:
+        lines = response.iter_lines()  # kept: a closed iterator closes the call
+        next(line for line in lines if line.startswith("data: "))
+        job = live.post(
+            "/api/v1/requests", {"kind": "embedding", "body": {"model": "embed", "input": "hi"}}
+        )
+        assert job.status_code == 202, job.text
+
+        def asked_again() -> bool:
+            embed.refresh_from_db()
+            return embed.load_failures > 2
+
+        eventually(asked_again, what="the load asked again past its attempts")
+        assert (embed.state, embed.last_error_code) == (DS.UNLOADED, "busy")
+        assert "model limit reached" in embed.last_error
+    done = live.http.get(f"/api/v1/requests/{job.json()['id']}", params={"wait_s": 60})
+    assert done.json()["state"] == State.COMPLETED, (done.json(), live.log())
+    assert router_states(router) == {
+        **router_states(router),
+        "embed": "loaded",
+        "large": "unloaded",
+    }

@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from backends.adapters.base import ServerModel
+from backends.adapters.base import AdapterError, ErrorCode, ServerModel
 from backends.models import Deployment, DeploymentState, Health, Server
 from scheduler import store
 from scheduler.api.inference import error_of
@@ -301,6 +301,28 @@ async def test_a_load_that_keeps_failing_gives_up_and_fails_its_requests(fast, k
     assert swap.loads == ["m1", "m1"]
     d = await Deployment.objects.aget()
     assert d.state == DS.FAILED
+
+
+def test_a_server_too_busy_to_load_is_asked_again_past_the_attempts(knobs):
+    """A server that says it is full for now (llama-server's router at --models-max with
+    every model busy) is no broken model: its load is retried, with backoff, however often
+    it says so. Another failure still gives up after the attempts."""
+    knobs(LOAD_ATTEMPTS=2)
+    factories.deployment(factories.server("s1"), "m1")
+    worker = store.register_worker()
+
+    def load_fails(error: AdapterError) -> Deployment:
+        job = store.start_load(Deployment.objects.get().pk, (), worker, "test")
+        store.load_failed(job, error)
+        return Deployment.objects.get()
+
+    full = AdapterError(ErrorCode.BUSY, "model limit reached, try again later")
+    for attempt in range(1, 5):
+        d = load_fails(full)
+        assert (d.state, d.load_failures, d.last_error_code) == (DS.UNLOADED, attempt, "busy")
+        assert d.next_load_at is not None
+    d = load_fails(AdapterError(ErrorCode.LOAD_FAILED, "exit code 1"))
+    assert (d.state, d.last_error) == (DS.FAILED, "exit code 1")
 
 
 async def test_a_model_the_server_does_not_have_fails_its_waiting_requests_at_once(upstream):
