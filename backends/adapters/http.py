@@ -29,6 +29,9 @@ NOT_LOADED_WORDS = (
     "no models loaded",
     "model is unloaded",
     "is sleeping",
+    # llama-server's router reaches no child for the model: it stopped it (to make room at
+    # --models-max, or asked to), or it exited. Its own failure would not be this answer.
+    "proxy error: could not establish connection",
 )
 # Ollama's own out-of-memory substrings plus LM Studio's and Lemonade's load-failure wording.
 LOAD_FAILED_WORDS = (

@@ -407,6 +407,25 @@ async def test_single_mode_load_while_even_the_listing_says_loading(server, adap
     await adapter.load(LoadTarget(SINGLE["data"][0]["id"]), lambda f: None)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_router_child_gone_before_the_call_is_not_loaded(server, adapter, streamed):
+    """The router reaches no child (it stopped it to make room, behind Switchyard's back): a
+    500 with a bare `proxy error` line. The model is not loaded there; the server is fine, so
+    no strike against it (three opened its breaker, for every model on the router)."""
+    server.on("GET", "/v1/models", router({"value": "loaded"}, {}))
+    gone = Reply(500, "proxy error: Could not establish connection")
+    server.on("POST", "/v1/chat/completions", gone)
+    call = InferenceCall("chat", GEMMA, {**CHAT, "stream": streamed}, streamed)
+    with pytest.raises(AdapterError) as raised:
+        if streamed:
+            async for _ in adapter.stream(call):
+                pass
+        else:
+            await adapter.run(call)
+    assert raised.value.code == ErrorCode.NOT_LOADED and not raised.value.server_fault
+    assert raised.value.message == "proxy error: Could not establish connection"
+
+
 async def test_router_stream_cut_by_an_unload_says_what_the_router_said(server, adapter):
     """Unloaded mid-stream, the router ends the 200 stream with a bare text line after the
     child's stop-timeout: no `data:`, no [DONE]."""
