@@ -195,17 +195,24 @@ def _check_kind(server: Server, report: Checkup) -> None:
         report.add(ERROR, f"answers as {found}, set up as {server.kind}: set kind {found}")
 
 
-def _check_router_room(server: Server, room: int | None, report: Checkup) -> None:
+def too_little_room(server: Server, room: int | None) -> str | None:
+    """What is wrong when a router runs fewer models at once than Switchyard may keep
+    there; None when it is not (also for no limit, or a server that is no router)."""
     held = room_held(server)
-    if room is not None and room < held:
-        report.add(
-            WARN,
-            f"the router runs at most {room} model{'' if room == 1 else 's'} at once"
-            " (--models-max) and stops the"
-            f" least recently used by itself beyond that, but Switchyard may keep {held}"
-            f" there (max LLMs and the room for each other type deployed): lower them to"
-            f" {room} in all, or start the router with --models-max {held} (0: no limit)",
-        )
+    if room is None or room >= held:
+        return None
+    return (
+        f"the router runs at most {room} model{'' if room == 1 else 's'} at once"
+        " (--models-max) and stops the"
+        f" least recently used by itself beyond that, but Switchyard may keep {held}"
+        f" there (max LLMs and the room for each other type deployed): lower them to"
+        f" {room} in all, or start the router with --models-max {held} (0: no limit)"
+    )
+
+
+def _check_router_room(server: Server, room: int | None, report: Checkup) -> None:
+    if (wrong := too_little_room(server, room)) is not None:
+        report.add(WARN, wrong)
 
 
 def _check_models(server: Server, listed: list[ServerModel], report: Checkup) -> None:

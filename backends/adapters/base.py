@@ -139,5 +139,10 @@ class Adapter:
         without a call per model, by id (for discovery only, which fills what is empty)."""
         return {}
 
+    async def room(self) -> int | None:
+        """How many models the server itself runs at once, where it has such a limit and
+        stops models by itself beyond it (llama-server's router: `--models-max`)."""
+        return None
+
     async def close(self) -> None:
         """Release connections."""

@@ -286,6 +286,16 @@ class LlamaCppAdapter(HttpAdapter):
     def inference_params(self) -> dict[str, str] | None:
         return {"autoload": "false"} if self.router else None
 
+    async def room(self) -> int | None:
+        if self.router is None:
+            await self.entries()
+        if not self.router:
+            return None
+        props = await self.json("GET", "/props")
+        if not isinstance(props, dict) or props.get("role") != "router":
+            return None
+        return positive_count(props.get("max_instances"))
+
     async def before_inference(self, call) -> None:
         if self.router is None:
             await self.entries()

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from django.utils import timezone
 
-from backends import discovery
+from backends import checkup, discovery
 from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.adapters.http import wants_usage
-from backends.models import Health
+from backends.models import Health, Server
 
 from .. import store, streams
 from ..snapshot import ServerView
@@ -47,6 +47,7 @@ class ServerTasks:
         self.marked_up: dict[int, float] = {}  # server → when an answer last marked it up
         self.to_mark_up: set[int] = set()  # servers whose answer's mark waits for the pass
         self.refused: dict[int, str] = {}  # server → why it refused its last status sync
+        self.room_asked: set[int] = set()  # servers whose own room this worker asked
 
     # -- loads and unloads ---------------------------------------------------------------
 
@@ -305,12 +306,29 @@ class ServerTasks:
                 await self.sync_refused(server_id, error)
             return
         self.refused.pop(server_id, None)
+        if server_id not in self.room_asked:
+            self.room_asked.add(server_id)
+            await self.check_room(adapter, server_id)
         synced = await db(store.apply_server_models)(server_id, listed, asked_at)
         if synced.to_learn:
             name = await db(store.server_name)(server_id)
             for deployment_id, model in synced.to_learn:
                 outside = "of a model loaded outside Switchyard"
                 await self.learn_facts(adapter, deployment_id, model, name, outside)
+
+    async def check_room(self, adapter: Adapter, server_id: int) -> None:
+        """Once a worker reaches a server: one that runs fewer models at once than
+        Switchyard may keep there stops models behind its back (and refuses loads while all
+        are busy). `check_servers` says so too, if an operator runs it."""
+        try:
+            room = await adapter.room()
+        except AdapterError:
+            return  # asked again by the next worker that starts; the check says it too
+        if room is None:
+            return
+        server = await db(Server.objects.get)(pk=server_id)
+        if (wrong := await db(checkup.too_little_room)(server, room)) is not None:
+            log.warning("server %s: %s", server.name, wrong)
 
     async def sync_refused(self, server_id: int, error: AdapterError) -> None:
         """A server that answers, but not with its model list: another kind of server, or

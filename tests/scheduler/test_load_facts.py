@@ -7,7 +7,7 @@ import logging
 import pytest
 from asgiref.sync import sync_to_async
 
-from backends.adapters.base import AdapterError, ErrorCode, LoadTarget, ServerModel
+from backends.adapters.base import Adapter, AdapterError, ErrorCode, LoadTarget, ServerModel
 from backends.models import Deployment
 from scheduler import store
 from scheduler.runtime import Runtime
@@ -17,7 +17,7 @@ from tests.support.running import db_thread_closed  # noqa: F401 (fixture)
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("db_thread_closed")]
 
 
-class Saying:
+class Saying(Adapter):
     """An adapter that lists one model, with what it says of it, or fails to."""
 
     def __init__(self, listed: ServerModel | None = None, error: AdapterError | None = None):
