@@ -326,7 +326,9 @@ class ServerTasks:
             return  # asked again by the next worker that starts; the check says it too
         if room is None:
             return
-        server = await db(Server.objects.get)(pk=server_id)
+        server = await db(Server.objects.filter(pk=server_id).first)()
+        if server is None:  # deleted meanwhile
+            return
         if (wrong := await db(checkup.too_little_room)(server, room)) is not None:
             log.warning("server %s: %s", server.name, wrong)
 
