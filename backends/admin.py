@@ -347,9 +347,11 @@ class DeploymentAdmin(admin.ModelAdmin):
     def error_column(self, deployment: Deployment) -> str:
         if not deployment.load_failures:
             return deployment.last_error or "-"
-        failed = (
-            f"{deployment.load_failures} failed load{'s' if deployment.load_failures > 1 else ''}"
-        )
+        n = deployment.load_failures
+        if deployment.last_error_code == "busy":  # the server is full for now: asked again
+            failed = f"{n} load{'s' if n > 1 else ''} refused, server busy"
+        else:
+            failed = f"{n} failed load{'s' if n > 1 else ''}"
         return f"{failed}: {deployment.last_error}" if deployment.last_error else failed
 
     @admin.action(description="Load now (evicting idle models, as the scheduler would)")

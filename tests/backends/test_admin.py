@@ -291,11 +291,14 @@ def test_deployment_list_says_in_few_columns_what_keeps_it_and_what_failed(admin
     factories.deployment(
         sim, "broken", server_model_id="org/broken-q4", load_failures=2, last_error="out of memory"
     )
+    full = "model limit reached, try again later"
+    factories.deployment(sim, "embed", load_failures=3, last_error_code="busy", last_error=full)
     page = admin_client.get(changelist("deployment")).content.decode()
     assert "broken (as org/broken-q4)</a>" in page and "gemma</a>" in page
     assert '<td class="field-kept">pinned, mon-fri 08:00-18:00</td>' in page
     assert '<td class="field-in_flight_column">1/2</td>' in page
     assert '<td class="field-error_column">2 failed loads: out of memory</td>' in page
+    assert f'<td class="field-error_column">3 loads refused, server busy: {full}</td>' in page
 
 
 def test_deployment_list_says_what_a_model_is_loaded_for_only_while_it_is(admin_client, fleet):
