@@ -8,10 +8,9 @@ import logging
 import pytest
 from asgiref.sync import sync_to_async
 
-from scheduler.runtime import Runtime
 from tests import factories
 from tests.support.replay_server import ReplayServer, Reply
-from tests.support.running import db_thread_closed  # noqa: F401 (fixture)
+from tests.support.running import db_thread_closed, status_syncs  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("db_thread_closed")]
 
@@ -43,12 +42,7 @@ async def test_a_router_with_less_room_than_switchyard_keeps_there_is_named_once
         props = {"role": "router", **({"max_instances": room} if room else {})}
         router.on("GET", "/props", Reply(200, props))
         server = await sync_to_async(router_with_two_types)(router.url)
-        runtime = Runtime()
-        try:
-            for _ in range(3):
-                await runtime.server_tasks.sync_server(server.pk)
-        finally:
-            await runtime.effects.close_adapters()
+        await status_syncs(server.pk)
         assert len([s for s in router.seen if s.path == "/props"]) == 1
 
     said = [r.getMessage() for r in caplog.records]

@@ -12,7 +12,7 @@ from scheduler.runtime import Runtime
 from tests import factories
 from tests.backends.test_checkup import ERROR_PAGE
 from tests.support.replay_server import ReplayServer, Reply
-from tests.support.running import db_thread_closed  # noqa: F401 (fixture)
+from tests.support.running import db_thread_closed, status_syncs  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("db_thread_closed")]
 
@@ -22,12 +22,7 @@ async def test_a_refused_model_list_is_said_once_and_marks_nothing(caplog):
     with ReplayServer() as web:
         web.on("GET", "/api/tags", Reply(404, ERROR_PAGE, {"Content-Type": "text/html"}))
         server = await sync_to_async(factories.server)("web", kind="ollama", base_url=web.url)
-        runtime = Runtime()
-        try:
-            for _ in range(3):
-                await runtime.server_tasks.sync_server(server.pk)
-        finally:
-            await runtime.effects.close_adapters()
+        await status_syncs(server.pk)
         assert len([s for s in web.seen if s.path == "/api/tags"]) == 3
 
     said = [r.getMessage() for r in caplog.records if "model list" in r.getMessage()]

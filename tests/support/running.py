@@ -106,3 +106,14 @@ def one_loaded_request(**fields) -> Request:
     factories.deployment(factories.server("s1"), "m1")
     loaded_on("s1", "m1")
     return factories.request("m1", **fields)
+
+
+async def status_syncs(server_id: int, times: int = 3) -> None:
+    """A worker's status sync of one server, `times` over (what is said once is said once),
+    then its adapters closed."""
+    runtime = Runtime()
+    try:
+        for _ in range(times):
+            await runtime.server_tasks.sync_server(server_id)
+    finally:
+        await runtime.effects.close_adapters()
