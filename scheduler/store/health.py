@@ -19,6 +19,7 @@ from backends.models import (
 
 from .. import channel_hints
 from ..models import MetricEvent
+from ..retry import backoff_s
 from .knobs import knob
 from .loads import facts_unknown
 
@@ -46,9 +47,13 @@ def server_succeeded(server_id: int) -> None:
 
 
 def server_failed(server_id: int, message: str) -> None:
-    """Count a failure; the breaker opens after BREAKER_FAILURES in a row."""
-    Server.objects.filter(pk=server_id).update(
-        consecutive_failures=F("consecutive_failures") + 1, last_error=message[:2000]
+    """Count a failure; the breaker opens after BREAKER_FAILURES in a row. In cooldown only
+    a failed probe counts (`probe_result`): the calls under way when the breaker opened fail
+    too, and counted they would make the next cooldown the longest at once."""
+    failing = Server.objects.filter(pk=server_id)
+    failing.update(last_error=message[:2000])
+    failing.exclude(health=Health.COOLDOWN).update(
+        consecutive_failures=F("consecutive_failures") + 1
     )
     server = Server.objects.filter(pk=server_id).first()
     if server is None:  # deleted meanwhile
@@ -58,8 +63,15 @@ def server_failed(server_id: int, message: str) -> None:
 
 
 def open_breaker(server: Server, reason: str) -> None:
+    """Cooldown: no work is sent there until a probe answers at its end. Cooldowns in a row
+    (each failed probe starts another) grow from RETRY_BASE_S, doubling, to
+    BREAKER_COOLDOWN_S: a server restarted in seconds is back in seconds (a first cooldown
+    of a minute failed every request waiting for it past the no-server grace), and one that
+    stays down is asked once a minute."""
     now = timezone.now()
-    until = now + timedelta(seconds=knob("BREAKER_COOLDOWN_S"))
+    in_a_row = server.consecutive_failures - knob("BREAKER_FAILURES") + 1
+    cooldown_s = backoff_s(in_a_row, knob("RETRY_BASE_S"), knob("BREAKER_COOLDOWN_S"))
+    until = now + timedelta(seconds=cooldown_s)
     Server.objects.filter(pk=server.pk).update(
         health=Health.COOLDOWN, cooldown_until=until, unavailable_since=unavailable_from(now)
     )
@@ -85,6 +97,10 @@ def probe_result(server_id: int, error: AdapterError | None) -> None:
         log.info("server %s answered its probe: healthy again", server.name)
         channel_hints.dashboard_changed()
     else:
+        Server.objects.filter(pk=server_id).update(
+            consecutive_failures=F("consecutive_failures") + 1
+        )
+        server.refresh_from_db()
         open_breaker(server, f"probe failed: {error.message}")
 
 

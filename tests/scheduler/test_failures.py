@@ -232,7 +232,7 @@ async def test_an_answers_mark_waits_for_the_pass_and_never_undoes_a_later_failu
 
 
 async def test_a_failed_probe_keeps_the_server_in_cooldown(upstream, knobs):
-    knobs(BREAKER_COOLDOWN_S=3600)
+    knobs(RETRY_BASE_S=1000, BREAKER_COOLDOWN_S=3600)
     upstream.close()  # nothing answers on its port
     ended = timezone.now() - timedelta(seconds=1)
 
@@ -249,7 +249,41 @@ async def test_a_failed_probe_keeps_the_server_in_cooldown(upstream, knobs):
     async with Running() as running:
         srv = await running.until(cooldown_renewed)
     assert srv.health == Health.COOLDOWN
-    assert srv.cooldown_until > timezone.now() + timedelta(seconds=3000)
+    assert srv.cooldown_until > timezone.now() + timedelta(seconds=1500)  # the second: 2000 s
+
+
+def test_cooldowns_in_a_row_grow_from_seconds_to_the_longest(knobs):
+    """A server restarted in seconds is back in seconds: the first cooldown is short, each
+    failed probe doubles the next, up to BREAKER_COOLDOWN_S; an answer starts again from
+    the shortest. Calls that fail while it cools down (those under way when it tripped)
+    do not count: they made the next cooldown the longest at once."""
+    knobs(BREAKER_FAILURES=3, RETRY_BASE_S=2.0, BREAKER_COOLDOWN_S=60.0)
+    server = factories.server("gpu", kind="openai", base_url="http://127.0.0.1:9")
+    refused = AdapterError(ErrorCode.CONNECTION, "connection refused")
+
+    def cooldown_s(then) -> int:
+        srv = Server.objects.get()
+        assert srv.health == Health.COOLDOWN
+        return round((srv.cooldown_until - then).total_seconds())
+
+    def trip() -> int:
+        then = timezone.now()
+        for _ in range(3):
+            store.server_failed(server.pk, "connection refused")
+        return cooldown_s(then)
+
+    def probe_fails() -> int:
+        then = timezone.now()
+        store.probe_result(server.pk, refused)
+        return cooldown_s(then)
+
+    assert trip() == 2
+    for _ in range(10):  # the calls under way when it tripped
+        store.server_failed(server.pk, "connection refused")
+    assert [probe_fails() for _ in range(6)] == [4, 8, 16, 32, 60, 60]
+    store.probe_result(server.pk, None)
+    assert Server.objects.get().health == Health.UP
+    assert trip() == 2
 
 
 async def test_a_failed_load_is_retried_after_evicting_everything_idle(fast, caplog):
