@@ -2,7 +2,6 @@
 link reads the answer; and its status lines carry the standard reason (Twisted has none for
 some codes Switchyard answers, such as 429)."""
 
-import os
 import signal
 
 import httpx
@@ -11,9 +10,8 @@ import pytest
 from access.models import ApiKey
 from access.watch import watch_url
 from tests import factories
-from tests.config.test_web_sigterm import listening
-from tests.conftest import database_url, free_port
-from tests.support.manage_process import ManageProcess
+from tests.config.test_web_sigterm import config_web
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,12 +20,7 @@ def test_the_access_log_leaves_out_a_watch_links_key_and_status_lines_have_reaso
     link = watch_url(factories.request("m1").pk)
     request_id, key = link.strip("/").split("/")[-1].split(":")
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_AUTH": "required"}
-    args = ["-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
-    web = ManageProcess(
-        args, env, lambda line: "web process on" in line, program=("-m", "config.web")
-    )
-    listening(port, web)
+    web = config_web(port, SWITCHYARD_AUTH="required")
     assert httpx.get(f"http://127.0.0.1:{port}{link}").status_code == 200
     paced, secret = ApiKey.generate("paced", rpm=0)
     paced.save()

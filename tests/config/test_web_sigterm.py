@@ -40,6 +40,18 @@ def listening(port: int, web: ManageProcess) -> None:
     eventually(takes_connections, what=f"port {port} taking connections")
 
 
+def config_web(port: int, **env: str) -> ManageProcess:
+    """`python -m config.web` on the test database and `port` (with `env`), once it takes
+    connections."""
+    full = {**os.environ, "DATABASE_URL": database_url(), **env}
+    args = ["-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+    web = ManageProcess(
+        args, full, lambda line: "web process on" in line, program=("-m", "config.web")
+    )
+    listening(port, web)
+    return web
+
+
 @pytest.mark.parametrize(
     ("program", "stream", "idempotent"),
     [("serve", False, False), ("config.web", False, True), ("config.web", True, False)],
@@ -179,12 +191,7 @@ def test_a_second_signal_ends_the_drain_at_once():
     callers still waiting are told where their requests go on."""
     factories.deployment(factories.server("s"), "m1")  # never served: no worker runs
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url(), "SWITCHYARD_DRAIN_S": "120"}
-    args = ["-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
-    web = ManageProcess(
-        args, env, lambda line: "web process on" in line, program=("-m", "config.web")
-    )
-    listening(port, web)
+    web = config_web(port, SWITCHYARD_DRAIN_S="120")
     body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
     answered: list[httpx.Response] = []
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
