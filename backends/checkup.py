@@ -148,9 +148,10 @@ def router_room(props: Any) -> int | None:
 
 def room_held(server: Server) -> int:
     """How many models Switchyard may keep loaded there at once: its room for each type it
-    has a deployment of."""
+    has a deployment of, at most its `max_models`."""
     types = set(server.deployments.values_list("model__type", flat=True))
-    return sum(n for kind, n in server.room.items() if kind in types) or server.max_llm
+    held = sum(n for kind, n in server.room.items() if kind in types) or server.max_llm
+    return min(held, server.max_models or held)
 
 
 def check_server(server: Server) -> Checkup:
@@ -205,8 +206,9 @@ def too_little_room(server: Server, room: int | None) -> str | None:
         f"the router runs at most {room} model{'' if room == 1 else 's'} at once"
         " (--models-max) and stops the"
         f" least recently used by itself beyond that, but Switchyard may keep {held}"
-        f" there (max LLMs and the room for each other type deployed): lower them to"
-        f" {room} in all, or start the router with --models-max {held} (0: no limit)"
+        f" there (max LLMs and the room for each other type deployed): set max models in"
+        f" all to {room} (a worker does as it reaches the server), or start the router with"
+        f" --models-max {held} (0: no limit)"
     )
 
 

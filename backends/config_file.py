@@ -32,6 +32,7 @@ SERVER_FIELDS = (
     "max_llm",
     "max_embedding",
     "max_reranking",
+    "max_models",
     "memory_mb",
 )
 MODEL_FIELDS = (

@@ -121,6 +121,15 @@ class Server(models.Model):
     max_llm = models.PositiveIntegerField("max LLMs", default=1)
     max_embedding = models.PositiveIntegerField("max embedding models", default=1)
     max_reranking = models.PositiveIntegerField("max reranking models", default=1)
+    max_models = models.PositiveIntegerField(
+        "max models in all",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Models of every type together it holds at once, besides each type's own"
+        " limit; empty: no such limit. Filled in where the server says (a llama-server"
+        " router's --models-max).",
+    )
     memory_mb = models.PositiveIntegerField(
         null=True, blank=True, help_text="Optional memory budget for loaded models (MB)."
     )

@@ -45,13 +45,7 @@ def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Plac
     for r in running:
         busy.setdefault(r.deployment_id, []).append(r)
     hosts = [
-        Host(
-            s.pk,
-            s.slots,
-            s.room,
-            available(s, now),
-        )
-        for s in Server.objects.all()
+        Host(s.pk, s.slots, s.room, available(s, now), s.max_models) for s in Server.objects.all()
     ]
     places = []
     deployments = list(Deployment.objects.select_related("model"))

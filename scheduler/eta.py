@@ -79,6 +79,11 @@ class Host:
     slots: int = 1
     capacity: dict[str, int] = field(default_factory=lambda: {"llm": 1})
     available: bool = True
+    max_models: int | None = None  # of every type together, as `ServerView.max_models`
+
+    def full(self, resident: int) -> bool:
+        """Whether `resident` models in all leave no room for one more."""
+        return self.max_models is not None and resident >= self.max_models
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +249,8 @@ def _room(p: Place, servers: dict, places: dict) -> bool:
     """Can `p` be loaded without evicting anything?"""
     server = servers[p.server_id]
     same = [v for v in server.resident if places[v].model_type == p.model_type]
-    return len(same) < server.host.capacity.get(p.model_type, 1)
+    host = server.host
+    return len(same) < host.capacity.get(p.model_type, 1) and not host.full(len(server.resident))
 
 
 def _ready(
@@ -258,15 +264,20 @@ def _ready(
 ):
     """(ready, victim): when `p` can serve a request held until `not_before_s` (after a
     load if it needs one, begun once the hold ends, evicting the least recently used of its
-    type once its work is done), or None if it cannot."""
+    type, or of any type where that is the limit, once its work is done), or None if it
+    cannot."""
     if p.id in ready_at:
         return max(ready_at[p.id], not_before_s), None
+    limit = server.host.capacity.get(p.model_type, 1)
+    if limit < 1:
+        return None  # the server holds no model of this type
     same = [v for v in server.resident if places[v].model_type == p.model_type]
+    if len(same) < limit:
+        # Room for its type; with none in all (`max_models`), a model of any type goes.
+        same = list(server.resident) if server.host.full(len(server.resident)) else []
     victim = None
     begin = max(server.load_free, not_before_s)
-    if len(same) >= server.host.capacity.get(p.model_type, 1):
-        if not same:
-            return None  # the server holds no model of this type
+    if same:
         victim = min(same, key=lambda v: (work[v], -places[v].idle_s))  # LRU
         begin = max(begin, work[victim]) + unload_s
     return begin + p.load_s, victim

@@ -11,7 +11,8 @@ with the lowest value goes first: at equal idleness a model that takes 90 s to l
 over one that takes 3 s, and at equal load time the least recently used goes.
 
 Only models that help are evicted: when the server is over its count for the target's type,
-models of that type; when it is over its memory budget, models with a known size. Victims are
+models of that type; over its count of models in all (`max_models`, a router's
+`--models-max`), models of any type; over its memory budget, models with a known size. Victims are
 picked cheapest first, then every pick the target fits beside anyway is kept back.
 """
 
@@ -78,12 +79,14 @@ def evictions_for(
     def evictable(d: DeploymentView) -> bool:
         return d.in_flight == 0 and may_go(d)
 
-    def over(kept: list[DeploymentView]) -> tuple[bool, bool]:
-        """(over the type count, over the memory budget) if `target` joined `kept`."""
+    def over(kept: list[DeploymentView]) -> tuple[bool, bool, bool]:
+        """(over the type count, over the count in all, over the memory budget) if
+        `target` joined `kept`."""
         count = sum(1 for d in kept if d.model_type == target.model_type) + 1 > limit
+        total = server.max_models is not None and len(kept) + 1 > server.max_models
         if server.memory_mb is None:
-            return count, False
-        return count, sum(d.size_mb or 0 for d in kept) + size > server.memory_mb
+            return count, total, False
+        return count, total, sum(d.size_mb or 0 for d in kept) + size > server.memory_mb
 
     # An NPU runs one model at a time: every other NPU model must go.
     npu = [d for d in others if target.device == "npu" and d.device == "npu"]
@@ -94,13 +97,14 @@ def evictions_for(
         kept = [d for d in others if d not in must_go]
         by_value = sorted(kept, key=lambda d: (keep_value(d, now, default_load_s), d.id))
         while any(over(kept)):
-            count_over, memory_over = over(kept)
+            count_over, total_over, memory_over = over(kept)
             helpful = [
                 d
                 for d in by_value
                 if d in kept
                 and (
                     (count_over and d.model_type == target.model_type)
+                    or total_over
                     or (memory_over and (d.size_mb or 0) > 0)
                 )
                 and can_go(d)

@@ -118,6 +118,7 @@ class _PolicySimulation:
                 name=s.name,
                 slots=s.slots,
                 capacity=dict(s.capacity),
+                max_models=s.max_models,
                 memory_mb=s.memory_mb,
                 stops_loads=True,  # a load here is an event on the clock: it can be called off
             )
@@ -382,9 +383,10 @@ def _fifo_room(model: ModelSpec, candidates: list, held: dict[str, list[_Held]])
         while True:
             same = [h for h in kept if h.model.type == model.type]
             used = sum(h.model.size_mb or 0 for h in kept) + (model.size_mb or 0)
+            full = server.max_models is not None and len(kept) >= server.max_models
             if same and len(same) >= server.capacity.get(model.type, 1):
                 victims.append(same[0])
-            elif server.memory_mb is not None and used > server.memory_mb and kept:
+            elif kept and (full or (server.memory_mb is not None and used > server.memory_mb)):
                 victims.append(kept[0])
             else:
                 break

@@ -57,7 +57,7 @@ class EtaBook:
             serving.setdefault(did, []).append(max(left, 0.0))
         views = with_expected_loads(tuple(deployments.values()), model_name)
         places = [self.place(d, now, tuple(serving.get(d.id, ()))) for d in views]
-        hosts = [Host(s.id, s.slots, dict(s.capacity)) for s in servers]
+        hosts = [Host(s.id, s.slots, dict(s.capacity), max_models=s.max_models) for s in servers]
         step = self.config.aging_step_s
         line = sorted(
             waiting.values(),

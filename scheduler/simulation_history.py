@@ -116,6 +116,7 @@ def _server_spec(s: Server) -> ServerSpec:
         slots=s.slots,
         memory_mb=s.memory_mb,
         capacity={str(kind): n for kind, n in capacity.items()},
+        max_models=s.max_models,
     )
 
 

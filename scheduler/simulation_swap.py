@@ -141,6 +141,8 @@ class _Swap:
             same = sum(1 for h in kept if h.model.type == model.type)
             if same + 1 > spec.capacity.get(model.type, 1):
                 return True
+            if spec.max_models is not None and len(kept) + 1 > spec.max_models:
+                return True
             used = sum(h.model.size_mb or 0 for h in kept) + (model.size_mb or 0)
             return spec.memory_mb is not None and used > spec.memory_mb
 

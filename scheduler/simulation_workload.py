@@ -49,6 +49,7 @@ class ServerSpec:
     slots: int = 1
     memory_mb: int | None = None
     capacity: dict[str, int] = field(default_factory=lambda: {"llm": 1})
+    max_models: int | None = None  # of every type together (a router's --models-max)
 
 
 @dataclass(frozen=True, slots=True)

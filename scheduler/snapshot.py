@@ -97,6 +97,8 @@ class ServerView:
     name: str
     slots: int = 1
     capacity: dict[str, int] = field(default_factory=lambda: {"llm": 1})
+    max_models: int | None = None
+    """Models of every type together it holds at once (None: only each type's count)."""
     memory_mb: int | None = None
     enabled: bool = True
     health: str = "up"

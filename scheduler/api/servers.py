@@ -79,6 +79,11 @@ class ServerOut(serializers.Serializer):
     health = serializers.CharField()
     slots = serializers.IntegerField()
     slots_in_use = serializers.IntegerField()
+    room = serializers.DictField(
+        child=serializers.IntegerField(allow_null=True),
+        help_text="Models it may hold at once: of each type (llm, embedding, reranking) and"
+        " in all (null: no count in all; a router's --models-max, as a worker learnt it).",
+    )
     requests_in_flight = serializers.IntegerField()
     last_seen = serializers.DateTimeField(allow_null=True)
     last_error = serializers.CharField()
@@ -160,6 +165,7 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "health": s.health,
                 "slots": s.slots,
                 "slots_in_use": min(in_flight, s.slots),
+                "room": {**s.room, "in_all": s.max_models},
                 "requests_in_flight": in_flight,
                 "last_seen": s.last_seen,
                 "last_error": s.last_error,

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from django.utils import timezone
 
-from backends import checkup, discovery
+from backends import discovery
 from backends.adapters.base import Adapter, AdapterError, ErrorCode
 from backends.adapters.http import wants_usage
-from backends.models import Health, Server
+from backends.models import Health
 
 from .. import store, streams
 from ..snapshot import ServerView
@@ -255,9 +255,11 @@ class ServerTasks:
         self.to_mark_up.clear()
 
     def forget_answers(self, server_id: int) -> None:
-        """After a failure: the next answer marks the server up at once, and one not yet
-        written must not undo the failure."""
+        """After a failure: the next answer marks the server up at once (and asks its room
+        again: a restart may change it), and one not yet written must not undo the
+        failure."""
         self.marked_up.pop(server_id, None)
+        self.room_asked.discard(server_id)
         self.to_mark_up.discard(server_id)
 
     # -- status sync ---------------------------------------------------------------------
@@ -317,20 +319,17 @@ class ServerTasks:
                 await self.learn_facts(adapter, deployment_id, model, name, outside)
 
     async def check_room(self, adapter: Adapter, server_id: int) -> None:
-        """Once a worker reaches a server: one that runs fewer models at once than
-        Switchyard may keep there stops models behind its back (and refuses loads while all
-        are busy). `check_servers` says so too, if an operator runs it."""
+        """As a worker reaches a server (first, and after each failure: a restart may
+        change it), learn how many models it runs at once: a router at its `--models-max`
+        would stop models behind our back and refuse loads while all are busy, so the
+        policy keeps no more there (`max_models`)."""
         try:
             room = await adapter.room()
         except AdapterError:
-            return  # asked again by the next worker that starts; the check says it too
-        if room is None:
+            self.room_asked.discard(server_id)  # asked again at the next sync
             return
-        server = await db(Server.objects.filter(pk=server_id).first)()
-        if server is None:  # deleted meanwhile
-            return
-        if (wrong := await db(checkup.too_little_room)(server, room)) is not None:
-            log.warning("server %s: %s", server.name, wrong)
+        if room is not None and (learnt := await db(store.learn_room)(server_id, room)):
+            log.info("%s", learnt)
 
     async def sync_refused(self, server_id: int, error: AdapterError) -> None:
         """A server that answers, but not with its model list: another kind of server, or

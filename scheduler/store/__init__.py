@@ -35,6 +35,7 @@ from .dispatch import (
 from .health import (
     all_servers,
     apply_server_models,
+    learn_room,
     mark_down,
     open_breaker,
     probe_result,
@@ -94,6 +95,7 @@ __all__ = [
     "evicted",
     "heartbeat",
     "knob",
+    "learn_room",
     "load_failed",
     "load_succeeded",
     "mark_down",

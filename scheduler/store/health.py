@@ -118,6 +118,24 @@ def mark_down(server_id: int, message: str) -> None:
         channel_hints.dashboard_changed()
 
 
+def learn_room(server_id: int, room: int) -> str | None:
+    """The server runs at most `room` models at once (a router's `--models-max`): its
+    `max_models` becomes that where it was empty or larger (one an operator set lower
+    stays). What changed, as the log says it; None when nothing did."""
+    server = Server.objects.filter(pk=server_id).first()
+    if server is None or (server.max_models is not None and server.max_models <= room):
+        return None
+    was = "empty" if server.max_models is None else str(server.max_models)
+    larger = Q(max_models__isnull=True) | Q(max_models__gt=room)
+    if not Server.objects.filter(larger, pk=server_id).update(max_models=room):
+        return None
+    return (
+        f"server {server.name} runs at most {room} model{'' if room == 1 else 's'} at once"
+        f" (--models-max): Switchyard now keeps at most {room} there in all (max models in"
+        f" all, was {was})"
+    )
+
+
 class Synced(NamedTuple):
     changes: list[str]
     """What changed, as the log says it."""

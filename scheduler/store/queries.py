@@ -19,8 +19,8 @@ TEAMS = Team._meta.db_table
 
 
 SERVER_VIEW_SQL = sql.prepared(
-    "SELECT id, name, slots, max_llm, max_embedding, max_reranking, memory_mb, enabled,"
-    f" health, cooldown_until, unavailable_since, kind FROM {SERVERS} ORDER BY name"
+    "SELECT id, name, slots, max_llm, max_embedding, max_reranking, max_models, memory_mb,"
+    f" enabled, health, cooldown_until, unavailable_since, kind FROM {SERVERS} ORDER BY name"
 )
 # Every DeploymentView field is the deployment's column of that name, but for its model's.
 DEPLOYMENT_VIEW_SQL = sql.prepared(

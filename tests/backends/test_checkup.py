@@ -179,3 +179,8 @@ def test_a_router_that_runs_fewer_models_than_switchyard_may_keep_there(server):
     assert report.worst == WARN
     assert "the router runs at most 1 model at once (--models-max)" in str(report)
     assert "Switchyard may keep 2 there" in str(report)
+    assert "set max models in all to 1 (a worker does as it reaches the server)" in str(report)
+
+    srv.max_models = 1  # as a worker sets it: Switchyard keeps one model there in all
+    srv.save()
+    assert check_server(srv).worst == OK

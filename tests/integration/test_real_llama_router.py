@@ -461,37 +461,42 @@ def test_a_caller_that_hangs_up_mid_stream_stops_the_routers_child(router, switc
     eventually(lambda: Request.objects.get().state == State.CANCELLED, what="cancelled")
 
 
-def test_a_full_router_is_asked_again_not_given_up(router, switchyard):
-    """The router runs one model (--models-max 1), but Switchyard may keep an LLM and an
-    embedding model there (`check_servers` warns of it; a model loaded outside Switchyard
-    fills a router the same way). While the LLM streams, the router refuses the embedding
-    model's load with a 500 "model limit reached, try again later": busy, not broken. The
-    load is asked again past its attempts, and once the stream has ended it goes through
-    (the retry evicts the LLM, idle by then). It was failed for good after its attempts:
-    every embedding request after it failed at once until an operator reset it."""
+def test_switchyard_keeps_to_the_routers_room(router, switchyard):
+    """The router runs one model (--models-max 1), of every type alike; Switchyard's row
+    allows an LLM and an embedding model there. The worker learns the router's room from
+    its /props, so while the LLM streams an embedding request waits for the stream to end
+    (saying so), and then Switchyard unloads the LLM and loads the embedding model itself.
+    Without it, the router refused the load ("model limit reached", asked again with
+    backoff), or stopped the LLM behind Switchyard's back."""
     server = discovered(router)
-    live = switchyard(LOAD_ATTEMPTS="2")
+    assert server.max_models is None
+    live = switchyard()
     embed = server.deployments.get(server_model_id="embed")
-    body = {"model": "large", "prompt": "Once", "max_tokens": 5000, "ignore_eos": True}
+    body = {"model": "large", "prompt": "Once", "max_tokens": 3000, "ignore_eos": True}
     with live.stream("/v1/completions", body) as response:
         lines = response.iter_lines()  # kept: a closed iterator closes the call
         next(line for line in lines if line.startswith("data: "))
+
+        def learnt() -> bool:
+            server.refresh_from_db()
+            return server.max_models == 1
+
+        eventually(learnt, what="the worker learning the router's room")
         job = live.post(
             "/api/v1/requests", {"kind": "embedding", "body": {"model": "embed", "input": "hi"}}
-        )
-        assert job.status_code == 202, job.text
+        ).json()
 
-        def asked_again() -> bool:
-            embed.refresh_from_db()
-            return embed.load_failures > 2
+        def waiting_for_the_stream() -> dict | None:
+            shown = live.http.get(f"/api/v1/requests/{job['id']}").json()
+            return shown if "first finishes the 1 running on large" in shown["reason"] else None
 
-        eventually(asked_again, what="the load asked again past its attempts")
-        assert (embed.state, embed.last_error_code) == (DS.UNLOADED, "busy")
-        assert "model limit reached" in embed.last_error
-    done = live.http.get(f"/api/v1/requests/{job.json()['id']}", params={"wait_s": 60})
+        eventually(waiting_for_the_stream, what="the embedding request waiting, saying why")
+        assert events(lines)[-1] == "[DONE]"  # the stream ran to its end
+    done = live.http.get(f"/api/v1/requests/{job['id']}", params={"wait_s": 60})
     assert done.json()["state"] == State.COMPLETED, (done.json(), live.log())
-    assert router_states(router) == {
-        **router_states(router),
-        "embed": "loaded",
-        "large": "unloaded",
+    embed.refresh_from_db()
+    assert (embed.state, embed.load_failures, embed.last_error) == (DS.LOADED, 0, "")
+    assert {k: v for k, v in router_states(router).items() if v != "unloaded"} == {
+        "embed": "loaded"
     }
+    assert "model limit reached" not in router.log()

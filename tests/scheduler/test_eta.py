@@ -65,6 +65,19 @@ def test_a_model_nowhere_is_loaded_evicting_the_least_recently_used_once_idle():
     assert etas == {"c1": 1.0 + 8.0}  # b goes (idle, unused longest): unload 1 s, load 8 s
 
 
+def test_a_count_in_all_has_a_model_of_another_type_leave_first():
+    """With room for one model in all (a router's --models-max 1), an embedding model waits
+    for the LLM's run and its unload, though the embedding type has room of its own."""
+    places = [
+        place(1, 1, "a", busy_s=(3.0,)),
+        place(2, 1, "e", state="unloaded", load_s=2.0, model_type="embedding"),
+    ]
+    roomy = Host(1, slots=2, capacity={"llm": 1, "embedding": 1})
+    assert forecast([roomy], places, [Waiter("e1", "e")], 1.0) == {"e1": 2.0}
+    one_in_all = Host(1, slots=2, capacity={"llm": 1, "embedding": 1}, max_models=1)
+    assert forecast([one_in_all], places, [Waiter("e1", "e")], 1.0) == {"e1": 3.0 + 1.0 + 2.0}
+
+
 def test_requests_go_where_their_model_is_rather_than_start_a_load():
     places = [place(1, 1, "a"), place(2, 2, "a", state="unloaded")]
     etas = forecast([Host(1), Host(2)], places, [Waiter(i, "a") for i in range(3)])

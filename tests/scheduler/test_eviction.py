@@ -50,6 +50,36 @@ def test_capacity_is_counted_per_model_type():
     assert evict(dep(4, 1, "emb2", model_type="embedding"), server(1), [emb, llm]) == (1,)
 
 
+def test_a_count_in_all_evicts_a_model_of_any_type():
+    """A router at --models-max counts every model alike: with room for one in all, an
+    embedding model makes an idle LLM go though each type has room of its own. Breaks if
+    `max_models` were ignored (the router would then stop a model behind our back)."""
+    llm = dep(1, 1, "a", "loaded")
+    srv = server(1, max_models=1)
+    assert evict(dep(2, 1, "emb", model_type="embedding"), srv, [llm]) == (1,)
+    assert evict(dep(2, 1, "emb", model_type="embedding"), server(1), [llm]) == ()
+    # Within the count in all, each type's own count still holds.
+    assert evict(dep(3, 1, "b"), server(1, max_models=3), [llm]) == (1,)
+
+
+def test_a_count_in_all_takes_the_cheapest_of_any_type_and_no_more():
+    """Over the count in all by one: the least valuable model goes, whatever its type, and
+    only one."""
+    stale_emb = dep(1, 1, "emb", "loaded", model_type="embedding", last_used_at=at(-9000))
+    llm = dep(2, 1, "a", "loaded", last_used_at=at(-10))
+    srv = server(1, llm=2, max_models=2)
+    assert evict(dep(3, 1, "b"), srv, [stale_emb, llm]) == (1,)
+
+
+def test_a_count_in_all_waits_for_a_busy_model_of_another_type():
+    """The one model the router may run is busy: the load waits for it to run dry
+    (`draining`), rather than the router refusing the load or stopping it mid-answer."""
+    busy = dep(1, 1, "a", "loaded", in_flight=1)
+    outcome = evict(dep(2, 1, "emb", model_type="embedding"), server(1, max_models=1), [busy])
+    assert isinstance(outcome, NoRoom) and not outcome.permanent
+    assert outcome.draining == (1,)
+
+
 def test_memory_budget_evicts_until_the_model_fits():
     """Two idle models must go to make room for a big one; breaks if one eviction sufficed."""
     srv = server(1, llm=5, memory_mb=10_000)

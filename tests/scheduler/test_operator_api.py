@@ -82,6 +82,7 @@ def test_refusals(client):
     assert client.get(url).json() == r.json()
     listed = client.get("/api/v1/servers").json()["data"][0]
     assert listed["intents"][0]["id"] == r.json()["id"]
+    assert listed["room"] == {"llm": 1, "embedding": 1, "reranking": 1, "in_all": None}
     assert client.get("/api/v1/servers/gpu-1").json() == listed
     assert client.get("/api/v1/servers/nope").json()["error"]["code"] == "server_not_found"
     # All of them, newest first, by server and status, a page at a time.

@@ -141,6 +141,27 @@ def test_self_swapping_loads_whatever_arrives_and_evicts_the_least_recently_used
     assert [result.outcomes[i].wait_s for i in range(4)] == [10, 10, 7, 12]
 
 
+@pytest.mark.parametrize("simulate", [simulate_policy, simulate_fifo, simulate_self_swapping])
+def test_a_count_in_all_makes_a_model_of_another_type_leave(simulate):
+    """A router at --models-max 1 (`max_models`) with an LLM and an embedding model: each
+    switch between them is a load (four), in all three; each type's own room would keep
+    both (two loads)."""
+
+    def trace(max_models):
+        return Workload(
+            servers=(ServerSpec("s1", capacity={"llm": 1, "embedding": 1}, max_models=max_models),),
+            models=(ModelSpec("a", 10, ("s1",)), ModelSpec("e", 2, ("s1",), type="embedding")),
+            requests=tuple(
+                WorkloadRequest(at, model, NORMAL, 1)
+                for at, model in ((0, "a"), (30, "e"), (60, "a"), (90, "e"))
+            ),
+        )
+
+    assert simulate(trace(None)).loads == 2
+    one_in_all = simulate(trace(1))
+    assert (one_in_all.loads, one_in_all.lost, one_in_all.count("completed")) == (4, 0, 4)
+
+
 def test_self_swapping_sends_to_the_least_busy_home_and_loads_in_parallel():
     """Two servers list `a`: the second request goes to the idle one, which loads `a` at
     the same time as the first (no serial loads across servers)."""

@@ -27,7 +27,7 @@ def past_hour():
     coder's size known); gpu-b serves qwen too; the disabled gpu-off alone serves old. An
     hour of requests."""
     now = timezone.now()
-    a = factories.server("gpu-a", slots=2, max_llm=2, memory_mb=24_000)
+    a = factories.server("gpu-a", slots=2, max_llm=2, max_models=2, memory_mb=24_000)
     b = factories.server("gpu-b")
     off = factories.server("gpu-off", enabled=False)
     factories.deployment(a, "qwen", avg_load_s=12.0, size_mb=5_000)
@@ -74,6 +74,7 @@ def test_the_trace_is_the_servers_models_and_requests_of_the_window(past_hour, s
             slots=2,
             memory_mb=24_000,
             capacity={"llm": 2, "embedding": 1, "reranking": 1},
+            max_models=2,
         ),
         ServerSpec("gpu-b", capacity={"llm": 1, "embedding": 1, "reranking": 1}),
     )

@@ -42,6 +42,21 @@ def test_a_server_stops_loads_as_its_kind_can() -> None:
     assert stops == {"sim": True, "lcpp": True, "oai": False}
 
 
+def test_a_server_is_read_with_its_counts_and_budget() -> None:
+    """Each limit the eviction rule counts reaches the policy (the count in all, too)."""
+    factories.server("a", max_llm=2, max_embedding=0, max_models=2, memory_mb=8000)
+    factories.server("b")
+
+    servers = {s.name: s for s in store.SnapshotReader().read(store.policy_config()).servers}
+
+    assert (servers["a"].capacity, servers["a"].max_models, servers["a"].memory_mb) == (
+        {"llm": 2, "embedding": 0, "reranking": 1},
+        2,
+        8000,
+    )
+    assert (servers["b"].max_models, servers["b"].memory_mb) == (None, None)
+
+
 def test_a_deep_line_keeps_the_best_the_oldest_and_the_routed(monkeypatch) -> None:
     monkeypatch.setattr(store.snapshots, "SNAPSHOT_HEAD", 2)
     long_ago = timezone.now() - timedelta(hours=1)
