@@ -488,7 +488,8 @@ def test_switchyard_keeps_to_the_routers_room(router, switchyard):
 
         def waiting_for_the_stream() -> dict | None:
             shown = live.http.get(f"/api/v1/requests/{job['id']}").json()
-            return shown if "first finishes the 1 running on large" in shown["reason"] else None
+            said = (shown["reason"] or {}).get("text", "")
+            return shown if "router first finishes the 1 running on large" in said else None
 
         eventually(waiting_for_the_stream, what="the embedding request waiting, saying why")
         assert events(lines)[-1] == "[DONE]"  # the stream ran to its end
