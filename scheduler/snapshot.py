@@ -80,6 +80,11 @@ class DeploymentView:
         return self.state in ("loading", "loaded", "unloading")
 
 
+def used_since_loaded(d) -> bool:
+    """A request was sent to it since its load finished (a load stamps both times)."""
+    return d.loaded_at is not None and d.last_used_at is not None and d.last_used_at > d.loaded_at
+
+
 def unused_restore(d) -> bool:
     """Loaded by a restore on idle and not used by a request since: a guess that holds no
     real work back. `d` is a `DeploymentView`, or a `backends.Deployment` (the dashboard)."""
@@ -87,7 +92,7 @@ def unused_restore(d) -> bool:
         d.state == "loaded"
         and d.load_cause == "restore"
         and d.loaded_at is not None
-        and (d.last_used_at is None or d.last_used_at <= d.loaded_at)
+        and not used_since_loaded(d)
     )
 
 

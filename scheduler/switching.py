@@ -19,7 +19,7 @@ from . import reasons as waits
 from .decisions import StartLoad, StopLoad
 from .eviction import NoRoom, evictions_for, keep_value
 from .priorities import BACKGROUND, CLASS_NAMES, INTERACTIVE, NORMAL
-from .snapshot import DeploymentView, RequestView, unused_restore
+from .snapshot import DeploymentView, RequestView, unused_restore, used_since_loaded
 
 if TYPE_CHECKING:  # for annotations only: policy.py imports this module
     from .policy import Wakes
@@ -262,8 +262,14 @@ class Switching:
         # A restore not used yet: a guess holds no real work back.
         if unused_restore(victim) and not theirs:
             return True
-        # No wasted load: the requests that waited for the victim's load go first.
-        if victim.loaded_at and (waited := sum(w.created_at <= victim.loaded_at for w in theirs)):
+        # No wasted load: a load serves the requests that waited for it before it may go.
+        # Once it has served one it was not wasted, and the rest of its batch is weighed by
+        # collation below (a person is not held behind a whole background batch).
+        if (
+            victim.loaded_at
+            and not used_since_loaded(victim)
+            and (waited := sum(w.created_at <= victim.loaded_at for w in theirs))
+        ):
             self.note(
                 r, waits.held("no_wasted_load", server.name, victim.model, None, waited=waited)
             )

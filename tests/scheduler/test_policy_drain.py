@@ -68,6 +68,32 @@ def test_no_drain_against_requests_that_waited_for_the_load():
     )
 
 
+def test_a_load_that_has_served_is_drained_for_a_person_behind_a_whole_batch():
+    """A background batch of 150 waited for `big`'s load (a cheap 0.2 s one), and it has
+    served their first: the load was not wasted, so the rest of the batch is weighed
+    (collation) and a person's request for `small` drains it. Before, no wasted load held
+    it until all 150 were served: against a real router, an interactive request waited
+    75 s behind a batch of 300, and another expired."""
+    big = dep(
+        1, 1, "big", "loaded", in_flight=1, loaded_at=at(-2), last_used_at=at(-1), avg_load_s=0.2
+    )
+    person = req("small", INTERACTIVE, age_s=1)
+    batch = [req("big", BACKGROUND, age_s=30, state="ready", deployment_id=1) for _ in range(150)]
+    s = snap([server(1, slots=2)], [big, dep(2, 1, "small", avg_load_s=0.2)], [person, *batch])
+
+    decided = plan_explained(s, at(0))
+
+    assert of(decided.decisions, Dispatch) == []
+    assert decided.reasons[person.id].text == (
+        "no load of small can start now: s1 first finishes the 1 running on big"
+    )
+    # Not yet used since its load: the batch that waited for it is served first.
+    fresh = dep(1, 1, "big", "loaded", in_flight=1, loaded_at=at(-2), avg_load_s=0.2)
+    s = snap([server(1, slots=2)], [fresh, dep(2, 1, "small", avg_load_s=0.2)], [person, *batch])
+    sent = of(plan(s, at(0)), Dispatch)
+    assert len(sent) == 1 and sent[0].request_id in {r.id for r in batch}
+
+
 def test_one_server_is_drained_the_one_that_runs_dry_soonest():
     """Two one-room servers, each busy with a background batch of its own model; a person
     waits for `small`, which either could load. Only the server with fewer requests running
