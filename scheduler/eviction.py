@@ -12,8 +12,9 @@ over one that takes 3 s, and at equal load time the least recently used goes.
 
 Only models that help are evicted: when the server is over its count for the target's type,
 models of that type; over its count of models in all (`max_models`, a router's
-`--models-max`), models of any type; over its memory budget, models with a known size. Victims are
-picked cheapest first, then every pick the target fits beside anyway is kept back.
+`--models-max`), models of any type; over its memory budget, models with a known size.
+Victims are picked cheapest first, then every pick the target fits beside anyway is kept
+back.
 """
 
 from collections.abc import Callable, Iterable
