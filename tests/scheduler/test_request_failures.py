@@ -13,11 +13,10 @@ from backends.models import DeploymentState, Health, Server
 from scheduler.api.inference import error_of
 from scheduler.models import Request, State
 from scheduler.retry import backoff_s
-from tests import factories
 from tests.support.failing import (
+    requested,
     run_until_idle,
     server_health,
-    setup_server,
     state_of,
     traces,
 )
@@ -34,7 +33,7 @@ def test_backoff_doubles_from_its_base_up_to_its_ceiling():
 
 async def test_a_failed_request_is_retried_with_exponential_backoff(upstream, fast):
     upstream.fail_next = [(500, "boom"), (502, "bad gateway")]
-    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    request = await db(requested)(upstream)
     await run_until_idle()
 
     def check():
@@ -57,7 +56,7 @@ async def test_a_failed_request_is_retried_with_exponential_backoff(upstream, fa
 async def test_a_request_fails_once_its_attempts_are_spent(upstream, fast, knobs):
     knobs(REQUEST_ATTEMPTS=2, BREAKER_FAILURES=10)
     upstream.fail_next = [(500, "boom"), (500, "boom again")]
-    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    request = await db(requested)(upstream)
     await run_until_idle()
     await request.arefresh_from_db()
     assert (request.state, request.attempts, request.error_code) == ("failed", 2, "server_error")
@@ -66,7 +65,7 @@ async def test_a_request_fails_once_its_attempts_are_spent(upstream, fast, knobs
 
 async def test_a_bad_request_fails_at_once_without_retry(upstream, fast):
     upstream.fail_next = [(400, "temperature must be at most 2")]
-    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    request = await db(requested)(upstream)
     await run_until_idle()
     await request.arefresh_from_db()
     assert (request.state, request.attempts, request.error_code) == ("failed", 1, "bad_request")
@@ -79,11 +78,7 @@ async def test_a_stream_cut_after_its_first_chunk_is_not_retried(upstream, fast)
     """Running it again would send the caller a second beginning."""
     upstream.cut_streams = 1
 
-    def setup():
-        setup_server(upstream)
-        return factories.request("m1", stream=True)
-
-    request = await db(setup)()
+    request = await db(requested)(upstream, stream=True)
     await run_until_idle()
     await request.arefresh_from_db()
     assert (request.state, request.attempts, request.error_code) == ("failed", 1, "connection")
@@ -94,11 +89,7 @@ async def test_a_stream_cut_after_its_first_chunk_is_not_retried(upstream, fast)
 async def test_a_stream_that_fails_before_its_first_chunk_is_retried(upstream, fast):
     upstream.fail_next = [(500, "boom")]
 
-    def setup():
-        setup_server(upstream)
-        return factories.request("m1", stream=True)
-
-    request = await db(setup)()
+    request = await db(requested)(upstream, stream=True)
     await run_until_idle()
     await request.arefresh_from_db()
     assert (request.state, request.attempts) == ("completed", 2)
@@ -107,7 +98,7 @@ async def test_a_stream_that_fails_before_its_first_chunk_is_retried(upstream, f
 
 async def test_model_no_longer_loaded_sends_the_request_back_to_routing(upstream, fast):
     upstream.fail_next = [(503, "model is not loaded")]
-    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    request = await db(requested)(upstream)
     await run_until_idle()
 
     def check():
@@ -130,8 +121,7 @@ async def test_model_no_longer_loaded_sends_the_request_back_to_routing(upstream
 
 async def test_a_request_past_its_longest_wait_expires_and_the_log_says_why(upstream, caplog):
     def setup():
-        setup_server(upstream, health=Health.DOWN)
-        request = factories.request("m1", no_server_grace_s=3600)
+        request = requested(upstream, {"health": Health.DOWN}, no_server_grace_s=3600)
         late = timezone.now() - timedelta(seconds=1)
         Request.objects.filter(pk=request.pk).update(expires_at=late)
         return request
@@ -151,11 +141,7 @@ async def test_an_expired_request_says_what_it_last_waited_for(upstream):
     the operator) can act on."""
     upstream.close()
 
-    def setup():
-        setup_server(upstream, health=Health.DOWN)
-        return factories.request("m1", no_server_grace_s=3600)
-
-    request = await db(setup)()
+    request = await db(requested)(upstream, {"health": Health.DOWN}, no_server_grace_s=3600)
     async with Running() as running:
         await running.until(lambda: Request.objects.get(pk=request.pk).reason)
         late = timezone.now() - timedelta(seconds=1)
@@ -174,11 +160,7 @@ async def test_a_request_no_server_can_serve_fails_fast_with_503_naming_why(
     instead of waiting silently to its class maximum. The worker's log says so too."""
     knobs(NO_SERVER_GRACE_S=0.0)
 
-    def setup():
-        setup_server(upstream, health=Health.DOWN)
-        return factories.request("m1")
-
-    request = await db(setup)()
+    request = await db(requested)(upstream, {"health": Health.DOWN})
     with caplog.at_level(logging.WARNING, logger="scheduler.runtime"):
         await run_until_idle()
     await request.arefresh_from_db()

@@ -17,6 +17,7 @@ from scheduler.models import Request, State
 from scheduler.runtime import Runtime
 from tests import factories
 from tests.support.failing import (
+    requested,
     run_until_idle,
     server_health,
     setup_server,
@@ -70,7 +71,7 @@ async def test_one_requests_own_retries_count_once_toward_the_breaker(upstream, 
     cooldown for every model on it. One that cannot be reached counts every time."""
     knobs(REQUEST_ATTEMPTS=4)
     upstream.fail_next = [(500, "boom")] * 4
-    request = await db(lambda: (setup_server(upstream), factories.request("m1"))[1])()
+    request = await db(requested)(upstream)
     await run_until_idle()
 
     def check():

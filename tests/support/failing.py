@@ -19,6 +19,12 @@ def setup_server(upstream: FlakyUpstream, state: str = DS.LOADED, **fields) -> S
     return srv
 
 
+def requested(upstream: FlakyUpstream, server: dict | None = None, **fields) -> Request:
+    """A server row in front of `upstream` (with `server` fields) and a request for m1."""
+    setup_server(upstream, **(server or {}))
+    return factories.request("m1", **fields)
+
+
 async def run_until_idle() -> None:
     await Runtime().run(asyncio.Event(), until_idle=True)
 
