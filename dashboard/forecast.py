@@ -7,8 +7,6 @@ of these, so the head's ETAs do not depend on them."""
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
-
 from access.usage import TOKEN_CAPS
 from backends.models import Deployment, Server
 from scheduler.eta import (
@@ -24,6 +22,7 @@ from scheduler.load_estimate import expected_loads
 from scheduler.models import WAITING_STATES, Request, State
 from scheduler.reasons import not_before
 from scheduler.reasons_shown import server_fraction
+from scheduler.store.knobs import policy_config
 
 from .models import RunStat
 
@@ -202,15 +201,13 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
     rows = Request.objects.filter(state__in=WAITING_STATES).order_by("priority", "created_at", "id")
     if related:
         rows = rows.select_related("server", "deployment", "api_key__team")
-    step = settings.SWITCHYARD["AGING_STEP_S"]
-    requests = sorted(
-        rows[:limit],
-        key=lambda r: (
-            line_order(r.priority, (now - r.created_at).total_seconds(), step),
-            r.created_at,
-            str(r.pk),
-        ),
-    )
+    config = policy_config()
+    read = list(rows[:limit])
+    classes = {
+        r.pk: line_order(r.priority, (now - r.created_at).total_seconds(), config.aging_step_s)
+        for r in read
+    }
+    requests = sorted(read, key=lambda r: (classes[r.pk], r.created_at, str(r.pk)))
     runs = Runs.read()
     hosts, places = hosts_and_places(now, runs)
     line = [
@@ -220,8 +217,8 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
             r.deployment_id,
             runs.expected_s(r),
             held_s(r.reason, now),
+            classes[r.pk],
         )
         for r in requests
     ]
-    parallel = settings.SWITCHYARD["PARALLEL_LOAD_QUEUE"]
-    return Line(requests, forecast(hosts, places, line, parallel_load_queue=parallel))
+    return Line(requests, forecast(hosts, places, line, config=config))

@@ -5,7 +5,8 @@ The forecast plays the line forward in the order given (the policy's order: clas
 then arrival): each request goes where it would start first among its model's deployments
 (or the one it is routed to), after what is left of a load under way, or after a load of
 its own (one at a time per server, evicting the least recently used model of its type when
-the server is full, once that model's requests are done), and after a slot frees. A slot
+the server is full, once the head of that model's queue that the policy's collation
+serves first has run), and after a slot frees. A slot
 frees when a request's expected run ends. Expected times come from history: a deployment's
 moving average of load time and of run time.
 
@@ -16,14 +17,18 @@ within TOLERANCE of the ETA they were first given (`dashboard/eta_checks.py` liv
 import heapq
 import math
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from . import holding
+from .snapshot import PolicyConfig
 
 TOLERANCE = 0.20
 FLOOR_S = 1.0  # an ETA of a second or less is right within a second
 # Below this a server's load fraction says too little to scale from (a first tick).
 MIN_REPORTED = 0.05
 DEFAULT_RUN_S = 5.0  # before any request of any model has run
+DEFAULT_CONFIG = PolicyConfig()
 
 
 def expected_run_s(means: Mapping[Hashable, float], model: Hashable) -> float:
@@ -95,6 +100,8 @@ class Waiter:
     # Seconds until the policy lets it go at the earliest (a hold's end, a retry's backoff),
     # as its reason says: only the policy knows its holds.
     not_before_s: float = 0.0
+    # The class it waits in after aging (`line_order`), as the policy weighs it (NORMAL).
+    effective_class: int = 2
 
     def run_on(self, p: Place) -> float:
         """Its expected run on `p`."""
@@ -152,7 +159,7 @@ def forecast(
     places: Iterable[Place],
     line: Iterable[Waiter],
     unload_s: float = 0.0,
-    parallel_load_queue: int = 2,
+    config: PolicyConfig = DEFAULT_CONFIG,
 ) -> dict[Hashable, float | None]:
     """Seconds from now until each request in `line` (in line order) is sent; None for one
     that no available server can serve.
@@ -164,85 +171,200 @@ def forecast(
     model is (loaded or loading) if it is anywhere; else after a load of its own (one at
     a time per server), or also where it can be loaded without evicting anything once that
     many queue for it and the servers that hold it are busy (`parallel_load_queue`), as the
-    policy does. When: per server, as each slot frees, the best placed
+    policy does. A load that must evict a model with a queue (requests routed to it, or
+    routed nowhere yet where it is their model's only home) waits for the head of that
+    queue, down to the first class the load's batch outranks by the policy's priced
+    collation (`holding.outranks`); the rest wait for a reload. At equal classes the whole
+    queue goes first. When: per server, as each slot frees, the best placed
     request whose model is ready by then is sent (a loaded model's requests go ahead of
     those waiting for a load, as the policy sends them)."""
-    hosts = {h.id: h for h in hosts if h.available}
-    places = {p.id: p for p in places if p.server_id in hosts and p.state != "failed"}
-    by_model: dict[Hashable, list[Place]] = {}
-    for p in places.values():
-        by_model.setdefault(p.model, []).append(p)
-    servers = {
-        h.id: _Server(h, [p for p in places.values() if p.server_id == h.id])
-        for h in hosts.values()
-    }
-    ready_at = {
-        p.id: (0.0 if p.state == "loaded" else p.load_left_s)
-        for p in places.values()
-        if p.state in ("loaded", "loading")
-    }
-    work: dict[int, float] = {p.id: max(p.busy_s, default=0.0) for p in places.values()}
-    # A request already routed to a model that is there (loaded, or joined to its load) is
-    # served there before the model can leave, as the policy serves the requests that
-    # waited for a load: its run is counted on the model from the start, so an eviction
-    # placed for a request ahead of it waits for it, and it never waits for a reload.
-    line = list(line)
-    kept: dict[Hashable, float] = {}
-    for w in line:
-        p = places.get(w.deployment_id) if w.deployment_id is not None else None
-        if p is not None and p.id in ready_at:
-            kept[w.id] = max(ready_at[p.id], w.not_before_s)
-            run_s = w.run_on(p)
-            work[p.id] = max(work[p.id], kept[w.id]) + run_s / servers[p.server_id].lanes(p)
-    queues: dict[int, list[tuple[int, Hashable, float, float, int]]] = {h: [] for h in servers}
-    queued = dict.fromkeys(places, 0)
-    etas: dict[Hashable, float | None] = {}
-    for rank, w in enumerate(line):
-        etas[w.id] = None
-        routed = places.get(w.deployment_id) if w.deployment_id is not None else None
-        options = [routed] if routed else by_model.get(w.model, [])
-        # The policy loads a model elsewhere only when it must, or where there is free room
-        # once a queue builds for it: otherwise it waits where the model is.
-        resident = [p for p in options if p.id in ready_at]
+    return _Forecast(hosts, places, line, unload_s, config).run()
+
+
+class _Forecast:
+    """One forecast's working state (see `forecast`)."""
+
+    def __init__(
+        self,
+        hosts: Iterable[Host],
+        places: Iterable[Place],
+        line: Iterable[Waiter],
+        unload_s: float,
+        config: PolicyConfig,
+    ) -> None:
+        hosts = {h.id: h for h in hosts if h.available}
+        self.places = {p.id: p for p in places if p.server_id in hosts and p.state != "failed"}
+        self.by_model: dict[Hashable, list[Place]] = {}
+        for p in self.places.values():
+            self.by_model.setdefault(p.model, []).append(p)
+        self.servers = {
+            h.id: _Server(h, [p for p in self.places.values() if p.server_id == h.id])
+            for h in hosts.values()
+        }
+        self.unload_s, self.config = unload_s, config
+        self.ready_at = {
+            p.id: (0.0 if p.state == "loaded" else p.load_left_s)
+            for p in self.places.values()
+            if p.state in ("loaded", "loading")
+        }
+        self.work = {p.id: max(p.busy_s, default=0.0) for p in self.places.values()}
+        # Requests served on a model before it can leave: (from when, where). Per place, those
+        # of them not yet placed and their share of its work.
+        self.kept: dict[Hashable, tuple[float, int]] = {}
+        self.kept_ahead: dict[int, dict[Hashable, Waiter]] = {p: {} for p in self.places}
+        self.kept_work = dict.fromkeys(self.places, 0.0)
+        # Each model's requests routed nowhere yet and not yet placed, in line order.
+        self.pending: dict[Hashable, dict[Hashable, Waiter]] = {}
+        self.line = list(line)
+        self.rank = {w.id: i for i, w in enumerate(self.line)}
+        # A request already routed to a model that is there (loaded, or joined to its load)
+        # is served there before the model can leave, as the policy serves the requests that
+        # waited for a load: its run is counted on the model from the start, so an eviction
+        # placed for a request ahead of it waits for it, and it never waits for a reload.
+        for w in self.line:
+            p = self.places.get(w.deployment_id) if w.deployment_id is not None else None
+            if p is not None and p.id in self.ready_at:
+                self.keep(w, p, self.ready_at[p.id])
+            elif w.deployment_id is None:
+                self.pending.setdefault(w.model, {})[w.id] = w
+        self.queues: dict[int, list[tuple[int, Hashable, float, float, int]]] = {
+            h: [] for h in self.servers
+        }
+        self.queued = dict.fromkeys(self.places, 0)
+
+    def keep(self, w: Waiter, p: Place, ready: float) -> None:
+        self.kept[w.id] = (max(ready, w.not_before_s), p.id)
+        share = w.run_on(p) / self.servers[p.server_id].lanes(p)
+        self.work[p.id] = max(self.work[p.id], self.kept[w.id][0]) + share
+        self.kept_ahead[p.id][w.id] = w
+        self.kept_work[p.id] += share
+
+    def queue_on(self, victim: int) -> list[Waiter]:
+        """The requests `victim`'s model would serve before it leaves, in line order: those
+        routed to it, and those of its model routed nowhere yet where it is the model's only
+        home (the policy routes them to it on its next pass)."""
+        model = self.places[victim].model
+        homes = [p for p in self.by_model[model] if p.id in self.ready_at]
+        unrouted = self.pending.get(model, {}) if homes == [self.places[victim]] else {}
+        queue = [*self.kept_ahead[victim].values(), *unrouted.values()]
+        return sorted(queue, key=lambda q: self.rank[q.id])
+
+    def served_first(self, w: Waiter, p: Place, victim: int) -> list[Waiter]:
+        """The head of `victim`'s queue that is served before `w`'s load of `p` may evict
+        it: down to the first class whose rest `w`'s batch outranks (the policy's priced
+        collation, weighed again as the queue drains), else all of it."""
+        queue = self.queue_on(victim)
+        classes = [q.effective_class for q in queue]
+        batch = [b.effective_class for b in self.pending.get(w.model, {}).values()]
+        for k, c in enumerate(classes):
+            if (k == 0 or c != classes[k - 1]) and holding.outranks(
+                batch or [w.effective_class],
+                classes[k:],
+                p.load_s,
+                self.places[victim].load_s,
+                self.servers[p.server_id].host.slots,
+                self.config,
+            ):
+                return queue[:k]
+        return queue
+
+    def free_at(self, w: Waiter, p: Place, victim: int) -> float:
+        """When `victim` may leave for `w`'s load of `p`: once what runs there and the head
+        of its queue served first have run."""
+        v = self.places[victim]
+        served = self.served_first(w, p, victim)
+        left = sum(q.run_on(v) for q in served) / self.servers[v.server_id].lanes(v)
+        return self.work[victim] - self.kept_work[victim] + left
+
+    def evict(self, w: Waiter, p: Place, victim: int) -> None:
+        """`w`'s load of `p` evicts `victim`: the head of its queue is served there first,
+        the rest is sent back to wait for a reload."""
+        gone = self.free_at(w, p, victim)
+        served = {q.id for q in self.served_first(w, p, victim)}
+        for q in self.queue_on(victim):
+            if q.id in served:
+                self.kept[q.id] = (max(self.ready_at[victim], q.not_before_s), victim)
+                self.pending.get(q.model, {}).pop(q.id, None)
+            else:
+                self.kept.pop(q.id, None)
+        self.work[victim] = gone
+        self.kept_ahead[victim], self.kept_work[victim] = {}, 0.0
+        self.servers[p.server_id].resident.discard(victim)
+        self.ready_at.pop(victim, None)
+
+    def options(self, w: Waiter, routed: Place | None) -> list[Place]:
+        """Where `w` may go. The policy loads a model elsewhere only when it must, or where
+        there is free room once a queue builds for it: otherwise it waits where the model
+        is."""
+        options = [routed] if routed else self.by_model.get(w.model, [])
+        resident = [p for p in options if p.id in self.ready_at]
         if resident and not routed:
             crowded = all(
-                queued[p.id] >= parallel_load_queue and servers[p.server_id].backlog > 0
+                self.queued[p.id] >= self.config.parallel_load_queue
+                and self.servers[p.server_id].backlog > 0
                 for p in resident
             )
-            loading = any(ready_at[p.id] > 0 for p in resident)
-            roomy = [p for p in options if p.id not in ready_at and _room(p, servers, places)]
+            loading = any(self.ready_at[p.id] > 0 for p in resident)
+            roomy = [
+                p
+                for p in options
+                if p.id not in self.ready_at and _room(p, self.servers, self.places)
+            ]
             options = resident + (roomy if crowded and not loading else [])
+        return options
+
+    def place(self, rank: int, w: Waiter) -> None:
+        routed = self.places.get(w.deployment_id) if w.deployment_id is not None else None
+        self.pending.get(w.model, {}).pop(w.id, None)
         best = None
-        if w.id in kept:
-            best = (max(kept[w.id], servers[routed.server_id].backlog), kept[w.id], None, routed)
-        for p in options if best is None else ():
-            server = servers[p.server_id]
-            plan = _ready(p, server, ready_at, work, places, unload_s, w.not_before_s)
+        if w.id in self.kept:
+            ready, where = self.kept[w.id]
+            routed = self.places[where]
+            best = (max(ready, self.servers[routed.server_id].backlog), ready, None, routed)
+        for p in self.options(w, routed) if best is None else ():
+            server = self.servers[p.server_id]
+            plan = _ready(
+                p,
+                server,
+                self.ready_at,
+                self.work,
+                self.places,
+                self.unload_s,
+                w.not_before_s,
+                lambda victim, p=p: self.free_at(w, p, victim),
+            )
             if plan is None:
                 continue
             start = max(plan[0], server.backlog)
             if best is None or start < best[0]:
                 best = (start, *plan, p)
         if best is None:
-            continue
+            return
         start, ready, victim, p = best
-        server = servers[p.server_id]
+        server = self.servers[p.server_id]
         run_s = w.run_on(p)
-        if w.id not in kept:
-            if p.id not in ready_at:
-                ready_at[p.id] = server.load_free = ready
-                server.resident.add(p.id)
+        if w.id in self.kept:
+            if self.kept_ahead[p.id].pop(w.id, None) is not None:
+                self.kept_work[p.id] -= run_s / server.lanes(p)
+        else:
+            if p.id not in self.ready_at:
                 if victim is not None:
-                    server.resident.discard(victim)
-                    ready_at.pop(victim, None)
+                    self.evict(w, p, victim)
+                self.ready_at[p.id] = server.load_free = ready
+                server.resident.add(p.id)
             # Rough: its share of the slots it runs in, for an eviction's wait on this model.
-            work[p.id] = max(work[p.id], ready) + run_s / server.lanes(p)
+            self.work[p.id] = max(self.work[p.id], ready) + run_s / server.lanes(p)
         server.backlog = start + run_s / server.host.slots
-        queues[p.server_id].append((rank, w.id, run_s, ready, p.id))
-        queued[p.id] += 1
-    for server_id, queue in queues.items():
-        _send(servers[server_id], queue, etas)
-    return etas
+        self.queues[p.server_id].append((rank, w.id, run_s, ready, p.id))
+        self.queued[p.id] += 1
+
+    def run(self) -> dict[Hashable, float | None]:
+        etas: dict[Hashable, float | None] = dict.fromkeys((w.id for w in self.line), None)
+        for rank, w in enumerate(self.line):
+            self.place(rank, w)
+        for server_id, queue in self.queues.items():
+            _send(self.servers[server_id], queue, etas)
+        return etas
 
 
 def _room(p: Place, servers: dict, places: dict) -> bool:
@@ -260,12 +382,13 @@ def _ready(
     work: dict,
     places: dict,
     unload_s: float,
-    not_before_s: float = 0.0,
+    not_before_s: float,
+    free_at: Callable[[int], float],
 ):
     """(ready, victim): when `p` can serve a request held until `not_before_s` (after a
     load if it needs one, begun once the hold ends, evicting the least recently used of its
-    type, or of any type where that is the limit, once its work is done), or None if it
-    cannot."""
+    type, or of any type where that is the limit, once `free_at` says it may go), or None if
+    it cannot."""
     if p.id in ready_at:
         return max(ready_at[p.id], not_before_s), None
     limit = server.host.capacity.get(p.model_type, 1)
@@ -279,7 +402,7 @@ def _ready(
     begin = max(server.load_free, not_before_s)
     if same:
         victim = min(same, key=lambda v: (work[v], -places[v].idle_s))  # LRU
-        begin = max(begin, work[victim]) + unload_s
+        begin = max(begin, free_at(victim)) + unload_s
     return begin + p.load_s, victim
 
 

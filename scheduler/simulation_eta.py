@@ -59,23 +59,26 @@ class EtaBook:
         places = [self.place(d, now, tuple(serving.get(d.id, ()))) for d in views]
         hosts = [Host(s.id, s.slots, dict(s.capacity), max_models=s.max_models) for s in servers]
         step = self.config.aging_step_s
-        line = sorted(
-            waiting.values(),
-            key=lambda r: (
-                line_order(r.priority, (now - r.created_at).total_seconds(), step),
-                r.created_at,
-                r.id,
-            ),
-        )
+        classes = {
+            r.id: line_order(r.priority, (now - r.created_at).total_seconds(), step)
+            for r in waiting.values()
+        }
+        line = sorted(waiting.values(), key=lambda r: (classes[r.id], r.created_at, r.id))
         etas = forecast(
             hosts,
             places,
             [
-                Waiter(r.id, r.model, r.deployment_id, self.class_run_s(r.model, r.priority))
+                Waiter(
+                    r.id,
+                    r.model,
+                    r.deployment_id,
+                    self.class_run_s(r.model, r.priority),
+                    effective_class=classes[r.id],
+                )
                 for r in line
             ],
             self.unload_s,
-            self.config.parallel_load_queue,
+            self.config,
         )
         for rid in arrived:
             if etas.get(rid) is not None:

@@ -171,3 +171,57 @@ def test_an_eviction_waits_for_the_models_own_slots_to_serve_what_waited_for_it(
     etas = forecast([Host(1, slots=4)], places, line)
     assert etas["b1"] == 8.0 + 1.0
     assert [etas[f"a{i}"] for i in range(8)] == [0.0, 0.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0]
+
+
+def test_a_better_class_that_outranks_a_models_routed_requests_goes_first_as_the_policy_sends():
+    """Interactive `b1` and four background requests routed to the loaded `a`: with cheap
+    loads the policy's priced collation evicts `a` once its running request ends, and the
+    four wait for `b1`'s load and run and `a`'s reload. With a 90 s reload of `a` it does not,
+    and `b1` waits for them as before."""
+
+    def etas(a_load_s: float) -> dict:
+        places = [
+            place(1, 1, "a", slots=2, busy_s=(1.0,), load_s=a_load_s),
+            place(2, 1, "b", state="unloaded", load_s=1.0),
+        ]
+        line = [Waiter("b1", "b", effective_class=0)] + [
+            Waiter(f"a{i}", "a", 1, effective_class=3) for i in range(4)
+        ]
+        return forecast([Host(1, slots=4)], places, line)
+
+    # b: loaded 1.0 to 2.0, runs to 4.0 (2 s); a: reloaded from 2.5 (b's share of the
+    # server's work), ready at 3.5, two at a time.
+    assert etas(1.0) == {"b1": 2.0, "a0": 3.5, "a1": 3.5, "a2": 5.5, "a3": 5.5}
+    kept = etas(90.0)
+    assert [kept[f"a{i}"] for i in range(4)] == [0.0, 1.0, 2.0, 3.0]
+    assert kept["b1"] == 5.0 + 1.0  # after a's last run (3.0 + 2.0), then its own load
+
+
+def test_a_loaded_models_own_queue_is_served_before_an_equal_class_switch():
+    """`b1` arrived first, but `a` is loaded with four requests of the same class waiting:
+    at equal classes the policy never evicts a model with a queue (collation), so they are
+    sent on `a` first and `b` is loaded once they have run."""
+    places = [place(1, 1, "a"), place(2, 1, "b", state="unloaded", load_s=1.0)]
+    line = [Waiter("b1", "b", effective_class=3)] + [
+        Waiter(f"a{i}", "a", effective_class=3) for i in range(4)
+    ]
+    etas = forecast([Host(1, slots=2)], places, line)
+    assert etas == {"a0": 0.0, "a1": 0.0, "a2": 2.0, "a3": 2.0, "b1": 4.0 + 1.0}
+
+
+def test_a_switch_waits_for_the_head_of_the_queue_its_batch_does_not_outrank():
+    """Interactive `b1` against `a`'s queue of five interactive and two background requests:
+    the policy weighs collation again as the queue drains, so `b` is loaded once the five
+    have run, and the two background requests wait for its run and `a`'s reload."""
+    places = [place(1, 1, "a", load_s=1.0), place(2, 1, "b", state="unloaded", load_s=1.0)]
+    line = [
+        Waiter("b1", "b", effective_class=0),
+        *(Waiter(f"a{i}", "a", effective_class=0) for i in range(5)),
+        *(Waiter(f"a{i}", "a", effective_class=3) for i in (5, 6)),
+    ]
+    etas = forecast([Host(1, slots=2)], places, line)
+    assert etas == {
+        "a0": 0.0, "a1": 0.0, "a2": 2.0, "a3": 2.0, "a4": 4.0,
+        "b1": 5.0 + 1.0,  # a4's run shares the server's two slots: a gone at 5.0
+        "a5": 8.0, "a6": 8.0,  # b ready at 6.0, its run's share to 7.0, a's reload to 8.0
+    }  # fmt: skip

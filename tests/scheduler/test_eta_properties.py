@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.eta import Host, Place, Waiter, forecast
+from scheduler.snapshot import PolicyConfig
 
 STATES = ["loaded", "unloaded", "loading", "unloading", "failed"]
 
@@ -54,6 +55,7 @@ def lines(draw):
             deployment_id=draw(st.sampled_from([None, None, 99, *ids])),
             run_s=draw(st.sampled_from([None, 1.0])),
             not_before_s=draw(st.sampled_from([0.0, 0.0, 7.0])),
+            effective_class=draw(st.integers(0, 3)),
         )
         for i in range(draw(st.integers(0, 12)))
     ]
@@ -64,14 +66,13 @@ def lines(draw):
 @given(lines(), st.integers(1, 3))
 def test_every_waiter_gets_an_eta_or_none(line, parallel_load_queue):
     hosts, places, waiters = line
-    etas = forecast(hosts, places, waiters, unload_s=1.0, parallel_load_queue=parallel_load_queue)
+    config = PolicyConfig(parallel_load_queue=parallel_load_queue)
+    etas = forecast(hosts, places, waiters, 1.0, config)
     assert set(etas) == {w.id for w in waiters}
     for w in waiters:
         eta = etas[w.id]
         assert eta is None or (math.isfinite(eta) and eta >= 0), (w, eta)
-    assert etas == forecast(
-        hosts, places, waiters, unload_s=1.0, parallel_load_queue=parallel_load_queue
-    ), "the same line, other ETAs"
+    assert etas == forecast(hosts, places, waiters, 1.0, config), "the same line, other ETAs"
     # Nothing can serve a model no available server has.
     served = {
         p.model
