@@ -59,6 +59,16 @@ class DeploymentOut(serializers.Serializer):
     keep_loaded_hours = serializers.CharField(
         help_text="When it is kept loaded, in SWITCHYARD_TIME_ZONE (empty: never)."
     )
+    preload = serializers.BooleanField(
+        help_text="Loaded when a worker starts and when its server is back."
+    )
+    idle_ttl_s = serializers.IntegerField(
+        allow_null=True, help_text="Unloaded after this long unused (null: kept until evicted)."
+    )
+    load_cause = serializers.CharField(
+        help_text="Who asked for its last load: request, restore, preload, operator or outside"
+        " (loaded on the server by someone else); empty before one."
+    )
     avg_load_s = serializers.FloatField(
         allow_null=True, help_text="Its loads here, measured (a moving average; null before one)."
     )
@@ -145,6 +155,9 @@ def servers_body(servers: list[Server]) -> list[dict[str, Any]]:
                 "enabled": d.enabled,
                 "pinned": d.pinned,
                 "keep_loaded_hours": d.keep_loaded_hours,
+                "preload": d.preload,
+                "idle_ttl_s": d.idle_ttl_s,
+                "load_cause": d.load_cause,
                 "avg_load_s": to_ms(d.avg_load_s),
                 "expected_load_s": d.expected_load_s,
                 "avg_inference_s": to_ms(d.avg_inference_s),

@@ -46,7 +46,8 @@ def test_refusals(client):
     factories.deployment(
         srv, "a", state="loaded", in_flight=1, slots=2, avg_load_s=4.56789, avg_inference_s=1.5
     )
-    factories.deployment(srv, "b", expected_load_s=90)
+    Deployment.objects.filter(model__name="a").update(load_cause="outside")
+    factories.deployment(srv, "b", expected_load_s=90, preload=True, idle_ttl_s=600)
     factories.deployment(srv, "off", enabled=False)
     assert client.get("/api/v1/servers").status_code == 401
     users = get_user_model()
@@ -119,6 +120,12 @@ def test_refusals(client):
     assert [
         (d["avg_load_s"], d["expected_load_s"], d["avg_inference_s"]) for d in listed["deployments"]
     ] == [(4.568, None, 1.5), (None, 90, None), (None, None, None)]  # to the ms
+    # What brings it in and takes it out, and who asked for its last load.
+    assert [(d["preload"], d["idle_ttl_s"], d["load_cause"]) for d in listed["deployments"]] == [
+        (False, None, "outside"),
+        (True, 600, ""),
+        (False, None, ""),
+    ]
 
 
 def until_done(live, headers, intent_id: int) -> Intent:
