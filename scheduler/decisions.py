@@ -65,6 +65,9 @@ class StartLoad:
 class Unload:
     deployment_id: int
     reason: str
+    if_unused: bool = False
+    """Only if its server runs nothing on it (its idle TTL): a server that can say so may
+    be running requests Switchyard did not send."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,9 +218,9 @@ class _Forecast:
         self.line = list(line)
         self.rank = {w.id: i for i, w in enumerate(self.line)}
         # A request already routed to a model that is there (loaded, or joined to its load)
-        # is served there before the model can leave, as the policy serves the requests that
-        # waited for a load: its run is counted on the model from the start, so an eviction
-        # placed for a request ahead of it waits for it, and it never waits for a reload.
+        # is served there before the model can leave, unless a better class's load sends it
+        # back (`evict`): its run is counted on the model from the start, so an eviction
+        # placed for a request ahead of it waits for it.
         for w in self.line:
             p = self.places.get(w.deployment_id) if w.deployment_id is not None else None
             if p is not None and p.id in self.ready_at:

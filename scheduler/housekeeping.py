@@ -91,7 +91,7 @@ class Housekeeping:
         last = d.last_used_at or d.loaded_at or self.now
         idle_until = last + timedelta(seconds=d.idle_ttl_s)
         if idle_until <= self.now:
-            self.decisions.append(Unload(d.id, f"idle for {d.idle_ttl_s:.0f} s"))
+            self.decisions.append(Unload(d.id, f"idle for {d.idle_ttl_s:.0f} s", if_unused=True))
             self.set_state(d, "unloading")
         else:
             self.wake_at(idle_until, f"{d.model} idle TTL")

@@ -139,6 +139,11 @@ class Adapter:
         without a call per model, by id (for discovery only, which fills what is empty)."""
         return {}
 
+    async def running(self, server_model_id: str) -> int | None:
+        """How many requests the server runs on that model now, whoever sent them; None
+        where it cannot say."""
+        return None
+
     async def room(self) -> int | None:
         """How many models the server itself runs at once, where it has such a limit and
         stops models by itself beyond it (llama-server's router: `--models-max`)."""

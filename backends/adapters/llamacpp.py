@@ -175,6 +175,18 @@ class LlamaCppAdapter(HttpAdapter):
                 found[m.id] = facts
         return found
 
+    async def running(self, server_model_id: str) -> int | None:
+        """Its slots processing now, from `/slots` (the router answers for a running model
+        given as `?model=`); None where slots are off (`--no-slots`) or it cannot say."""
+        params = {"model": server_model_id} if self.router else None
+        try:
+            slots = await self.json("GET", "/slots", params=params)
+        except AdapterError:
+            return None
+        if not isinstance(slots, list):
+            return None
+        return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+
     async def find(self, server_model_id: str) -> dict[str, Any]:
         for entry in await self.entries():
             if server_model_id == entry["id"] or server_model_id in (entry.get("aliases") or []):

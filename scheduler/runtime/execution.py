@@ -185,11 +185,12 @@ class Execution:
                     return False
                 rt.spawn(f"stop {did}", rt.server_tasks.stop_load(stop, reason))
                 return True
-            case decisions.Unload(deployment_id=did, reason=reason):
+            case decisions.Unload(deployment_id=did, reason=reason, if_unused=if_unused):
                 target = await db(store.start_unload)(did, rt.worker_id)
                 if target is None:
                     return False
-                rt.spawn(f"unload {did}", rt.server_tasks.unload(did, *target, reason))
+                unload = rt.server_tasks.unload(did, *target, reason, if_unused)
+                rt.spawn(f"unload {did}", unload)
                 return True
             case decisions.Probe(server_id=sid):
                 name = f"probe {sid}"

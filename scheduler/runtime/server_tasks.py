@@ -131,8 +131,21 @@ class ServerTasks:
             await db(store.server_failed)(job.server_id, error.message)
         self.sync_soon(job.server_id)
 
-    async def unload(self, deployment_id: int, server_id: int, model_id: str, why: str) -> None:
+    async def unload(
+        self, deployment_id: int, server_id: int, model_id: str, why: str, if_unused: bool = False
+    ) -> None:
         adapter = await self.effects.adapter(server_id)
+        if if_unused and (running := await adapter.running(model_id)):
+            # Someone else's requests (it runs none of ours): unloading would cut them off.
+            await db(store.unload_called_off)(deployment_id)
+            log.info(
+                "kept %s loaded (%s): its server runs %d request(s) on it that Switchyard did"
+                " not send; idle from now",
+                model_id,
+                why,
+                running,
+            )
+            return
         try:
             await adapter.unload(model_id)
         except AdapterError as error:

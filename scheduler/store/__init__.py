@@ -57,6 +57,7 @@ from .loads import (
     start_load,
     start_unload,
     stop_load,
+    unload_called_off,
 )
 from .queries import HEAD_SQL, IN_INDEX_ORDER
 from .reasons import ReasonWriter, write_reasons
@@ -121,6 +122,7 @@ __all__ = [
     "set_load_progress",
     "start_load",
     "start_unload",
+    "unload_called_off",
     "stop_load",
     "take_over_stale_workers",
     "workers_beside_simulated",

@@ -144,6 +144,16 @@ def evicted(deployment_id: int, to_make_room: bool = False) -> None:
     channel_hints.dashboard_changed()
 
 
+def unload_called_off(deployment_id: int) -> None:
+    """`unloading` → `loaded` again, used now: its server was running requests on it that
+    Switchyard did not send (an idle TTL's unload, `Unload.if_unused`)."""
+    now = timezone.now()
+    Deployment.objects.filter(pk=deployment_id, state=DS.UNLOADING).update(
+        state=DS.LOADED, state_changed_at=now, worker=None, last_used_at=now
+    )
+    channel_hints.dashboard_changed()
+
+
 def start_unload(deployment_id: int, worker_id: int) -> tuple[int, str] | None:
     if not Deployment.objects.filter(pk=deployment_id, state=DS.LOADED, in_flight=0).update(
         state=DS.UNLOADING,
