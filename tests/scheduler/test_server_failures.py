@@ -35,7 +35,9 @@ DS = DeploymentState
 async def test_breaker_opens_after_three_failures_and_one_probe_closes_it(
     upstream, fast, knobs, caplog
 ):
-    knobs(REQUEST_ATTEMPTS=5)
+    # A first cooldown (RETRY_BASE_S) long enough for a pass to see it on a busy machine:
+    # at 0.02 s the probe could close it before any pass sent the requests back.
+    knobs(REQUEST_ATTEMPTS=5, RETRY_BASE_S=0.5)
     upstream.fail_next = [(500, "boom")] * 3
 
     def three_requests() -> list[Request]:
