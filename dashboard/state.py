@@ -117,6 +117,8 @@ def deployment_row(d: Deployment, now: datetime) -> dict:
         "pinned": d.pinned,
         "keep_loaded_hours": d.keep_loaded_hours,
         "restore": is_restore(d),
+        # Loaded on the server by someone else: Switchyard found it there and uses it.
+        "outside": d.load_cause == LoadCause.OUTSIDE and d.state == DeploymentState.LOADED,
         "progress": load_progress(d, now),
         "error": d.last_error if d.state == DeploymentState.FAILED else "",
     }

@@ -97,6 +97,19 @@ def test_a_restore_is_marked_until_a_request_uses_it():
     assert {m["model"]: m["restore"] for m in view["models"]} == {"a": False, "b": True}
 
 
+def test_a_model_loaded_outside_switchyard_is_marked_while_loaded():
+    srv = factories.server("box", slots=4)
+    factories.deployment(srv, "a", state=DeploymentState.LOADED, load_cause="outside")
+    factories.deployment(srv, "b", state=DeploymentState.LOADED, load_cause="request")
+    factories.deployment(srv, "c", state=DeploymentState.UNLOADING, load_cause="outside")
+    view = server_named(state.overview(NOW), "box")
+    assert {m["model"]: m["outside"] for m in view["models"]} == {
+        "a": True,
+        "b": False,
+        "c": False,
+    }
+
+
 def test_a_model_with_keep_loaded_hours_says_them():
     srv = factories.server("sim", slots=4)
     factories.deployment(

@@ -107,6 +107,8 @@ const Switchyard = (() => {
           m.keep_loaded_hours + " (SWITCHYARD_TIME_ZONE)"}, "kept loaded") : null,
         m.restore ? el("span", {class: "tag", title: "loaded back on an idle server for the " +
           "interactive work that used it; gives way to any request"}, "restore") : null,
+        m.outside ? el("span", {class: "tag", title: "loaded on the server by someone else, " +
+          "not through Switchyard; Switchyard uses it"}, "loaded outside") : null,
         m.in_flight || m.slots ? el("span", {class: "muted"}, ` ${m.in_flight}` +
           (m.slots ? `/${m.slots}` : "") + " in flight") : null,
         m.progress ? el("div", {}, progress(m.progress)) : null,
