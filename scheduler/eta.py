@@ -76,6 +76,8 @@ class Place:
     busy_s: tuple[float, ...] = ()
     idle_s: float = 0.0
     slots: int | None = None  # its own, where fewer than its server's (llama-server's -np)
+    # Loaded and not used since: the policy keeps it for a request that waited for it.
+    fresh: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,16 +254,21 @@ class _Forecast:
     def served_first(self, w: Waiter, p: Place, victim: int) -> list[Waiter]:
         """The head of `victim`'s queue that is served before `w`'s load of `p` may evict
         it: down to the first class whose rest `w`'s batch outranks (the policy's priced
-        collation, weighed again as the queue drains), else all of it."""
+        collation, weighed again as the queue drains), else all of it. A model loading or
+        loaded and unused serves one first (no wasted load)."""
         queue = self.queue_on(victim)
         classes = [q.effective_class for q in queue]
         batch = [b.effective_class for b in self.pending.get(w.model, {}).values()]
+        v = self.places[victim]
+        first = 1 if v.state == "loading" or v.fresh else 0
         for k, c in enumerate(classes):
-            if (k == 0 or c != classes[k - 1]) and holding.outranks(
+            if k < first:
+                continue
+            if (k == first or c != classes[k - 1]) and holding.outranks(
                 batch or [w.effective_class],
                 classes[k:],
                 p.load_s,
-                self.places[victim].load_s,
+                v.load_s,
                 self.servers[p.server_id].host.slots,
                 self.config,
             ):

@@ -225,3 +225,21 @@ def test_a_switch_waits_for_the_head_of_the_queue_its_batch_does_not_outrank():
         "b1": 5.0 + 1.0,  # a4's run shares the server's two slots: a gone at 5.0
         "a5": 8.0, "a6": 8.0,  # b ready at 6.0, its run's share to 7.0, a's reload to 8.0
     }  # fmt: skip
+
+
+def test_a_model_loaded_and_not_used_yet_serves_one_of_its_queue_before_it_is_outranked():
+    """As the policy's no wasted load: `a` finished its load and has served nothing, so the
+    first of its background queue goes before interactive `b1`'s load, the rest after."""
+
+    def etas(fresh: bool) -> dict:
+        places = [
+            place(1, 1, "a", load_s=1.0, fresh=fresh),
+            place(2, 1, "b", state="unloaded", load_s=1.0),
+        ]
+        line = [Waiter("b1", "b", effective_class=0)] + [
+            Waiter(f"a{i}", "a", 1, effective_class=3) for i in range(3)
+        ]
+        return forecast([Host(1, slots=1)], places, line)
+
+    assert etas(False) == {"b1": 1.0, "a0": 4.0, "a1": 6.0, "a2": 8.0}
+    assert etas(True) == {"a0": 0.0, "b1": 3.0, "a1": 6.0, "a2": 8.0}

@@ -45,6 +45,7 @@ def lines(draw):
                     busy_s=tuple(busy) if state == "loaded" else (),
                     idle_s=draw(st.sampled_from([0.0, 100.0])),
                     slots=slots,
+                    fresh=state == "loaded" and draw(st.booleans()),
                 )
             )
     ids = [p.id for p in places]
