@@ -22,7 +22,7 @@ from scheduler.load_estimate import expected_loads
 from scheduler.models import WAITING_STATES, Request, State
 from scheduler.reasons import not_before
 from scheduler.reasons_shown import server_fraction
-from scheduler.snapshot import used_since_loaded
+from scheduler.snapshot import unused_since_loaded
 from scheduler.store.knobs import policy_config
 
 from .models import RunStat
@@ -71,7 +71,7 @@ def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Plac
                 busy_s=tuple(runs.left_s(r, run_s, now) for r in busy.get(d.pk, ())),
                 idle_s=(now - d.last_used_at).total_seconds() if d.last_used_at else 1e9,
                 slots=d.slots,
-                fresh=d.state == "loaded" and not used_since_loaded(d),
+                fresh=unused_since_loaded(d),
             )
         )
     return hosts, places

@@ -251,11 +251,11 @@ class _Forecast:
         queue = [*self.kept_ahead[victim].values(), *unrouted.values()]
         return sorted(queue, key=lambda q: self.rank[q.id])
 
-    def served_first(self, w: Waiter, p: Place, victim: int) -> list[Waiter]:
-        """The head of `victim`'s queue that is served before `w`'s load of `p` may evict
-        it: down to the first class whose rest `w`'s batch outranks (the policy's priced
-        collation, weighed again as the queue drains), else all of it. A model loading or
-        loaded and unused serves one first (no wasted load)."""
+    def split_queue(self, w: Waiter, p: Place, victim: int) -> tuple[list[Waiter], list[Waiter]]:
+        """`victim`'s queue as (served before `w`'s load of `p` may evict it, sent back):
+        the head down to the first class whose rest `w`'s batch outranks (the policy's
+        priced collation, weighed again as the queue drains), else all of it. A model
+        loading or loaded and unused serves one first (no wasted load)."""
         queue = self.queue_on(victim)
         classes = [q.effective_class for q in queue]
         batch = [b.effective_class for b in self.pending.get(w.model, {}).values()]
@@ -272,28 +272,29 @@ class _Forecast:
                 self.servers[p.server_id].host.slots,
                 self.config,
             ):
-                return queue[:k]
-        return queue
+                return queue[:k], queue[k:]
+        return queue, []
 
     def free_at(self, w: Waiter, p: Place, victim: int) -> float:
-        """When `victim` may leave for `w`'s load of `p`: once what runs there and the head
-        of its queue served first have run."""
+        """When `victim` may leave for `w`'s load of `p`."""
+        return self.gone_at(victim, self.split_queue(w, p, victim)[0])
+
+    def gone_at(self, victim: int, served: list[Waiter]) -> float:
+        """When `victim` may leave: once what runs there and `served` have run."""
         v = self.places[victim]
-        served = self.served_first(w, p, victim)
         left = sum(q.run_on(v) for q in served) / self.servers[v.server_id].lanes(v)
         return self.work[victim] - self.kept_work[victim] + left
 
     def evict(self, w: Waiter, p: Place, victim: int) -> None:
         """`w`'s load of `p` evicts `victim`: the head of its queue is served there first,
         the rest is sent back to wait for a reload."""
-        gone = self.free_at(w, p, victim)
-        served = {q.id for q in self.served_first(w, p, victim)}
-        for q in self.queue_on(victim):
-            if q.id in served:
-                self.kept[q.id] = (max(self.ready_at[victim], q.not_before_s), victim)
-                self.pending.get(q.model, {}).pop(q.id, None)
-            else:
-                self.kept.pop(q.id, None)
+        served, sent_back = self.split_queue(w, p, victim)
+        gone = self.gone_at(victim, served)
+        for q in served:
+            self.kept[q.id] = (max(self.ready_at[victim], q.not_before_s), victim)
+            self.pending.get(q.model, {}).pop(q.id, None)
+        for q in sent_back:
+            self.kept.pop(q.id, None)
         self.work[victim] = gone
         self.kept_ahead[victim], self.kept_work[victim] = {}, 0.0
         self.servers[p.server_id].resident.discard(victim)

@@ -18,7 +18,7 @@ from .eta import (
     load_left_s,
 )
 from .load_estimate import model_name, with_expected_loads
-from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, used_since_loaded
+from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, unused_since_loaded
 
 RECENT_WEIGHT = 0.3
 
@@ -101,7 +101,7 @@ class EtaBook:
             load_left_s=left,
             busy_s=busy,
             idle_s=idle,
-            fresh=d.state == "loaded" and not used_since_loaded(d),
+            fresh=unused_since_loaded(d),
         )
 
     def sent(self, rid: UUID, did: int, priority: int, now: datetime) -> None:

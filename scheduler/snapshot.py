@@ -85,15 +85,16 @@ def used_since_loaded(d) -> bool:
     return d.loaded_at is not None and d.last_used_at is not None and d.last_used_at > d.loaded_at
 
 
+def unused_since_loaded(d) -> bool:
+    """Loaded, and no request sent to it since: the policy keeps it for one that waited
+    (no wasted load)."""
+    return d.state == "loaded" and not used_since_loaded(d)
+
+
 def unused_restore(d) -> bool:
     """Loaded by a restore on idle and not used by a request since: a guess that holds no
     real work back. `d` is a `DeploymentView`, or a `backends.Deployment` (the dashboard)."""
-    return (
-        d.state == "loaded"
-        and d.load_cause == "restore"
-        and d.loaded_at is not None
-        and not used_since_loaded(d)
-    )
+    return unused_since_loaded(d) and d.load_cause == "restore" and d.loaded_at is not None
 
 
 @dataclass(frozen=True, slots=True)

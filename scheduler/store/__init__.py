@@ -122,9 +122,9 @@ __all__ = [
     "set_load_progress",
     "start_load",
     "start_unload",
-    "unload_called_off",
     "stop_load",
     "take_over_stale_workers",
+    "unload_called_off",
     "workers_beside_simulated",
     "write_reasons",
 ]
