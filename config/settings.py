@@ -239,6 +239,8 @@ SWITCHYARD = {
     "ACTIVITY_WINDOW_S": env.float("SWITCHYARD_ACTIVITY_WINDOW_S", default=300.0),
     "PARALLEL_LOAD_QUEUE": env.int("SWITCHYARD_PARALLEL_LOAD_QUEUE", default=2),
     "NO_SERVER_GRACE_S": env.float("SWITCHYARD_NO_SERVER_GRACE_S", default=15.0),
+    # How long an eviction lets requests on its victim that Switchyard did not send finish.
+    "OUTSIDE_GRACE_S": env.float("SWITCHYARD_OUTSIDE_GRACE_S", default=30.0),
     "RESCUE_S": env.float("SWITCHYARD_RESCUE_S", default=30.0),
     "RESTORE_WINDOW_S": env.float("SWITCHYARD_RESTORE_WINDOW_S", default=3600.0),
     # How far back a conversation's last turn is looked for (prompt-cache affinity); 0: off.

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FACTS_TIMEOUT_S = 5.0  # asking a server what it says of a model it runs, after its load
+OUTSIDE_POLL_S = 0.5  # asking again whether requests Switchyard did not send have finished
 
 
 class FreedSlot(NamedTuple):
@@ -106,9 +107,11 @@ class ServerTasks:
             log.info("learnt from %s %s: %s", server_name, when, "; ".join(filled))
 
     async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
-        """Unload the victims first. One that fails to unload is re-checked with the server,
-        so it never stays `unloading`, and the load counts as failed."""
+        """Unload the victims first, each once what others run on it has finished. One that
+        fails to unload is re-checked with the server, so it never stays `unloading`, and
+        the load counts as failed."""
         for victim_id, server_model_id in job.evict:
+            await self.outside_finish(adapter, job, server_model_id)
             try:
                 await adapter.unload(server_model_id)
             except AdapterError:
@@ -116,6 +119,45 @@ class ServerTasks:
                     await self.recheck(left_id, held_by=job.worker_id)
                 raise
             await db(store.evicted)(victim_id, to_make_room=True)
+
+    async def outside_finish(self, adapter: Adapter, job: store.LoadJob, victim: str) -> None:
+        """Let the requests the server runs on a victim that Switchyard did not send finish
+        before it is unloaded (that cuts them off), for up to `OUTSIDE_GRACE_S`."""
+        if not (running := await adapter.running(victim)):
+            return
+        grace_s = self.rt.knobs["OUTSIDE_GRACE_S"]
+        started = time.monotonic()
+        if grace_s > 0:
+            log.info(
+                "%s first lets %d request(s) on %s that Switchyard did not send finish, for"
+                " up to %g s, before unloading it for %s",
+                job.server_name,
+                running,
+                victim,
+                grace_s,
+                job.model_name,
+            )
+        while running and time.monotonic() - started < grace_s:
+            await asyncio.sleep(OUTSIDE_POLL_S)
+            running = await adapter.running(victim)
+        if running:
+            log.warning(
+                "unloading %s from %s for %s cuts off %d request(s) Switchyard did not send"
+                " (SWITCHYARD_OUTSIDE_GRACE_S is %g s)",
+                victim,
+                job.server_name,
+                job.model_name,
+                running,
+                grace_s,
+            )
+        else:
+            waited = time.monotonic() - started
+            log.info(
+                "%s: the request(s) on %s that Switchyard did not send finished in %.0f s",
+                job.server_name,
+                victim,
+                waited,
+            )
 
     async def unload_quietly(self, adapter: Adapter, server_model_id: str) -> None:
         """After a timed-out load, ask the server to drop what it may still be loading."""

@@ -1,5 +1,6 @@
 """The real llama.cpp router shared with a client that calls it directly, not through
-Switchyard: what Switchyard decides on its own (an idle TTL) does not cut that client off."""
+Switchyard: neither what Switchyard decides on its own (an idle TTL) nor an eviction for its
+own requests cuts that client off."""
 
 import threading
 
@@ -9,49 +10,81 @@ import pytest
 from backends.adapters.llamacpp import LlamaCppAdapter
 from backends.models import Deployment, DeploymentState
 from tests.integration.conftest import WAIT_S, eventually
-from tests.integration.test_real_llama_router import discovered, events, states
+from tests.integration.test_real_llama_router import chat, discovered, events, states
 
 pytestmark = pytest.mark.integration
+
+
+class Outside:
+    """Someone streaming 4,000 tokens of `model` straight from the router, read as they come
+    (a stream not read holds the router up); begun once the first token came."""
+
+    def __init__(self, router, model: str) -> None:
+        self.lines: list[str] = []
+        self.ended = threading.Event()
+        self.begun = threading.Event()
+        body = {"model": model, "prompt": "Once", "max_tokens": 4000, "stream": True}
+        threading.Thread(target=self.read, args=(router.url, body), daemon=True).start()
+        assert self.begun.wait(WAIT_S), self.lines
+
+    def read(self, url: str, body: dict) -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                self.lines.append(line)
+                if line.startswith("data: "):
+                    self.begun.set()
+        self.ended.set()
+
+    def ends_whole(self) -> None:
+        """It ends with its 4,000 tokens, not cut off (its last events the router's bare
+        `proxy error`, no finish)."""
+        assert self.ended.wait(120)
+        streamed = events(self.lines)
+        assert streamed[-1] == "[DONE]", streamed[-3:]
+        assert all("choices" in chunk for chunk in streamed[:-1]), streamed[-3:]
+        assert streamed[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def worker_says(live, text: str) -> None:
+    worker = live.processes[-1]  # the worker (`serve` runs it on the embedded default)
+    guard = threading.Timer(WAIT_S, worker.proc.terminate)  # no line: it fails, not hangs
+    guard.start()
+    try:
+        worker.wait_for_line(text)
+    finally:
+        guard.cancel()
 
 
 def test_an_idle_ttl_keeps_a_model_someone_else_is_running(router, switchyard):
     """Someone streams 4,000 tokens from `large` straight from the router; its deployment
     has an idle TTL of 1 s. Switchyard sees `large` loaded outside it, and when the TTL runs
     out asks the router's `/slots` first, finds it processing and keeps it: the stream ends
-    whole. Once it has ended, the TTL unloads it. Breaks if the TTL's unload cut the stream
-    (its last events the router's bare `proxy error`, no finish)."""
+    whole. Once it has ended, the TTL unloads it. Breaks if the TTL's unload cut the
+    stream."""
     server = discovered(router)
     Deployment.objects.filter(server=server, model__name="large").update(idle_ttl_s=1)
     live = switchyard(STATUS_SYNC_S="0.5")
-    lines: list[str] = []
-    begun, ended = threading.Event(), threading.Event()
-
-    def read() -> None:  # read as it comes: a stream not read holds the router up
-        body = {"model": "large", "prompt": "Once", "max_tokens": 4000, "stream": True}
-        url = f"{router.url}/v1/completions"
-        with httpx.stream("POST", url, json=body, timeout=120) as response:
-            for line in response.iter_lines():
-                lines.append(line)
-                if line.startswith("data: "):
-                    begun.set()
-        ended.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    assert begun.wait(WAIT_S), lines
-    worker = live.processes[-1]  # the worker (`serve` runs it on the embedded default)
-    guard = threading.Timer(WAIT_S, worker.proc.terminate)  # no line: it fails, not hangs
-    guard.start()
-    try:
-        worker.wait_for_line("kept large loaded (idle for 1 s): its server runs 1 request(s)")
-    finally:
-        guard.cancel()
-    assert not ended.is_set(), "the stream ended before the TTL ran out: make it longer"
-    assert ended.wait(120)
-    streamed = events(lines)
-    assert streamed[-1] == "[DONE]", streamed[-3:]
-    assert all("choices" in chunk for chunk in streamed[:-1]), streamed[-3:]
-    assert streamed[-2]["choices"][0]["finish_reason"] == "length"
+    outside = Outside(router, "large")
+    worker_says(live, "kept large loaded (idle for 1 s): its server runs 1 request(s)")
+    assert not outside.ended.is_set(), "the stream ended before the TTL ran out: make it longer"
+    outside.ends_whole()
     eventually(lambda: states(server)["large"] == DeploymentState.UNLOADED, what="unloaded")
+
+
+def test_an_eviction_lets_someone_elses_stream_finish_first(router, switchyard):
+    """Someone streams from `large` straight from the router, which holds one model; a
+    request for `tiny` comes to Switchyard. Before unloading `large` for it, Switchyard asks
+    the router's `/slots`, finds it processing, and waits for the stream to end: it ends
+    whole, and then `tiny` loads and answers. Without, the eviction cut the stream off."""
+    server = discovered(router, max_llm=1)
+    live = switchyard(STATUS_SYNC_S="0.5", MIN_RESIDENCY_S="0")
+    outside = Outside(router, "large")
+    eventually(lambda: states(server)["large"] == DeploymentState.LOADED, what="seen loaded")
+    answer = chat(live, "tiny")
+    assert outside.ended.is_set(), "tiny answered before the stream ended"
+    outside.ends_whole()
+    assert answer["choices"][0]["message"]["content"]
+    worker_says(live, "router first lets 1 request(s) on large that Switchyard did not send")
 
 
 async def test_what_a_single_model_server_says_it_runs(single):
