@@ -342,7 +342,8 @@ async def relay_sse(
         except ApiError as lost:  # its row is gone, or unreadable: see waiting
             finished = True
             yield error_event(lost, known.kind)
-            yield "data: [DONE]\n\n"
+            if end := stream_end(known.kind):
+                yield end
     finally:
         if not finished and hang_up_cancels:
             await cancel_abandoned(request_id)
@@ -365,7 +366,13 @@ def ending(request: Request, relayed: "CatchUp", kind: str) -> list[str]:
         last = [sse_event(event) for event in missed]
     else:
         last = []
-    return [*last, "data: [DONE]\n\n"]
+    return [*last, stream_end(kind)]
+
+
+def stream_end(kind: str | None) -> str:
+    """What ends a stream: `data: [DONE]` for OpenAI's chat and completions; the Responses
+    API's and Anthropic's streams end with their last event (none follows)."""
+    return "" if kind in (RequestKind.RESPONSE, RequestKind.MESSAGE) else "data: [DONE]\n\n"
 
 
 def error_event(error: ApiError, kind: str | None) -> str:

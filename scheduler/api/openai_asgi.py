@@ -25,7 +25,7 @@ from ..models import RequestKind
 from ..pool_threads import in_pool_thread
 from . import ollama_api, recovery, web_stop
 from .errors import ApiError, request_too_large
-from .inference import Reply, answer, error_event, run_detached
+from .inference import Reply, answer, error_event, run_detached, stream_end
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ async def reply(
     except Exception as exc:
         found = Reply.error(failed(exc, f"answering a {kind} request"))
     try:
-        await send_reply(send, found, ollama, anthropic)
+        await send_reply(send, found, ollama, anthropic, kind)
     finally:
         if found.then is not None:
             # In a task of its own: daphne reports the caller gone as soon as the answer
@@ -145,10 +145,15 @@ async def reply(
 
 
 async def send_reply(
-    send, found: Reply, ollama: dict | None = None, anthropic: bool = False
+    send,
+    found: Reply,
+    ollama: dict | None = None,
+    anthropic: bool = False,
+    kind: str | None = None,
 ) -> None:
     """Send `found`; for a call to Ollama's API (`ollama`: `ollama_api.shape_of` the call),
-    in Ollama's shape; an error to a call to Anthropic's (`anthropic`), in Anthropic's."""
+    in Ollama's shape; an error to a call to Anthropic's (`anthropic`), in Anthropic's. A
+    stream that fails midway ends as streams of its `kind` end."""
     if ollama is not None:
         found = ollama_api.reply(ollama, found)
     elif anthropic and found.events is None and found.status >= 400:
@@ -177,22 +182,21 @@ async def send_reply(
             # says where its request goes on.
             told = web_stop.restarting(headers.get("X-Request-Id"))
             with contextlib.suppress(Exception):
-                await send(part(last_event(told, ollama, anthropic)))
+                await send(part(last_event(told, ollama, kind)))
             raise
         except Exception as exc:  # the status is sent: say why in the body, then end it
             error = failed(exc, f"relaying request {headers.get('X-Request-Id')}")
             with contextlib.suppress(Exception):
-                await send(part(last_event(error, ollama, anthropic), more=True))
+                await send(part(last_event(error, ollama, kind), more=True))
     await send(part(b""))
 
 
-def last_event(error: ApiError, ollama: dict | None, anthropic: bool = False) -> bytes:
-    """A stream's end after its status was sent: the error, then `[DONE]` (an NDJSON error
+def last_event(error: ApiError, ollama: dict | None, kind: str | None) -> bytes:
+    """A stream's end after its status was sent: the error, then its end (an NDJSON error
     line for Ollama's API, a named `error` event for Anthropic's)."""
     if ollama is not None:
         return (json.dumps(ollama_api.error_body(error.body())) + "\n").encode()
-    kind = RequestKind.MESSAGE if anthropic else None
-    return (error_event(error, kind) + "data: [DONE]\n\n").encode()
+    return (error_event(error, kind) + stream_end(kind)).encode()
 
 
 def failed(exc: Exception, doing: str) -> ApiError:

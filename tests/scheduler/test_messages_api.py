@@ -84,7 +84,8 @@ def client(live, key: str) -> anthropic.Anthropic:
 
 
 def test_a_message_answered_and_streamed_with_anthropics_client(live, make_key):
-    c = client(live, make_key())
+    key = make_key()
+    c = client(live, key)
     hi = [{"role": "user", "content": "hi"}]
     answer = c.messages.create(model="m", max_tokens=4, system="Be brief.", messages=hi)
     assert answer.type == "message" and len(answer.content[0].text.split()) == 4
@@ -100,6 +101,10 @@ def test_a_message_answered_and_streamed_with_anthropics_client(live, make_key):
     assert [(r.kind, r.state) for r in stored] == [("message", State.COMPLETED)] * 2
     assert messages_api.message_text(stored[1].result) == text
     assert stored[1].result["usage"]["output_tokens"] == 3
+    # On the wire, as Anthropic's own: it ends with `message_stop`, no `[DONE]` after it.
+    body = {"model": "m", "max_tokens": 2, "stream": True, "messages": hi}
+    raw = httpx.post(f"{live.url}/v1/messages", headers={"x-api-key": key}, json=body).text
+    assert raw.endswith('event: message_stop\ndata: {"type": "message_stop"}\n\n'), raw[-200:]
 
 
 def test_the_key_is_required_as_anthropics_clients_send_it(live, make_key):
@@ -216,7 +221,8 @@ def test_errors_come_in_anthropics_shape_as_its_client_reads_them(live, make_key
     """Before a message is stored or its stream opens, and as a stream's last event: the
     shape and error types of Anthropic's API (`{"type": "error", "error": {"type",
     "message"}}`), so that its clients raise the right error with the message."""
-    c = client(live, make_key())
+    key = make_key()
+    c = client(live, key)
     hi = [{"role": "user", "content": "hi"}]
     with pytest.raises(anthropic.NotFoundError) as missing:
         c.messages.create(model="nope", max_tokens=2, messages=hi)
@@ -243,11 +249,15 @@ def test_errors_come_in_anthropics_shape_as_its_client_reads_them(live, make_key
         streamed = c.messages.stream(model="m2", max_tokens=2, messages=hi)
         with pytest.raises(anthropic.APIStatusError) as failed, streamed as stream:
             stream.get_final_message()
+        refusing.fail_next = [(400, "request (8054 tokens) exceeds the available context size")]
+        body = {"model": "m2", "max_tokens": 2, "stream": True, "messages": hi}
+        raw = httpx.post(f"{live.url}/v1/messages", headers={"x-api-key": key}, json=body).text
     finally:
         refusing.close()
     assert failed.value.body["error"]["type"] == "invalid_request_error", failed.value.body
     assert "exceeds the available context size" in failed.value.body["error"]["message"]
-    assert Request.objects.get().state == State.FAILED
+    assert raw.split("\n\n")[-2].startswith("event: error\n"), raw  # and nothing after it
+    assert [r.state for r in Request.objects.all()] == [State.FAILED] * 2
     Request.objects.all().delete()
     # OpenAI's paths keep OpenAI's shape.
     chat = httpx.post(

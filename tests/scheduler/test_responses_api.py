@@ -76,6 +76,10 @@ def test_a_response_answered_and_streamed_through_the_scheduler(live):
     stored = Request.objects.order_by("created_at")
     assert [(r.kind, r.state) for r in stored] == [("response", State.COMPLETED)] * 3
     assert stored[1].result == events[-1].response.model_dump(exclude_unset=True)
+    # On the wire, as OpenAI's own: it ends with its last event, no `[DONE]` after it.
+    body = {"model": "m", "input": "hi", "stream": True}
+    raw = httpx.post(f"{live.url}/v1/responses", json=body).text
+    assert raw.split("\n\n")[-2].startswith("event: response.completed\n"), raw[-300:]
 
 
 def test_a_response_job_through_the_jobs_api(live):
