@@ -28,13 +28,13 @@ RUNNING_STATES = {"ready": "loaded", "starting": "loading"}  # stopping: on its 
 
 
 class LlamaSwapAdapter(HttpAdapter):
-    async def running(self) -> dict[str, str]:
+    async def processes(self) -> dict[str, str]:
         body = await self.json("GET", "/running")
         return {r["model"]: r.get("state", "") for r in body.get("running") or []}
 
     async def list_models(self) -> list[ServerModel]:
         body = await self.json("GET", "/v1/models")
-        running = await self.running()
+        running = await self.processes()
         found = []
         for entry in body.get("data", []):
             kind = ((entry.get("meta") or {}).get("llamaswap") or {}).get("type", "model")
@@ -53,7 +53,7 @@ class LlamaSwapAdapter(HttpAdapter):
         ready, since that passthrough would start a stopped model."""
         found = {}
         for m in listed:
-            if m.state != "loaded" or (await self.running()).get(m.id) != "ready":
+            if m.state != "loaded" or (await self.processes()).get(m.id) != "ready":
                 continue
             try:
                 props = await self.json("GET", f"/upstream/{quote(m.id, safe='/')}/props")
@@ -65,7 +65,7 @@ class LlamaSwapAdapter(HttpAdapter):
 
     async def load(self, target: LoadTarget, progress: ProgressCallback) -> None:
         model = target.server_model_id
-        if (await self.running()).get(model) == "ready":
+        if (await self.processes()).get(model) == "ready":
             return
         try:
             answer = await self.client.get(
@@ -80,7 +80,7 @@ class LlamaSwapAdapter(HttpAdapter):
             if error.code in (ErrorCode.SERVER_ERROR, ErrorCode.BUSY):
                 raise AdapterError(ErrorCode.LOAD_FAILED, error.message, status=error.status)
             raise error
-        state = (await self.running()).get(model)
+        state = (await self.processes()).get(model)
         if state != "ready":
             raise AdapterError(
                 ErrorCode.LOAD_FAILED, f"llama-swap reports {model} as {state or 'stopped'}"
@@ -91,7 +91,7 @@ class LlamaSwapAdapter(HttpAdapter):
         await self.request("POST", f"/api/models/unload/{quote(server_model_id, safe='/')}")
 
     async def before_inference(self, call: InferenceCall) -> None:
-        if (await self.running()).get(call.server_model_id) != "ready":
+        if (await self.processes()).get(call.server_model_id) != "ready":
             raise AdapterError(
                 ErrorCode.NOT_LOADED, f"{call.server_model_id} is not running in llama-swap"
             )
