@@ -78,7 +78,9 @@ def live_text(
     if isinstance(started, str):
         started = datetime.fromisoformat(started)
     elapsed = max((now - started).total_seconds(), 0.0)
-    if reported is None and elapsed > expected:
+    if leaving := details.get("unloading"):
+        progress = f"which first unloads {leaving} ({spoken(elapsed)} so far)"
+    elif reported is None and elapsed > expected:
         progress = f"{spoken(elapsed)}, past the ~{spoken(expected)} expected"
     elif reported is None:
         progress = f"{spoken(elapsed)} of ~{spoken(expected)}"
@@ -218,17 +220,23 @@ def explain(p: "_Pass") -> dict[UUID, Reason]:
 
 
 def loading(p: "_Pass", r) -> Reason:
+    """The load `r` waits for; while it first unloads its victims (the server may let
+    what others run on them finish first), it says so."""
     d = p.deployments[r.deployment_id]
     server = p.servers[d.server_id].name
     expected = p.load_s(d)
     started = d.load_started_at or p.now
+    # What unloads on a server while a load is under way there is that load's victims.
+    leaving = ", ".join(sorted(x.model for x in p.on_server(d.server_id) if x.state == "unloading"))
+    first = f", which first unloads {leaving}" if leaving else ""
     return make(
         LOADING,
-        f"waiting for the load of {d.model} on {server} (~{spoken(expected)})",
+        f"waiting for the load of {d.model} on {server} (~{spoken(expected)}){first}",
         model=d.model,
         server=server,
         started_at=started,
         expected_s=round(expected, 3),
+        **({"unloading": leaving} if leaving else {}),
     )
 
 

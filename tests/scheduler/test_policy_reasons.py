@@ -47,6 +47,27 @@ def test_reason_loading_says_how_far_the_load_is():
     assert why(snap([server(1)], [d], [r]), at(1))[r.id] == reason
 
 
+def test_reason_loading_says_the_load_first_unloads_its_victim():
+    """While its victim is still unloading (the server may first let what others run on it
+    finish: `SWITCHYARD_OUTSIDE_GRACE_S`), the load says so, not "12.0 s, past the ~4.5 s
+    expected" of a load that has not begun."""
+    d = dep(1, 1, "gemma3-27b", "loading", load_started_at=at(-12), avg_load_s=4.5)
+    victim = dep(2, 1, "qwen3-8b", "unloading")
+    r = req("gemma3-27b", state="needs_loading", deployment_id=1)
+    reason = why(snap([server(1)], [d, victim], [r]))[r.id]
+    assert reason.text == (
+        "waiting for the load of gemma3-27b on s1 (~4.5 s), which first unloads qwen3-8b"
+    )
+    assert reason.live(at(0)) == (
+        "waiting for the load of gemma3-27b on s1, which first unloads qwen3-8b (12.0 s so far)"
+    )
+    # Once it is unloaded, the load's own progress.
+    unloaded = why(snap([server(1)], [d, replace(victim, state="unloaded")], [r]))[r.id]
+    assert unloaded.live(at(0)) == (
+        "waiting for the load of gemma3-27b on s1, 12.0 s, past the ~4.5 s expected"
+    )
+
+
 def test_a_load_under_a_tenth_of_a_second_reads_in_ms():
     """A tiny model's load, not "0.0 s of ~0.1 s"."""
     d = dep(1, 1, "tiny", "loading", load_started_at=at(-0.046), avg_load_s=0.052)
