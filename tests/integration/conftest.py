@@ -43,13 +43,14 @@ def llama_server_binary() -> None:
 def router(llama_server_binary, tiny_models, tmp_path):
     """llama-server in router mode with room for one model (`--models-max 1`), from a preset:
     "tiny" (5 MB), "large" (100 MB, slower, with room for streams that outlast an unload's
-    stop-timeout: 3,000 tokens take about 10 s here, at about 300 a second), "embed" (the
-    tiny model with `embeddings = true`) and "broken". A short `stop-timeout` keeps unloads
+    stop-timeout: with `context-shift` its streams run past the models' 512-token training
+    context, which caps the slots, and 1,000 tokens take about 5 s here), "embed" (the tiny
+    model with `embeddings = true`) and "broken". A short `stop-timeout` keeps unloads
     quick."""
     sections = {
         "*": {"c": 1024, "np": 2, "stop-timeout": 2},
         "tiny": {"model": tiny_models["tiny-5mb"]},
-        "large": {"model": tiny_models["tiny-100mb"], "c": 8192},
+        "large": {"model": tiny_models["tiny-100mb"], "c": 8192, "context-shift": True},
         "embed": {"model": tiny_models["tiny-5mb"], "embeddings": True},
         "broken": {"model": tiny_models["broken"]},
     }

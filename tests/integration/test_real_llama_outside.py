@@ -16,14 +16,14 @@ pytestmark = pytest.mark.integration
 
 
 class Outside:
-    """Someone streaming 4,000 tokens of `model` straight from the router, read as they come
+    """Someone streaming 1,500 tokens of `model` straight from the router, read as they come
     (a stream not read holds the router up); begun once the first token came."""
 
     def __init__(self, router, model: str) -> None:
         self.lines: list[str] = []
         self.ended = threading.Event()
         self.begun = threading.Event()
-        body = {"model": model, "prompt": "Once", "max_tokens": 4000, "stream": True}
+        body = {"model": model, "prompt": "Once", "max_tokens": 1500, "stream": True}
         threading.Thread(target=self.read, args=(router.url, body), daemon=True).start()
         assert self.begun.wait(WAIT_S), self.lines
 
@@ -36,13 +36,14 @@ class Outside:
         self.ended.set()
 
     def ends_whole(self) -> None:
-        """It ends with its 4,000 tokens, not cut off (its last events the router's bare
+        """It ends with its 1,500 tokens, not cut off (its last events the router's bare
         `proxy error`, no finish)."""
         assert self.ended.wait(120)
         streamed = events(self.lines)
         assert streamed[-1] == "[DONE]", streamed[-3:]
         assert all("choices" in chunk for chunk in streamed[:-1]), streamed[-3:]
         assert streamed[-2]["choices"][0]["finish_reason"] == "length"
+        assert streamed[-2]["timings"]["predicted_n"] == 1500  # llama-server's own count
 
 
 def worker_says(live, text: str) -> None:
@@ -56,7 +57,7 @@ def worker_says(live, text: str) -> None:
 
 
 def test_an_idle_ttl_keeps_a_model_someone_else_is_running(router, switchyard):
-    """Someone streams 4,000 tokens from `large` straight from the router; its deployment
+    """Someone streams 1,500 tokens from `large` straight from the router; its deployment
     has an idle TTL of 1 s. Switchyard sees `large` loaded outside it, and when the TTL runs
     out asks the router's `/slots` first, finds it processing and keeps it: the stream ends
     whole. Once it has ended, the TTL unloads it. Breaks if the TTL's unload cut the

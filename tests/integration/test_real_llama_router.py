@@ -472,7 +472,7 @@ def test_switchyard_keeps_to_the_routers_room(router, switchyard):
     assert server.max_models is None
     live = switchyard()
     embed = server.deployments.get(server_model_id="embed")
-    body = {"model": "large", "prompt": "Once", "max_tokens": 3000, "ignore_eos": True}
+    body = {"model": "large", "prompt": "Once", "max_tokens": 1000, "ignore_eos": True}
     with live.stream("/v1/completions", body) as response:
         lines = response.iter_lines()  # kept: a closed iterator closes the call
         next(line for line in lines if line.startswith("data: "))
