@@ -56,6 +56,7 @@ class ServerTasks:
         adapter = await self.effects.adapter(job.server_id)
         started = time.monotonic()
         last_report = 0.0
+        waited = 0.0  # for requests Switchyard did not send: no part of the load's time
 
         def progress(fraction: float) -> None:
             nonlocal last_report
@@ -64,7 +65,7 @@ class ServerTasks:
                 self.effects.chore(db(store.set_load_progress)(job.deployment_id, fraction))
 
         try:
-            await self.evict(adapter, job)
+            waited = await self.evict(adapter, job)
             async with asyncio.timeout(job.target.timeout_s):
                 await adapter.load(job.target, progress)
         except TimeoutError:
@@ -80,7 +81,7 @@ class ServerTasks:
             if job.learn_facts:
                 target = job.target.server_model_id
                 await self.learn_facts(adapter, job.deployment_id, target, job.server_name)
-            await db(store.load_succeeded)(job, time.monotonic() - started)
+            await db(store.load_succeeded)(job, time.monotonic() - started - waited)
             self.server_answered(job.server_id)
 
     async def learn_facts(
@@ -106,12 +107,13 @@ class ServerTasks:
         if found and (filled := await db(discovery.fill_empty_facts)(deployment_id, found[0])):
             log.info("learnt from %s %s: %s", server_name, when, "; ".join(filled))
 
-    async def evict(self, adapter: Adapter, job: store.LoadJob) -> None:
-        """Unload the victims first, each once what others run on it has finished. One that
-        fails to unload is re-checked with the server, so it never stays `unloading`, and
-        the load counts as failed."""
+    async def evict(self, adapter: Adapter, job: store.LoadJob) -> float:
+        """Unload the victims first, each once what others run on it has finished; the
+        seconds that took. One that fails to unload is re-checked with the server, so it
+        never stays `unloading`, and the load counts as failed."""
+        waited = 0.0
         for victim_id, server_model_id in job.evict:
-            await self.outside_finish(adapter, job, server_model_id)
+            waited += await self.outside_finish(adapter, job, server_model_id)
             try:
                 await adapter.unload(server_model_id)
             except AdapterError:
@@ -119,12 +121,14 @@ class ServerTasks:
                     await self.recheck(left_id, held_by=job.worker_id)
                 raise
             await db(store.evicted)(victim_id, to_make_room=True)
+        return waited
 
-    async def outside_finish(self, adapter: Adapter, job: store.LoadJob, victim: str) -> None:
+    async def outside_finish(self, adapter: Adapter, job: store.LoadJob, victim: str) -> float:
         """Let the requests the server runs on a victim that Switchyard did not send finish
-        before it is unloaded (that cuts them off), for up to `OUTSIDE_GRACE_S`."""
+        before it is unloaded (that cuts them off), for up to `OUTSIDE_GRACE_S`; the seconds
+        that took."""
         if not (running := await adapter.running(victim)):
-            return
+            return 0.0
         grace_s = self.rt.knobs["OUTSIDE_GRACE_S"]
         started = time.monotonic()
         if grace_s > 0:
@@ -150,14 +154,15 @@ class ServerTasks:
                 running,
                 grace_s,
             )
-        else:
-            waited = time.monotonic() - started
+        waited = time.monotonic() - started
+        if not running:
             log.info(
                 "%s: the request(s) on %s that Switchyard did not send finished in %.0f s",
                 job.server_name,
                 victim,
                 waited,
             )
+        return waited
 
     async def unload_quietly(self, adapter: Adapter, server_model_id: str) -> None:
         """After a timed-out load, ask the server to drop what it may still be loading."""

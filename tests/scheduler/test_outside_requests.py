@@ -10,7 +10,9 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from backends.adapters.simulated import SimulatedAdapter, simulated_server
+from backends.models import Deployment
 from scheduler.models import State
+from scheduler.runtime import server_tasks
 from tests import factories
 from tests.support.running import (  # noqa: F401 (fixture)
     Running,
@@ -60,6 +62,10 @@ async def test_an_eviction_lets_requests_it_did_not_send_finish_first(outside, c
             await running.until(lambda: state_of(ours) == State.COMPLETED)
     assert simulated_server("s1").loaded == {"ours"}
     assert not said(caplog, "cuts off")
+    # The wait (at least one look again, OUTSIDE_POLL_S) is no part of the load's own time,
+    # which ETAs and the policy's prices read.
+    load_s = await db(lambda: Deployment.objects.get(model__name="ours").avg_load_s)()
+    assert load_s < server_tasks.OUTSIDE_POLL_S
 
 
 async def test_requests_it_did_not_send_are_cut_off_after_the_grace(outside, caplog, knobs):
