@@ -145,6 +145,13 @@ def intents_by_server() -> dict[int, list[dict]]:
 
 def server_row(s: Server, now: datetime, intents: list[dict] | None = None) -> dict:
     deployments = list(s.deployments.all())  # prefetched, without the unloaded ones
+    models = [deployment_row(d, now) for d in deployments]
+    # What unloads while a load is under way on its server is that load's victims: the bar
+    # says it waits for them (the server may let what others sent them finish first).
+    leaving = ", ".join(m["model"] for m in models if m["state"] == DeploymentState.UNLOADING)
+    for m in models:
+        if m["progress"] and leaving:
+            m["progress"].update(unloading=leaving, fraction=None)
     return {
         "name": s.name,
         "kind": s.kind,
@@ -155,7 +162,7 @@ def server_row(s: Server, now: datetime, intents: list[dict] | None = None) -> d
         **server_status(s, now),
         "slots": s.slots,
         "in_use": sum(d.in_flight for d in deployments),
-        "models": [deployment_row(d, now) for d in deployments],
+        "models": models,
         "intents": intents or [],
     }
 

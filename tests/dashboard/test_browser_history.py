@@ -147,6 +147,14 @@ def test_a_load_bar_says_when_a_load_runs_past_its_estimate(with_history, browse
     assert re.fullmatch(
         r"loading 1[45]\.\d s, past the ~10\.0 s expected ", page.evaluate(label, [15, 10])
     )
+    # Its victim still unloading (what others sent it may run on): it says so, not "past".
+    first = """() => Switchyard.progress({
+        started_at: new Date(Date.now() - 12000).toISOString(), expected_s: 4,
+        fraction: null, estimated: true, unloading: "qwen3-8b",
+    })"""
+    text = page.evaluate(f"({first})().querySelector('.load-label').textContent")
+    assert re.fullmatch(r"unloading qwen3-8b first, 1[23]\.\d s so far ", text), text
+    assert page.evaluate(f"({first})().querySelector('progress').hasAttribute('value')") is False
 
 
 def test_the_login_page_says_switchyard(with_history, browser_page):

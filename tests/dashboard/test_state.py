@@ -175,6 +175,18 @@ def test_load_progress_is_estimated_from_the_moving_average_otherwise():
     assert state.load_progress(d, NOW + timedelta(seconds=60))["fraction"] == 0.99
 
 
+def test_a_load_that_first_unloads_its_victim_says_so_on_its_servers_card():
+    """While `b` unloads for `a`'s load (its server may let what others sent it finish
+    first), `a`'s bar names it and shows no fraction: its load has not begun."""
+    srv = factories.server()
+    started_loading(srv, "a", 12, avg_load_s=4)
+    factories.deployment(srv, "b", state=DeploymentState.UNLOADING)
+    models = {m["model"]: m for m in server_named(state.overview(NOW), srv.name)["models"]}
+    assert models["a"]["progress"]["unloading"] == "b"
+    assert models["a"]["progress"]["fraction"] is None
+    assert models["b"]["progress"] is None
+
+
 def test_a_first_load_is_estimated_from_the_same_model_on_another_server():
     factories.deployment(factories.server("other"), "m", avg_load_s=16.0)
     d = started_loading(factories.server(), "m", 4)

@@ -49,7 +49,7 @@ const Switchyard = (() => {
     const label = el("span", {class: "load-label"});
     const node = el("span", {
       class: "load", "data-started": p.started_at, "data-expected": p.expected_s,
-      "data-estimated": p.estimated ? "true" : "false",
+      "data-estimated": p.estimated ? "true" : "false", "data-unloading": p.unloading,
     }, bar, " ", label, p.estimated ? el("span", {class: "tag estimate"}, "estimate") : null);
     if (p.fraction !== null && !p.estimated) node.dataset.fraction = p.fraction;
     tickLoad(node);
@@ -59,6 +59,11 @@ const Switchyard = (() => {
   // Redraw one load bar for the current time; only estimated bars move on their own.
   function tickLoad(node) {
     const elapsed = Math.max((serverNow() - Date.parse(node.dataset.started)) / 1000, 0);
+    const label = node.querySelector(".load-label");
+    if (node.dataset.unloading) {  // not begun: the bar stays indeterminate
+      label.textContent = `unloading ${node.dataset.unloading} first, ${secs(elapsed)} so far `;
+      return;
+    }
     const expected = node.dataset.expected ? Number(node.dataset.expected) : null;
     const bar = node.querySelector("progress");
     const estimated = node.dataset.estimated === "true";
@@ -69,7 +74,7 @@ const Switchyard = (() => {
       ? ` · ${Math.round(bar.value * 100)}%` : "";
     const of = !expected ? ""
       : over ? `, past the ~${secs(expected)} expected` : ` of ~${secs(expected)}`;
-    node.querySelector(".load-label").textContent = `loading ${secs(elapsed)}${of}${pct} `;
+    label.textContent = `loading ${secs(elapsed)}${of}${pct} `;
   }
 
   function tickUntil(node) {
