@@ -80,6 +80,19 @@ def load_progress(d: Deployment, now: datetime) -> dict | None:
     }
 
 
+def after_victims(progress: dict | None, leaving: str) -> None:
+    """A load's bar while `leaving` still unload on its server (what unloads while a load
+    is under way there is that load's victims, and the server may let what others sent
+    them finish first): it names them, and has no figure, since the load has not begun."""
+    if progress and leaving:
+        progress.update(unloading=leaving, fraction=None)
+
+
+def unloading_on(server_id: int) -> str:
+    rows = Deployment.objects.filter(server_id=server_id, state=DeploymentState.UNLOADING)
+    return ", ".join(rows.order_by("model__name").values_list("model__name", flat=True))
+
+
 def run_left_s(r: Request, now: datetime, runs: forecast.Runs | None = None) -> float | None:
     """Seconds until a running request ends, as the forecast expects it (`Runs.left_s`:
     its model and class's run time, else its deployment's moving average, no longer than
@@ -146,12 +159,9 @@ def intents_by_server() -> dict[int, list[dict]]:
 def server_row(s: Server, now: datetime, intents: list[dict] | None = None) -> dict:
     deployments = list(s.deployments.all())  # prefetched, without the unloaded ones
     models = [deployment_row(d, now) for d in deployments]
-    # What unloads while a load is under way on its server is that load's victims: the bar
-    # says it waits for them (the server may let what others sent them finish first).
     leaving = ", ".join(m["model"] for m in models if m["state"] == DeploymentState.UNLOADING)
     for m in models:
-        if m["progress"] and leaving:
-            m["progress"].update(unloading=leaving, fraction=None)
+        after_victims(m["progress"], leaving)
     return {
         "name": s.name,
         "kind": s.kind,
@@ -312,6 +322,8 @@ def request_detail(
         waiting_total = Request.objects.filter(state__in=WAITING_STATES).count()
     eta = eta_of(r, position, now)
     check = EtaCheck.objects.filter(request_id=r.pk).first()
+    if load := load_progress(r.deployment, now) if r.deployment else None:
+        after_victims(load, unloading_on(r.deployment.server_id))
     return {
         **request_row(r, now, ahead=position - 1 if position else None),
         "caller": caller(r),  # for the staff's page; the watch page shows no caller
@@ -321,7 +333,7 @@ def request_detail(
         "eta_s": eta,
         "eta_first": eta_first(check),
         "eta_accuracy": charts.eta_accuracy(now),
-        "load": load_progress(r.deployment, now) if r.deployment else None,
+        "load": load,
         "started_at": iso(r.started_at),
         "finished_at": iso(r.finished_at),
         "took_s": took_s(r),

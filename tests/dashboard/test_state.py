@@ -175,15 +175,17 @@ def test_load_progress_is_estimated_from_the_moving_average_otherwise():
     assert state.load_progress(d, NOW + timedelta(seconds=60))["fraction"] == 0.99
 
 
-def test_a_load_that_first_unloads_its_victim_says_so_on_its_servers_card():
+def test_a_load_that_first_unloads_its_victim_says_so_on_its_bars():
     """While `b` unloads for `a`'s load (its server may let what others sent it finish
-    first), `a`'s bar names it and shows no fraction: its load has not begun."""
+    first), `a`'s bar names it and shows no fraction, on the server's card and on the watch
+    page of a request waiting for `a`: its load has not begun."""
     srv = factories.server()
-    started_loading(srv, "a", 12, avg_load_s=4)
+    a = started_loading(srv, "a", 12, avg_load_s=4)
     factories.deployment(srv, "b", state=DeploymentState.UNLOADING)
+    r = factories.request("a", state=State.NEEDS_LOADING, server=srv, deployment=a)
     models = {m["model"]: m for m in server_named(state.overview(NOW), srv.name)["models"]}
-    assert models["a"]["progress"]["unloading"] == "b"
-    assert models["a"]["progress"]["fraction"] is None
+    for bar in (models["a"]["progress"], state.request_detail(r.pk, NOW)["load"]):
+        assert (bar["unloading"], bar["fraction"]) == ("b", None)
     assert models["b"]["progress"] is None
 
 
