@@ -51,11 +51,16 @@ def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Plac
     deployments = list(Deployment.objects.select_related("model"))
     expected = expected_loads(deployments, lambda d: d.model_id)
     means = run_means(deployments)
+    # A load under way where something unloads has not begun: that is its victims, and the
+    # server may first let what others sent them finish (OUTSIDE_GRACE_S).
+    unloading = {d.server_id for d in deployments if d.state == "unloading"}
     for i, d in enumerate(deployments):
         load_s = d.avg_load_s or expected.get(i) or DEFAULT_LOAD_S
         run_s = d.avg_inference_s or expected_run_s(means, d.model_id)
         left = 0.0
-        if d.state == "loading" and d.load_started_at:
+        if d.state == "loading" and d.server_id in unloading:
+            left = load_s
+        elif d.state == "loading" and d.load_started_at:
             elapsed = (now - d.load_started_at).total_seconds()
             left = load_left_s(load_s, elapsed, server_fraction(d))
         places.append(

@@ -213,6 +213,18 @@ def test_a_loads_eta_follows_its_servers_figure_and_a_stream_is_told_when_it_mov
     assert EtaCheck.objects.get(pk=r.pk).last_at == at(5)
 
 
+def test_a_load_whose_victim_still_unloads_has_all_of_its_time_left():
+    """12 s after `m`'s load began, `old` still unloads for it (its server letting what
+    others sent it finish): the load has not begun, and 10 s are left, not "any moment"."""
+    srv = factories.server("gpu-1", slots=1)
+    d = factories.deployment(
+        srv, "m", state=DS.LOADING, avg_load_s=10.0, load_started_at=at(-12), load_progress=0.0
+    )
+    factories.deployment(srv, "old", state=DS.UNLOADING)
+    r = factories.request("m", state=State.NEEDS_LOADING, server=srv, deployment=d)
+    assert forecast.head(NOW).etas[r.pk] == 10.0
+
+
 def test_history_json_has_every_minute_of_the_range_and_the_timeline(client):
     User.objects.create_superuser("op", "op@example.com", "pw-long-enough")
     client.login(username="op", password="pw-long-enough")
