@@ -322,7 +322,8 @@ def request_detail(
         waiting_total = Request.objects.filter(state__in=WAITING_STATES).count()
     eta = eta_of(r, position, now)
     check = EtaCheck.objects.filter(request_id=r.pk).first()
-    if load := load_progress(r.deployment, now) if r.deployment else None:
+    load = load_progress(r.deployment, now) if r.deployment else None
+    if load:
         after_victims(load, unloading_on(r.deployment.server_id))
     return {
         **request_row(r, now, ahead=position - 1 if position else None),
