@@ -205,10 +205,16 @@ def explain(p: "_Pass") -> dict[UUID, Reason]:
     for d in p.decisions:
         if type(d).__name__ == "Requeue":
             requeued[d.request_id] = d.reason
+    # What unloads on a server while a load is under way there is that load's victims.
+    unloading: dict[int, list[str]] = {}
+    for x in p.deployments.values():
+        if x.state == "unloading":
+            unloading.setdefault(x.server_id, []).append(x.model)
+    leaving = {server_id: ", ".join(sorted(names)) for server_id, names in unloading.items()}
     found: dict[UUID, Reason] = {}
     for r in p.requests.values():
         if r.state == "needs_loading":
-            found[r.id] = loading(p, r)
+            found[r.id] = loading(p, r, leaving)
         elif r.state == "pending":
             note = p.notes.get(r.id)
             if note is None and r.id in requeued:
@@ -219,16 +225,15 @@ def explain(p: "_Pass") -> dict[UUID, Reason]:
     return found
 
 
-def loading(p: "_Pass", r) -> Reason:
-    """The load `r` waits for; while it first unloads its victims (the server may let
-    what others run on them finish first), it says so."""
+def loading(p: "_Pass", r, leaving: dict[int, str]) -> Reason:
+    """The load `r` waits for; while it first unloads its victims (`leaving`, by server:
+    the server may let what others run on them finish first), it says so."""
     d = p.deployments[r.deployment_id]
     server = p.servers[d.server_id].name
     expected = p.load_s(d)
     started = d.load_started_at or p.now
-    # What unloads on a server while a load is under way there is that load's victims.
-    leaving = ", ".join(sorted(x.model for x in p.on_server(d.server_id) if x.state == "unloading"))
-    first = f", which first unloads {leaving}" if leaving else ""
+    victims = leaving.get(d.server_id, "")
+    first = f", which first unloads {victims}" if victims else ""
     return make(
         LOADING,
         f"waiting for the load of {d.model} on {server} (~{spoken(expected)}){first}",
@@ -236,7 +241,7 @@ def loading(p: "_Pass", r) -> Reason:
         server=server,
         started_at=started,
         expected_s=round(expected, 3),
-        **({"unloading": leaving} if leaving else {}),
+        **({"unloading": victims} if victims else {}),
     )
 
 
