@@ -7,7 +7,7 @@ policy and the runtime act on; `message` keeps the server's own words for the tr
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class ErrorCode(StrEnum):
@@ -95,6 +95,13 @@ ProgressCallback = Callable[[float], None]
 """Called with a fraction 0..1 while a load runs, where the server reports progress."""
 
 
+class Activity(NamedTuple):
+    """What a server says it runs on a model, whoever sent the requests."""
+
+    running: int  # requests it runs on the model now
+    tasks: int  # grows with each request it runs there (llama.cpp: its slots' last task id)
+
+
 class Adapter:
     """Base class: subclasses implement what their server can do.
 
@@ -107,6 +114,7 @@ class Adapter:
     """
 
     controls_loading = True
+    tells_activity = False  # `activity` answers: the status sync asks it of loaded models
     stops_loads = False
     """`unload(id)` of a model still loading stops that load (the policy stops a load that
     nobody waits for any more, so that its server can load another at once)."""
@@ -139,10 +147,16 @@ class Adapter:
         without a call per model, by id (for discovery only, which fills what is empty)."""
         return {}
 
+    async def activity(self, server_model_id: str) -> Activity | None:
+        """What the server runs on that model, whoever sent it (None where it cannot say):
+        the status sync sees a model used by clients that call the server directly."""
+        return None
+
     async def running(self, server_model_id: str) -> int | None:
         """How many requests the server runs on that model now, whoever sent them; None
         where it cannot say."""
-        return None
+        seen = await self.activity(server_model_id)
+        return None if seen is None else seen.running
 
     async def room(self) -> int | None:
         """How many models the server itself runs at once, where it has such a limit and

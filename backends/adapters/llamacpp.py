@@ -22,6 +22,7 @@ from typing import Any
 
 from .base import (
     CAPABILITIES,
+    Activity,
     AdapterError,
     ErrorCode,
     LoadTarget,
@@ -110,6 +111,7 @@ class LlamaCppAdapter(HttpAdapter):
     # listed `unloaded`, `failed: true`, as a failed load is). A single-model server never
     # loads a model for us, so no load of ours there is ever stopped.
     stops_loads = True
+    tells_activity = True
     # llama-server (b11434) closes the connection after a streamed answer, and its router
     # after every answer it relays from a model's process, without `Connection: close` when
     # asked for keep-alive: calls one at a time failed every other time on the pooled one.
@@ -175,9 +177,10 @@ class LlamaCppAdapter(HttpAdapter):
                 found[m.id] = facts
         return found
 
-    async def running(self, server_model_id: str) -> int | None:
-        """Its slots processing now, from `/slots` (the router answers for a running model
-        given as `?model=`); None where slots are off (`--no-slots`) or it cannot say."""
+    async def activity(self, server_model_id: str) -> Activity | None:
+        """From `/slots` (the router answers for a running model given as `?model=`): the
+        slots processing now, and the last task id any slot took, which a slot keeps once
+        done; None where slots are off (`--no-slots`) or it cannot say."""
         params = {"model": server_model_id} if self.router else None
         try:
             slots = await self.json("GET", "/slots", params=params)
@@ -185,7 +188,9 @@ class LlamaCppAdapter(HttpAdapter):
             return None
         if not isinstance(slots, list):
             return None
-        return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+        slots = [s for s in slots if isinstance(s, dict)]
+        tasks = [s["id_task"] for s in slots if isinstance(s.get("id_task"), int)]
+        return Activity(sum(1 for s in slots if s.get("is_processing")), max(tasks, default=-1))
 
     async def find(self, server_model_id: str) -> dict[str, Any]:
         for entry in await self.entries():

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
 from django.utils import timezone
@@ -49,6 +50,7 @@ class ServerTasks:
         self.to_mark_up: set[int] = set()  # servers whose answer's mark waits for the pass
         self.refused: dict[int, str] = {}  # server → why it refused its last status sync
         self.room_asked: set[int] = set()  # servers whose own room this worker asked
+        self.tasks_seen: dict[int, int] = {}  # deployment → its server's last task id there
 
     # -- loads and unloads ---------------------------------------------------------------
 
@@ -372,11 +374,31 @@ class ServerTasks:
             self.room_asked.add(server_id)
             await self.check_room(adapter, server_id)
         synced = await db(store.apply_server_models)(server_id, listed, asked_at)
+        if adapter.tells_activity:
+            await self.see_activity(adapter, synced.loaded, asked_at)
         if synced.to_learn:
             name = await db(store.server_name)(server_id)
             for deployment_id, model in synced.to_learn:
                 outside = "of a model loaded outside Switchyard"
                 await self.learn_facts(adapter, deployment_id, model, name, outside)
+
+    async def see_activity(
+        self, adapter: Adapter, loaded: list[tuple[int, str]], asked_at: datetime
+    ) -> None:
+        """A loaded model the server ran requests on since the last sync counts as used
+        then, whoever sent them: clients that call the server directly use it too, though
+        Switchyard sends it nothing (its idle TTL, its place among the victims)."""
+        used = []
+        for deployment_id, model in loaded:
+            seen = await adapter.activity(model)
+            if seen is None:
+                continue
+            before = self.tasks_seen.get(deployment_id)
+            self.tasks_seen[deployment_id] = seen.tasks
+            if seen.running or (before is not None and seen.tasks != before):
+                used.append(deployment_id)
+        if used:
+            await db(store.seen_used)(used, asked_at)
 
     async def check_room(self, adapter: Adapter, server_id: int) -> None:
         """As a worker reaches a server (first, and after each failure: a restart may

@@ -142,6 +142,9 @@ class Synced(NamedTuple):
     to_learn: list[tuple[int, str]]
     """The deployments found loaded outside Switchyard whose facts nobody has said (their
     ids and model names there): the worker asks their server, as after a load of its own."""
+    loaded: list[tuple[int, str]]
+    """The deployments loaded there, as the server says and we knew before it was asked
+    (ids and model names there): the worker may ask what the server ran on them."""
 
 
 def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: datetime) -> Synced:
@@ -154,7 +157,7 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
         health=Health.UP, last_seen=now, last_error="", unavailable_since=available_again("health")
     )
     loaded = {m.id for m in listed if m.state == "loaded"}
-    changes, to_learn = [], []
+    changes, to_learn, still = [], [], []
     settled = Deployment.objects.select_related("model").filter(
         server_id=server_id, state__in=(DS.LOADED, DS.UNLOADED), state_changed_at__lt=asked_at
     )
@@ -164,6 +167,8 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
                 state=DS.UNLOADED, state_changed_at=now, loaded_at=None, load_progress=None
             )
             changes.append(f"{d.server_model_id} was unloaded outside Switchyard")
+        elif d.state == DS.LOADED and d.server_model_id in loaded:
+            still.append((d.pk, d.server_model_id))
         elif d.state == DS.UNLOADED and d.server_model_id in loaded:
             Deployment.objects.filter(pk=d.pk, state=DS.UNLOADED).update(
                 state=DS.LOADED,
@@ -181,7 +186,16 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
     if said := ["back up"] * was_down + changes:
         log.info("status sync of server %s: %s", server_name(server_id), "; ".join(said))
         channel_hints.dashboard_changed()
-    return Synced(changes, to_learn)
+    return Synced(changes, to_learn, still)
+
+
+def seen_used(deployment_ids: list[int], at: datetime) -> None:
+    """The server ran requests on these loaded models since it was last asked (others',
+    or ours): each counts as used `at` (its idle TTL starts again, and it is the last of
+    its server's to be evicted)."""
+    Deployment.objects.filter(pk__in=deployment_ids, state=DS.LOADED).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=at)
+    ).update(last_used_at=at)
 
 
 def recheck_deployment(

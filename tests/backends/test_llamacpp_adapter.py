@@ -152,6 +152,29 @@ async def test_router_lists_the_slots_and_capabilities_of_a_loaded_model_from_it
     assert [r.query for r in server.requests_to("GET", "/props")] == [{"model": [GEMMA]}]
 
 
+async def test_router_says_what_a_model_ran_from_its_slots(server, adapter):
+    """`/slots?model=…` as the real b11434 answers it: a slot never used has no `id_task`,
+    one that ran keeps its last task's id once done. A model its router does not run, or
+    slots turned off (501), say nothing."""
+    idle = {"id": 0, "n_ctx": 512, "speculative": False, "is_processing": False}
+    done = {**idle, "id": 1, "id_task": 5, "n_prompt_tokens": 10}
+    server.on("GET", "/v1/models", router({"value": "loaded", "args": ARGS}, {"value": "loaded"}))
+    server.on(
+        "GET",
+        "/slots",
+        Reply(200, [idle, done]),
+        Reply(200, [{**idle, "is_processing": True, "id_task": 7}, done]),
+        Reply(200, [idle, idle]),
+        Reply(501, {"error": {"code": 501, "message": "This server does not support slots"}}),
+    )
+    await adapter.list_models()  # learns it is a router
+    assert await adapter.activity(GEMMA) == (0, 5)
+    assert await adapter.activity(GEMMA) == (1, 7)
+    assert await adapter.activity(GEMMA) == (0, -1)
+    assert await adapter.activity("nomic") is None
+    assert [r.query for r in server.requests_to("GET", "/slots")][0] == {"model": [GEMMA]}
+
+
 async def test_router_load_follows_progress_on_the_event_stream(server, adapter):
     server.on("GET", "/v1/models", router({"value": "unloaded", "args": ARGS}, {}))
     server.on("POST", "/models/load", Reply(200, {"success": True}))

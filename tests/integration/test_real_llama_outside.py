@@ -3,12 +3,15 @@ Switchyard: neither what Switchyard decides on its own (an idle TTL) nor an evic
 own requests cuts that client off."""
 
 import threading
+from datetime import timedelta
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from backends.adapters.llamacpp import LlamaCppAdapter
 from backends.models import Deployment, DeploymentState
+from scheduler.models import Request
 from tests.integration.conftest import WAIT_S, eventually
 from tests.integration.test_real_llama_router import chat, discovered, events, states
 
@@ -86,6 +89,33 @@ def test_an_eviction_lets_someone_elses_stream_finish_first(router, switchyard):
     outside.ends_whole()
     assert answer["choices"][0]["message"]["content"]
     worker_says(live, "router first lets 1 request(s) on large that Switchyard did not send")
+
+
+def test_a_model_others_use_counts_as_used(router, switchyard):
+    """Someone asks `tiny` for a few tokens straight from the router, again and again;
+    Switchyard sends it nothing. Its status sync reads the router's `/slots` for `tiny`,
+    sees its last task id move, and counts it as used (its idle TTL starts again). Without,
+    its last use stayed an hour back, and an idle TTL unloaded it under that client."""
+    server = discovered(router)
+    switchyard(STATUS_SYNC_S="0.5")
+    body = {"model": "tiny", "prompt": "Once", "max_tokens": 2}
+
+    def direct() -> None:
+        httpx.post(f"{router.url}/v1/completions", json=body, timeout=60).raise_for_status()
+
+    direct()  # the router loads it
+    eventually(lambda: states(server)["tiny"] == DeploymentState.LOADED, what="seen loaded")
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    tiny = server.deployments.get(server_model_id="tiny")
+    Deployment.objects.filter(pk=tiny.pk).update(last_used_at=an_hour_ago)
+
+    def seen_used() -> bool:
+        direct()
+        tiny.refresh_from_db()
+        return tiny.last_used_at > an_hour_ago
+
+    eventually(seen_used, what="tiny seen used by the router's other client")
+    assert not Request.objects.exists()
 
 
 async def test_what_a_single_model_server_says_it_runs(single):

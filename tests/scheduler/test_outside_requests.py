@@ -1,18 +1,22 @@
-"""An eviction on a server that others call directly too: requests the server runs on the
-victim that Switchyard did not send finish first (for up to `OUTSIDE_GRACE_S`), since
-unloading it cuts them off. The server's count is the adapter's `running` (llama.cpp's
-`/slots`), set here by hand on a simulated server; against the real llama.cpp router:
+"""A server that others call directly too: an eviction lets the requests the server runs on
+the victim that Switchyard did not send finish first (for up to `OUTSIDE_GRACE_S`), since
+unloading it cuts them off; and the status sync sees a model they used as used. What the
+server says it runs is the adapter's `activity` (llama.cpp's `/slots`), set here by hand on
+a simulated server; against the real llama.cpp router:
 tests/integration/test_real_llama_outside.py."""
 
 import logging
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.utils import timezone
 
+from backends.adapters.base import Activity
 from backends.adapters.simulated import SimulatedAdapter, simulated_server
-from backends.models import Deployment
+from backends.models import Deployment, Server
 from scheduler.models import State
-from scheduler.runtime import server_tasks
+from scheduler.runtime import Runtime, server_tasks
 from tests import factories
 from tests.support.running import (  # noqa: F401 (fixture)
     Running,
@@ -77,3 +81,38 @@ async def test_requests_it_did_not_send_are_cut_off_after_the_grace(outside, cap
         async with Running() as running:
             await running.until(lambda: state_of(ours) == State.COMPLETED)
     assert said(caplog, "unloading theirs from s1 for ours cuts off 1 request(s)")
+
+
+async def test_the_status_sync_sees_a_model_used_by_others(monkeypatch):
+    """The server's last task id on `theirs` moves between two syncs, or a request runs
+    there: it counts as used at that sync (its idle TTL starts again; it is the last to be
+    evicted), though Switchyard sent it nothing. The first look only learns the id."""
+    said = iter([Activity(0, 5), Activity(0, 5), Activity(0, 6), Activity(1, 6)])
+
+    async def activity(adapter, server_model_id: str) -> Activity:
+        return next(said)
+
+    monkeypatch.setattr(SimulatedAdapter, "activity", activity)
+    monkeypatch.setattr(SimulatedAdapter, "tells_activity", True)
+    long_ago = timezone.now() - timedelta(hours=1)
+
+    def last_used_then_reset():
+        """Its last use, then set an hour back (and its load: a sync corrects only what
+        was settled when it asked)."""
+        theirs = Deployment.objects.filter(model__name="theirs")
+        seen = theirs.get().last_used_at
+        theirs.update(last_used_at=long_ago, state_changed_at=long_ago)
+        return seen
+
+    await db(theirs_loaded_on_a_one_model_server)()
+    await db(last_used_then_reset)()
+    server_id = await db(lambda: Server.objects.get(name="s1").pk)()
+    runtime = Runtime()
+    try:
+        for used in (False, False, True, True):
+            before = timezone.now()
+            await runtime.server_tasks.sync_server(server_id)
+            seen = await db(last_used_then_reset)()
+            assert (seen > before) if used else (seen == long_ago)
+    finally:
+        await runtime.effects.close_adapters()
