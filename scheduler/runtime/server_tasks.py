@@ -50,7 +50,8 @@ class ServerTasks:
         self.to_mark_up: set[int] = set()  # servers whose answer's mark waits for the pass
         self.refused: dict[int, str] = {}  # server → why it refused its last status sync
         self.room_asked: set[int] = set()  # servers whose own room this worker asked
-        self.tasks_seen: dict[int, int] = {}  # deployment → its server's last task id there
+        # deployment → (its load, its server's last task id there), as the last sync saw it
+        self.tasks_seen: dict[int, tuple[datetime | None, int]] = {}
 
     # -- loads and unloads ---------------------------------------------------------------
 
@@ -383,19 +384,24 @@ class ServerTasks:
                 await self.learn_facts(adapter, deployment_id, model, name, outside)
 
     async def see_activity(
-        self, adapter: Adapter, loaded: list[tuple[int, str]], asked_at: datetime
+        self,
+        adapter: Adapter,
+        loaded: list[tuple[int, str, datetime | None]],
+        asked_at: datetime,
     ) -> None:
         """A loaded model the server ran requests on since the last sync counts as used
         then, whoever sent them: clients that call the server directly use it too, though
-        Switchyard sends it nothing (its idle TTL, its place among the victims)."""
+        Switchyard sends it nothing (its idle TTL, its place among the victims). A task id
+        is compared only within one load (a new load counts from 0 again)."""
         used = []
-        for deployment_id, model in loaded:
+        for deployment_id, model, loaded_at in loaded:
             seen = await adapter.activity(model)
             if seen is None:
                 continue
             before = self.tasks_seen.get(deployment_id)
-            self.tasks_seen[deployment_id] = seen.tasks
-            if seen.running or (before is not None and seen.tasks != before):
+            self.tasks_seen[deployment_id] = (loaded_at, seen.tasks)
+            moved = before is not None and before[0] == loaded_at and before[1] != seen.tasks
+            if seen.running or moved:
                 used.append(deployment_id)
         if used:
             await db(store.seen_used)(used, asked_at)

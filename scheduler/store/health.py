@@ -12,6 +12,7 @@ from backends.models import (
     Deployment,
     DeploymentState,
     Health,
+    LoadCause,
     Server,
     available_again,
     unavailable_from,
@@ -142,9 +143,9 @@ class Synced(NamedTuple):
     to_learn: list[tuple[int, str]]
     """The deployments found loaded outside Switchyard whose facts nobody has said (their
     ids and model names there): the worker asks their server, as after a load of its own."""
-    loaded: list[tuple[int, str]]
+    loaded: list[tuple[int, str, datetime | None]]
     """The deployments loaded there, as the server says and we knew before it was asked
-    (ids and model names there): the worker may ask what the server ran on them."""
+    (ids, model names there, when loaded): the worker may ask what the server ran on them."""
 
 
 def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: datetime) -> Synced:
@@ -168,7 +169,7 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
             )
             changes.append(f"{d.server_model_id} was unloaded outside Switchyard")
         elif d.state == DS.LOADED and d.server_model_id in loaded:
-            still.append((d.pk, d.server_model_id))
+            still.append((d.pk, d.server_model_id, d.loaded_at))
         elif d.state == DS.UNLOADED and d.server_model_id in loaded:
             Deployment.objects.filter(pk=d.pk, state=DS.UNLOADED).update(
                 state=DS.LOADED,
@@ -192,8 +193,12 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
 def seen_used(deployment_ids: list[int], at: datetime) -> None:
     """The server ran requests on these loaded models since it was last asked (others',
     or ours): each counts as used `at` (its idle TTL starts again, and it is the last of
-    its server's to be evicted)."""
-    Deployment.objects.filter(pk__in=deployment_ids, state=DS.LOADED).filter(
+    its server's to be evicted). Not one of our loads that no request of ours has used
+    yet: the policy keeps it for the requests that waited for it (no wasted load)."""
+    fresh = Q(loaded_at__isnull=False, last_used_at__lte=F("loaded_at")) & ~Q(
+        load_cause=LoadCause.OUTSIDE
+    )
+    Deployment.objects.filter(pk__in=deployment_ids, state=DS.LOADED).exclude(fresh).filter(
         Q(last_used_at__isnull=True) | Q(last_used_at__lt=at)
     ).update(last_used_at=at)
 

@@ -61,14 +61,15 @@ def worker_says(live, text: str) -> None:
 
 def test_an_idle_ttl_keeps_a_model_someone_else_is_running(router, switchyard):
     """Someone streams 1,500 tokens from `large` straight from the router; its deployment
-    has an idle TTL of 1 s. Switchyard sees `large` loaded outside it, and when the TTL runs
-    out asks the router's `/slots` first, finds it processing and keeps it: the stream ends
-    whole. Once it has ended, the TTL unloads it. Breaks if the TTL's unload cut the
-    stream."""
+    has an idle TTL of 1 s. Switchyard's first status sync sees `large` loaded outside it
+    (and busy), and no other sync comes before the TTL runs out (a status sync that sees it
+    busy counts it as used, and the TTL starts again): then the worker asks the router's
+    `/slots` first, finds it processing and keeps it, and the stream ends whole. Once it has
+    ended, the TTL unloads it. Breaks if the TTL's unload cut the stream."""
     server = discovered(router)
     Deployment.objects.filter(server=server, model__name="large").update(idle_ttl_s=1)
-    live = switchyard(STATUS_SYNC_S="0.5")
     outside = Outside(router, "large")
+    live = switchyard(STATUS_SYNC_S="60")
     worker_says(live, "kept large loaded (idle for 1 s): its server runs 1 request(s)")
     assert not outside.ended.is_set(), "the stream ended before the TTL ran out: make it longer"
     outside.ends_whole()
@@ -81,7 +82,8 @@ def test_an_eviction_lets_someone_elses_stream_finish_first(router, switchyard):
     the router's `/slots`, finds it processing, and waits for the stream to end: it ends
     whole, and then `tiny` loads and answers. Without, the eviction cut the stream off."""
     server = discovered(router, max_llm=1)
-    live = switchyard(STATUS_SYNC_S="0.5", MIN_RESIDENCY_S="0")
+    # A grace the stream never outlasts, even on a machine busy enough to slow it tenfold.
+    live = switchyard(STATUS_SYNC_S="0.5", MIN_RESIDENCY_S="0", OUTSIDE_GRACE_S="300")
     outside = Outside(router, "large")
     eventually(lambda: states(server)["large"] == DeploymentState.LOADED, what="seen loaded")
     answer = chat(live, "tiny")

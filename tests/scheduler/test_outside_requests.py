@@ -116,3 +116,36 @@ async def test_the_status_sync_sees_a_model_used_by_others(monkeypatch):
             assert (seen > before) if used else (seen == long_ago)
     finally:
         await runtime.effects.close_adapters()
+
+
+async def test_the_status_sync_keeps_a_fresh_load_fresh_and_each_load_apart(monkeypatch):
+    """A load of ours that no request of ours has used yet stays unused, whatever the
+    server ran on it (the policy keeps it for the requests that waited for it: no wasted
+    load). A new load's task ids start again: they are not weighed against the last."""
+    said = iter([Activity(0, 5), Activity(0, 6), Activity(0, 0)])
+
+    async def activity(adapter, server_model_id: str) -> Activity:
+        return next(said)
+
+    monkeypatch.setattr(SimulatedAdapter, "activity", activity)
+    monkeypatch.setattr(SimulatedAdapter, "tells_activity", True)
+    hour_ago, now = timezone.now() - timedelta(hours=1), timezone.now()
+    await db(theirs_loaded_on_a_one_model_server)()
+    theirs = Deployment.objects.filter(model__name="theirs")
+
+    def loaded(at, used):
+        theirs.update(loaded_at=at, last_used_at=used, state_changed_at=hour_ago)
+
+    await db(loaded)(hour_ago, hour_ago)  # loaded for requests, none sent to it yet
+    server_id = await db(lambda: Server.objects.get(name="s1").pk)()
+    runtime = Runtime()
+    try:
+        for _ in range(2):
+            await runtime.server_tasks.sync_server(server_id)  # 5, then 6
+            assert await db(lambda: theirs.get().last_used_at)() == hour_ago
+        used = now - timedelta(seconds=20)
+        await db(loaded)(now - timedelta(seconds=30), used)  # loaded again, and used once
+        await runtime.server_tasks.sync_server(server_id)  # 0 of the new load
+        assert await db(lambda: theirs.get().last_used_at)() == used
+    finally:
+        await runtime.effects.close_adapters()
