@@ -389,10 +389,10 @@ class ServerTasks:
         loaded: list[tuple[int, str, datetime | None]],
         asked_at: datetime,
     ) -> None:
-        """A loaded model the server ran requests on since the last sync counts as used
-        then, whoever sent them: clients that call the server directly use it too, though
-        Switchyard sends it nothing (its idle TTL, its place among the victims). A task id
-        is compared only within one load (a new load counts from 0 again)."""
+        """A loaded model with an idle TTL that the server ran requests on since the last
+        sync counts as used then, whoever sent them: clients that call the server directly
+        use it too, though Switchyard sends it nothing (its idle TTL, its place among the
+        victims). A task id is compared only within one load (a new one counts from 0)."""
         used = []
         for deployment_id, model, loaded_at in loaded:
             seen = await adapter.activity(model)

@@ -144,8 +144,9 @@ class Synced(NamedTuple):
     """The deployments found loaded outside Switchyard whose facts nobody has said (their
     ids and model names there): the worker asks their server, as after a load of its own."""
     loaded: list[tuple[int, str, datetime | None]]
-    """The deployments loaded there, as the server says and we knew before it was asked
-    (ids, model names there, when loaded): the worker may ask what the server ran on them."""
+    """The deployments with an idle TTL loaded there, as the server says and we knew before
+    it was asked (ids, model names there, when loaded): the worker may ask what the server
+    ran on them. Only those: asking llama-server keeps it from its own idle sleep."""
 
 
 def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: datetime) -> Synced:
@@ -169,7 +170,8 @@ def apply_server_models(server_id: int, listed: list[ServerModel], asked_at: dat
             )
             changes.append(f"{d.server_model_id} was unloaded outside Switchyard")
         elif d.state == DS.LOADED and d.server_model_id in loaded:
-            still.append((d.pk, d.server_model_id, d.loaded_at))
+            if d.idle_ttl_s is not None:
+                still.append((d.pk, d.server_model_id, d.loaded_at))
         elif d.state == DS.UNLOADED and d.server_model_id in loaded:
             Deployment.objects.filter(pk=d.pk, state=DS.UNLOADED).update(
                 state=DS.LOADED,

@@ -95,10 +95,12 @@ def test_an_eviction_lets_someone_elses_stream_finish_first(router, switchyard):
 
 def test_a_model_others_use_counts_as_used(router, switchyard):
     """Someone asks `tiny` for a few tokens straight from the router, again and again;
-    Switchyard sends it nothing. Its status sync reads the router's `/slots` for `tiny`,
-    sees its last task id move, and counts it as used (its idle TTL starts again). Without,
-    its last use stayed an hour back, and an idle TTL unloaded it under that client."""
+    Switchyard sends it nothing. Its status sync reads the router's `/slots` for `tiny` (it
+    has an idle TTL), sees its last task id move, and counts it as used (its idle TTL
+    starts again). Without, its last use stayed an hour back, and an idle TTL unloaded it
+    under that client."""
     server = discovered(router)
+    Deployment.objects.filter(server=server, model__name="tiny").update(idle_ttl_s=86_400)
     switchyard(STATUS_SYNC_S="0.5")
     body = {"model": "tiny", "prompt": "Once", "max_tokens": 2}
 

@@ -42,10 +42,10 @@ def outside(monkeypatch) -> dict[str, int]:
 
 
 def theirs_loaded_on_a_one_model_server() -> None:
-    """s1 holds one model: `theirs` is loaded there, `ours` is not."""
+    """s1 holds one model: `theirs` is loaded there (with an idle TTL), `ours` is not."""
     s1 = factories.server("s1", max_llm=1)
-    for name in ("theirs", "ours"):
-        factories.deployment(s1, name)
+    factories.deployment(s1, "theirs", idle_ttl_s=86_400)
+    factories.deployment(s1, "ours")
     loaded_on("s1", "theirs")
 
 
@@ -86,10 +86,13 @@ async def test_requests_it_did_not_send_are_cut_off_after_the_grace(outside, cap
 async def test_the_status_sync_sees_a_model_used_by_others(monkeypatch):
     """The server's last task id on `theirs` moves between two syncs, or a request runs
     there: it counts as used at that sync (its idle TTL starts again; it is the last to be
-    evicted), though Switchyard sent it nothing. The first look only learns the id."""
+    evicted), though Switchyard sent it nothing. The first look only learns the id. `ours`,
+    loaded with no idle TTL, is not asked (asking keeps llama-server from its own sleep)."""
     said = iter([Activity(0, 5), Activity(0, 5), Activity(0, 6), Activity(1, 6)])
+    asked: list[str] = []
 
     async def activity(adapter, server_model_id: str) -> Activity:
+        asked.append(server_model_id)
         return next(said)
 
     monkeypatch.setattr(SimulatedAdapter, "activity", activity)
@@ -105,6 +108,7 @@ async def test_the_status_sync_sees_a_model_used_by_others(monkeypatch):
         return seen
 
     await db(theirs_loaded_on_a_one_model_server)()
+    await db(loaded_on)("s1", "ours")
     await db(last_used_then_reset)()
     server_id = await db(lambda: Server.objects.get(name="s1").pk)()
     runtime = Runtime()
@@ -116,6 +120,7 @@ async def test_the_status_sync_sees_a_model_used_by_others(monkeypatch):
             assert (seen > before) if used else (seen == long_ago)
     finally:
         await runtime.effects.close_adapters()
+    assert asked == ["theirs"] * 4
 
 
 async def test_the_status_sync_keeps_a_fresh_load_fresh_and_each_load_apart(monkeypatch):
