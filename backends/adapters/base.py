@@ -114,7 +114,7 @@ class Adapter:
     """
 
     controls_loading = True
-    tells_activity = False  # `activity` answers: the status sync asks it of loaded models
+    tells_activity = False  # `activity` answers: asked of loaded models with an idle TTL
     stops_loads = False
     """`unload(id)` of a model still loading stops that load (the policy stops a load that
     nobody waits for any more, so that its server can load another at once)."""

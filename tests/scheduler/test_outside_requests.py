@@ -5,7 +5,9 @@ server says it runs is the adapter's `activity` (llama.cpp's `/slots`), set here
 a simulated server; against the real llama.cpp router:
 tests/integration/test_real_llama_outside.py."""
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import pytest
@@ -83,20 +85,44 @@ async def test_requests_it_did_not_send_are_cut_off_after_the_grace(outside, cap
     assert said(caplog, "unloading theirs from s1 for ours cuts off 1 request(s)")
 
 
-async def test_the_status_sync_sees_a_model_used_by_others(monkeypatch):
+class Slots:
+    """What the simulated server's `activity` says, in turn, and whom it was asked of."""
+
+    def __init__(self) -> None:
+        self.said: list[Activity] = []
+        self.asked: list[str] = []
+
+
+@pytest.fixture
+def slots(monkeypatch) -> Slots:
+    seen = Slots()
+
+    async def activity(adapter, server_model_id: str) -> Activity:
+        seen.asked.append(server_model_id)
+        return seen.said.pop(0)
+
+    monkeypatch.setattr(SimulatedAdapter, "activity", activity)
+    monkeypatch.setattr(SimulatedAdapter, "tells_activity", True)
+    return seen
+
+
+@contextlib.asynccontextmanager
+async def syncing() -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """One worker's status sync of s1, as often as called (what it saw is remembered)."""
+    server_id = await db(lambda: Server.objects.get(name="s1").pk)()
+    runtime = Runtime()
+    try:
+        yield lambda: runtime.server_tasks.sync_server(server_id)
+    finally:
+        await runtime.effects.close_adapters()
+
+
+async def test_the_status_sync_sees_a_model_used_by_others(slots):
     """The server's last task id on `theirs` moves between two syncs, or a request runs
     there: it counts as used at that sync (its idle TTL starts again; it is the last to be
     evicted), though Switchyard sent it nothing. The first look only learns the id. `ours`,
     loaded with no idle TTL, is not asked (asking keeps llama-server from its own sleep)."""
-    said = iter([Activity(0, 5), Activity(0, 5), Activity(0, 6), Activity(1, 6)])
-    asked: list[str] = []
-
-    async def activity(adapter, server_model_id: str) -> Activity:
-        asked.append(server_model_id)
-        return next(said)
-
-    monkeypatch.setattr(SimulatedAdapter, "activity", activity)
-    monkeypatch.setattr(SimulatedAdapter, "tells_activity", True)
+    slots.said = [Activity(0, 5), Activity(0, 5), Activity(0, 6), Activity(1, 6)]
     long_ago = timezone.now() - timedelta(hours=1)
 
     def last_used_then_reset():
@@ -110,30 +136,20 @@ async def test_the_status_sync_sees_a_model_used_by_others(monkeypatch):
     await db(theirs_loaded_on_a_one_model_server)()
     await db(loaded_on)("s1", "ours")
     await db(last_used_then_reset)()
-    server_id = await db(lambda: Server.objects.get(name="s1").pk)()
-    runtime = Runtime()
-    try:
+    async with syncing() as sync:
         for used in (False, False, True, True):
             before = timezone.now()
-            await runtime.server_tasks.sync_server(server_id)
+            await sync()
             seen = await db(last_used_then_reset)()
             assert (seen > before) if used else (seen == long_ago)
-    finally:
-        await runtime.effects.close_adapters()
-    assert asked == ["theirs"] * 4
+    assert slots.asked == ["theirs"] * 4
 
 
-async def test_the_status_sync_keeps_a_fresh_load_fresh_and_each_load_apart(monkeypatch):
+async def test_the_status_sync_keeps_a_fresh_load_fresh_and_each_load_apart(slots):
     """A load of ours that no request of ours has used yet stays unused, whatever the
     server ran on it (the policy keeps it for the requests that waited for it: no wasted
     load). A new load's task ids start again: they are not weighed against the last."""
-    said = iter([Activity(0, 5), Activity(0, 6), Activity(0, 0)])
-
-    async def activity(adapter, server_model_id: str) -> Activity:
-        return next(said)
-
-    monkeypatch.setattr(SimulatedAdapter, "activity", activity)
-    monkeypatch.setattr(SimulatedAdapter, "tells_activity", True)
+    slots.said = [Activity(0, 5), Activity(0, 6), Activity(0, 0)]
     hour_ago, now = timezone.now() - timedelta(hours=1), timezone.now()
     await db(theirs_loaded_on_a_one_model_server)()
     theirs = Deployment.objects.filter(model__name="theirs")
@@ -142,15 +158,11 @@ async def test_the_status_sync_keeps_a_fresh_load_fresh_and_each_load_apart(monk
         theirs.update(loaded_at=at, last_used_at=used, state_changed_at=hour_ago)
 
     await db(loaded)(hour_ago, hour_ago)  # loaded for requests, none sent to it yet
-    server_id = await db(lambda: Server.objects.get(name="s1").pk)()
-    runtime = Runtime()
-    try:
+    async with syncing() as sync:
         for _ in range(2):
-            await runtime.server_tasks.sync_server(server_id)  # 5, then 6
+            await sync()  # 5, then 6
             assert await db(lambda: theirs.get().last_used_at)() == hour_ago
         used = now - timedelta(seconds=20)
         await db(loaded)(now - timedelta(seconds=30), used)  # loaded again, and used once
-        await runtime.server_tasks.sync_server(server_id)  # 0 of the new load
+        await sync()  # 0 of the new load
         assert await db(lambda: theirs.get().last_used_at)() == used
-    finally:
-        await runtime.effects.close_adapters()
