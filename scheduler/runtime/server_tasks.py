@@ -8,9 +8,9 @@ State (the health marks): touched on the event loop's thread only.
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from django.utils import timezone
 
@@ -30,7 +30,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FACTS_TIMEOUT_S = 5.0  # asking a server what it says of a model it runs, after its load
+ASK_TIMEOUT_S = 5.0  # asking a server what it runs: one that cannot say in time cannot say
+T = TypeVar("T")
 OUTSIDE_POLL_S = 0.5  # asking again whether requests Switchyard did not send have finished
+
+
+async def in_time(asked: Awaitable[T | None]) -> T | None:
+    """What a server says it runs, or None (it cannot say) if it does not answer within
+    ASK_TIMEOUT_S: an eviction, an idle TTL or a status sync waits for it no longer."""
+    try:
+        async with asyncio.timeout(ASK_TIMEOUT_S):
+            return await asked
+    except TimeoutError:
+        return None
 
 
 class FreedSlot(NamedTuple):
@@ -130,7 +142,7 @@ class ServerTasks:
         """Let the requests the server runs on a victim that Switchyard did not send finish
         before it is unloaded (that cuts them off), for up to `OUTSIDE_GRACE_S`; the seconds
         that took."""
-        if not (running := await adapter.running(victim)):
+        if not (running := await in_time(adapter.running(victim))):
             return 0.0
         grace_s = self.rt.knobs["OUTSIDE_GRACE_S"]
         started = time.monotonic()
@@ -146,7 +158,7 @@ class ServerTasks:
             )
         while running and time.monotonic() - started < grace_s:
             await asyncio.sleep(OUTSIDE_POLL_S)
-            running = await adapter.running(victim)
+            running = await in_time(adapter.running(victim))
         if running:
             log.warning(
                 "unloading %s from %s for %s cuts off %d request(s) Switchyard did not send"
@@ -185,7 +197,7 @@ class ServerTasks:
         self, deployment_id: int, server_id: int, model_id: str, why: str, if_unused: bool = False
     ) -> None:
         adapter = await self.effects.adapter(server_id)
-        if if_unused and (running := await adapter.running(model_id)):
+        if if_unused and (running := await in_time(adapter.running(model_id))):
             # Someone else's requests (it runs none of ours): unloading would cut them off.
             await db(store.unload_called_off)(deployment_id)
             log.info(
@@ -395,7 +407,7 @@ class ServerTasks:
         victims). A task id is compared only within one load (a new one counts from 0)."""
         used = []
         for deployment_id, model, loaded_at in loaded:
-            seen = await adapter.activity(model)
+            seen = await in_time(adapter.activity(model))
             if seen is None:
                 continue
             before = self.tasks_seen.get(deployment_id)

@@ -5,6 +5,7 @@ server says it runs is the adapter's `activity` (llama.cpp's `/slots`), set here
 a simulated server; against the real llama.cpp router:
 tests/integration/test_real_llama_outside.py."""
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -83,6 +84,24 @@ async def test_requests_it_did_not_send_are_cut_off_after_the_grace(outside, cap
         async with Running() as running:
             await running.until(lambda: state_of(ours) == State.COMPLETED)
     assert said(caplog, "unloading theirs from s1 for ours cuts off 1 request(s)")
+
+
+async def test_a_server_that_cannot_say_in_time_holds_no_eviction(monkeypatch):
+    """A server whose `/slots` never answers (a hung model process) holds an eviction for
+    ASK_TIMEOUT_S at most: it cannot say, and the victim is unloaded. Without the bound,
+    the load waited for the adapter's read timeout (minutes, for inference)."""
+
+    async def never(adapter, server_model_id: str) -> int:
+        await asyncio.Event().wait()
+        return 0
+
+    monkeypatch.setattr(SimulatedAdapter, "running", never)
+    monkeypatch.setattr(server_tasks, "ASK_TIMEOUT_S", 0.05)
+    await db(theirs_loaded_on_a_one_model_server)()
+    ours = await db(factories.request)("ours")
+    async with Running() as running:
+        await running.until(lambda: state_of(ours) == State.COMPLETED)
+    assert simulated_server("s1").loaded == {"ours"}
 
 
 class Slots:
