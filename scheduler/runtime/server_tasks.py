@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FACTS_TIMEOUT_S = 5.0  # asking a server what it says of a model it runs, after its load
-ASK_TIMEOUT_S = 5.0  # asking a server what it runs: one that cannot say in time cannot say
+# Asking a server what it says of a model it runs (its facts after a load, what it runs
+# now): one that cannot say in time cannot say.
+ASK_TIMEOUT_S = 5.0
 T = TypeVar("T")
 OUTSIDE_POLL_S = 0.5  # asking again whether requests Switchyard did not send have finished
 
@@ -113,10 +114,10 @@ class ServerTasks:
         queues the rest out of our sight). After a load, or once the status sync finds it
         loaded outside Switchyard. A server that cannot say is not asked again until then."""
         try:
-            async with asyncio.timeout(FACTS_TIMEOUT_S):
+            async with asyncio.timeout(ASK_TIMEOUT_S):
                 found = await discovery.described(adapter, only=model)
         except (AdapterError, TimeoutError) as error:
-            why = getattr(error, "message", f"no answer in {FACTS_TIMEOUT_S:.0f} s")
+            why = getattr(error, "message", f"no answer in {ASK_TIMEOUT_S:.0f} s")
             log.info("%s on %s: could not learn its slots: %s", model, server_name, why)
             return
         if found and (filled := await db(discovery.fill_empty_facts)(deployment_id, found[0])):
@@ -159,6 +160,7 @@ class ServerTasks:
         while running and time.monotonic() - started < grace_s:
             await asyncio.sleep(OUTSIDE_POLL_S)
             running = await in_time(adapter.running(victim))
+        waited = time.monotonic() - started
         if running:
             log.warning(
                 "unloading %s from %s for %s cuts off %d request(s) Switchyard did not send"
@@ -169,8 +171,7 @@ class ServerTasks:
                 running,
                 grace_s,
             )
-        waited = time.monotonic() - started
-        if not running:
+        else:
             log.info(
                 "%s: the request(s) on %s that Switchyard did not send finished in %.0f s",
                 job.server_name,
