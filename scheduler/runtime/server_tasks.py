@@ -46,6 +46,11 @@ async def in_time(asked: Awaitable[T | None]) -> T | None:
         return None
 
 
+class LoadCalledOff(Exception):
+    """Nobody waits for a load any more while it waits for requests that Switchyard did not
+    send to finish on a victim: the victim stays loaded for them."""
+
+
 class FreedSlot(NamedTuple):
     """What a request's completion returns: the plan changes only if a request waits that
     this server's freed slot could serve."""
@@ -88,6 +93,14 @@ class ServerTasks:
             message = f"load timed out after {job.target.timeout_s:.0f} s"
             await self.load_failed(job, AdapterError(ErrorCode.LOAD_FAILED, message))
             await self.unload_quietly(adapter, job.target.server_model_id)
+        except LoadCalledOff:
+            await db(store.load_called_off)(job)
+            log.info(
+                "called off the load of %s on %s: nobody waits for it any more, and what"
+                " it would evict stays loaded for the requests Switchyard did not send",
+                job.model_name,
+                job.server_name,
+            )
         except AdapterError as error:
             await self.load_failed(job, error)
         except Exception as exc:  # an adapter bug must not leave the deployment `loading`
@@ -142,7 +155,8 @@ class ServerTasks:
     async def outside_finish(self, adapter: Adapter, job: store.LoadJob, victim: str) -> float:
         """Let the requests the server runs on a victim that Switchyard did not send finish
         before it is unloaded (that cuts them off), for up to `OUTSIDE_GRACE_S`; the seconds
-        that took."""
+        that took. Should nobody wait for the load any more meanwhile, it is called off
+        (`LoadCalledOff`)."""
         if not (running := await in_time(adapter.running(victim))):
             return 0.0
         grace_s = self.rt.knobs["OUTSIDE_GRACE_S"]
@@ -159,6 +173,8 @@ class ServerTasks:
             )
         while running and time.monotonic() - started < grace_s:
             await asyncio.sleep(OUTSIDE_POLL_S)
+            if not await db(store.load_wanted)(job.deployment_id):
+                raise LoadCalledOff  # unloading the victim would now cut them off for nothing
             running = await in_time(adapter.running(victim))
         waited = time.monotonic() - started
         if running:

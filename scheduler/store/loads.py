@@ -5,13 +5,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from backends.adapters.base import AdapterError, ErrorCode, LoadTarget
 from backends.models import Deployment, DeploymentState, LoadCause, ModelType, Server
 
 from .. import channel_hints
-from ..models import INTENT_OPEN, Intent, MetricEvent
+from ..models import INTENT_OPEN, WAITING_STATES, Intent, MetricEvent, Request
 from ..retry import backoff_s
 from .knobs import knob
 
@@ -151,6 +152,36 @@ def unload_called_off(deployment_id: int) -> None:
     Deployment.objects.filter(pk=deployment_id, state=DS.UNLOADING).update(
         state=DS.LOADED, state_changed_at=now, worker=None, last_used_at=now
     )
+    channel_hints.dashboard_changed()
+
+
+def load_wanted(deployment_id: int) -> bool:
+    """Whether the load under way is still wanted: a request waits for it (or for its model
+    and is not routed yet), or an operator, a preload or a restore asked for it."""
+    found = Deployment.objects.filter(pk=deployment_id).values_list("load_cause", "model_id")
+    if (row := found.first()) is None:  # deleted meanwhile
+        return False
+    cause, model_id = row
+    if cause != LoadCause.REQUEST:
+        return True
+    routed_here = Q(deployment_id=deployment_id)
+    not_routed = Q(model_id=model_id, deployment__isnull=True)
+    return Request.objects.filter(routed_here | not_routed, state__in=WAITING_STATES).exists()
+
+
+def load_called_off(job: LoadJob) -> None:
+    """Nobody waits for `job`'s load any more, before it began (it waited for requests that
+    Switchyard did not send to finish on a victim): the victims not yet unloaded are
+    `loaded` again, and the deployment `unloaded`, as before the load."""
+    now = timezone.now()
+    with transaction.atomic():
+        kept = [victim for victim, _ in job.evict]
+        Deployment.objects.filter(pk__in=kept, state=DS.UNLOADING).update(
+            state=DS.LOADED, state_changed_at=now, worker=None
+        )
+        Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING).update(
+            state=DS.UNLOADED, state_changed_at=now, worker=None, load_progress=None
+        )
     channel_hints.dashboard_changed()
 
 

@@ -17,13 +17,15 @@ from django.utils import timezone
 
 from backends.adapters.base import Activity
 from backends.adapters.simulated import SimulatedAdapter, simulated_server
-from backends.models import Deployment, Server
+from backends.models import Deployment, DeploymentState, Server
+from scheduler import store
 from scheduler.models import State
 from scheduler.runtime import Runtime, server_tasks
 from tests import factories
 from tests.support.running import (  # noqa: F401 (fixture)
     Running,
     db_thread_closed,
+    deployment_state,
     loaded_on,
     state_of,
 )
@@ -84,6 +86,26 @@ async def test_requests_it_did_not_send_are_cut_off_after_the_grace(outside, cap
         async with Running() as running:
             await running.until(lambda: state_of(ours) == State.COMPLETED)
     assert said(caplog, "unloading theirs from s1 for ours cuts off 1 request(s)")
+
+
+async def test_a_load_nobody_waits_for_any_more_is_called_off_before_it_evicts(outside, caplog):
+    """The one request for `ours` is cancelled while its load waits for a request that
+    Switchyard did not send on `theirs`: the load is called off, `theirs` stays loaded for
+    its user, and nothing is left `loading` or `unloading`. Without, `theirs` was unloaded
+    under that user (after the grace) for a model nobody wanted any more."""
+    await db(theirs_loaded_on_a_one_model_server)()
+    outside["theirs"] = 1  # and so it stays
+    ours = await db(factories.request)("ours")
+    waiting = "s1 first lets 1 request(s) on theirs that Switchyard did not send finish"
+    with caplog.at_level(logging.INFO, logger="scheduler"):
+        async with Running() as running:
+            await running.until(lambda: said(caplog, waiting))
+            assert await db(store.cancel_request)(ours.pk, "the app gave up")
+            await running.until(lambda: said(caplog, "called off the load of ours on s1"))
+    assert simulated_server("s1").loaded == {"theirs"}
+    assert await db(deployment_state)("theirs") == DeploymentState.LOADED
+    assert await db(deployment_state)("ours") == DeploymentState.UNLOADED
+    assert not said(caplog, "cuts off")
 
 
 async def test_a_server_that_cannot_say_in_time_holds_no_eviction(monkeypatch):
