@@ -13,7 +13,14 @@ from backends.adapters.llamacpp import LlamaCppAdapter
 from backends.models import Deployment, DeploymentState
 from scheduler.models import Request
 from tests.integration.conftest import WAIT_S, eventually
-from tests.integration.test_real_llama_router import chat, discovered, events, states
+from tests.integration.test_real_llama_router import (
+    CHAT,
+    chat,
+    discovered,
+    events,
+    router_states,
+    states,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +98,25 @@ def test_an_eviction_lets_someone_elses_stream_finish_first(router, switchyard):
     outside.ends_whole()
     assert answer["choices"][0]["message"]["content"]
     worker_says(live, "router first lets 1 request(s) on large that Switchyard did not send")
+
+
+def test_a_load_called_off_leaves_someone_elses_stream_alone(router, switchyard):
+    """As above, but the job for `tiny` is cancelled while its load waits for the stream:
+    the load is called off, the stream ends whole and `large` stays loaded, on the router
+    and in Switchyard. Without, `large` was unloaded under the stream once the grace ran out
+    (or the stream ended), for a model nobody wanted any more."""
+    server = discovered(router, max_llm=1)
+    live = switchyard(STATUS_SYNC_S="0.5", MIN_RESIDENCY_S="0", OUTSIDE_GRACE_S="300")
+    outside = Outside(router, "large")
+    eventually(lambda: states(server)["large"] == DeploymentState.LOADED, what="seen loaded")
+    body = {"model": "tiny", "messages": CHAT, "max_tokens": 8}
+    job = live.post("/api/v1/requests", {"kind": "chat", "body": body}).json()
+    worker_says(live, "router first lets 1 request(s) on large that Switchyard did not send")
+    assert live.http.delete(f"/api/v1/requests/{job['id']}").status_code == 200
+    worker_says(live, "called off the load of tiny on router: nobody waits for it any more")
+    outside.ends_whole()
+    assert (states(server)["large"], states(server)["tiny"]) == ("loaded", "unloaded")
+    assert router_states(router)["large"] == "loaded"
 
 
 def test_a_model_others_use_counts_as_used(router, switchyard):
