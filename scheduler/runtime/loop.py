@@ -26,7 +26,7 @@ from ..group_commit import GroupCommit
 from ..intents import Intents
 from ..policy import plan_explained
 from ..pool_threads import in_pool_thread
-from ..reasons import Reason
+from ..reasons import QUOTA, Reason
 from ..snapshot import Snapshot
 from ..wakeup import Cancelled, News
 from ..webhooks import Webhooks
@@ -79,6 +79,7 @@ class Runtime:
         self.next_purge = -float("inf")
         self.waiting = 0  # requests still waiting after the last pass (of those it saw)
         self.waiting_for: set[int] = set()  # servers with a deployment of a waiting model
+        self.quota_held = False  # a key's or team's quota holds a waiting request back
         self.server_of: dict[int, Home] = {}  # deployment → server, as of the last snapshot
         self.dropped = 0  # decisions of the last pass that the database refused
         self.crashed: BaseException | None = None
@@ -346,6 +347,7 @@ class Runtime:
         models = {r.model for r in snapshot.requests if r.id not in ended}
         self.waiting = len(snapshot.requests) - len(ended)
         self.waiting_for = {d.server_id for d in snapshot.deployments if d.model in models}
+        self.quota_held = any(r.kind == QUOTA for r in reasons.values())
         await self.intents.after_pass(snapshot)
         return done
 
@@ -413,9 +415,10 @@ class Runtime:
         """Whether a request that completed calls for a pass: only if a request was waiting
         at the last one for a model deployed on its server (only those can take the freed
         slot, or have that server load their model once it is idle; a deep line for models
-        elsewhere is not replanned on every completion), or to notice idleness. A new
+        elsewhere is not replanned on every completion), or if a key's or team's quota held
+        one back (a completion on any server may free it), or to notice idleness. A new
         arrival wakes the loop by itself."""
-        return freed.server_id in self.waiting_for or self.until_idle
+        return freed.server_id in self.waiting_for or self.quota_held or self.until_idle
 
     async def execute(self, decision: Decision) -> bool:
         """Carry out one decision (an operator's intent's, say): see `Execution.execute`."""

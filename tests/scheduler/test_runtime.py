@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 
+from access.models import ApiKey
 from backends.models import Deployment, DeploymentState, Server
 from scheduler import sql, store, wakeup
 from scheduler.api import intake
@@ -304,6 +305,35 @@ async def test_after_a_pass_only_servers_with_a_waiting_model_call_for_a_pass_wh
         await rt.step()  # m1's request sent; m2's waits
         assert (rt.waiting, rt.waiting_for) == (1, {parked})
         assert not rt.plan_after_news(FreedSlot(s1))
+    finally:
+        await rt.stop()
+
+
+async def test_a_completion_anywhere_calls_for_a_pass_while_a_quota_holds_a_request():
+    """A key held to one request at a time sends m1's request to s1; its m2 request waits
+    for the quota, though s2 has a free slot. m1's completion frees the quota: it calls for
+    a pass, though s1 holds no model anyone waits for. Without, the m2 request waited for
+    the poll interval (5 s) with s2 idle."""
+
+    def setup():
+        s1, s2 = factories.server("s1", slots=1), factories.server("s2", slots=1)
+        factories.deployment(s1, "m1")
+        factories.deployment(s2, "m2")
+        loaded_on("s1", "m1")
+        loaded_on("s2", "m2")
+        key, _ = ApiKey.generate("one-at-a-time", max_processing=1)
+        key.save()
+        factories.request("m1", api_key=key)
+        factories.request("m2", api_key=key)
+        return s1.pk, s2.pk
+
+    s1, s2 = await db(setup)()
+    rt = Runtime()
+    await rt.start()
+    try:
+        await rt.step()  # m1's request sent; m2's held by the key's quota
+        assert (rt.waiting, rt.waiting_for) == (1, {s2})
+        assert rt.plan_after_news(FreedSlot(s1))
     finally:
         await rt.stop()
 
