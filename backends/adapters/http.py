@@ -255,12 +255,27 @@ def transport(
 TRANSPORT_ERRORS = (httpx.TransportError, aiohttp.ClientError)
 
 
+# What a transport failure means, in words an app developer reads in its error (the
+# first that matches; the transport's own name and text follow, for the operator).
+SAID_OF_TRANSPORT: tuple[tuple[tuple[type[Exception], ...], str], ...] = (
+    ((aiohttp.ClientConnectorError, httpx.ConnectError), "could not connect to the server"),
+    ((aiohttp.ServerTimeoutError, httpx.TimeoutException), "the server did not answer in time"),
+    (
+        (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, httpx.RemoteProtocolError),
+        "the server closed the connection before its answer ended",
+    ),
+    ((aiohttp.ClientResponseError,), "the server's answer is not HTTP"),
+)
+
+
 def connection_error(exc: Exception) -> AdapterError:
-    """A failure to reach the server or to read its answer, named by what went wrong (the
-    transport reports some of aiohttp's errors under a broader httpx name: a dropped
-    connection as `ConnectTimeout`)."""
+    """A failure to reach the server or to read its answer, said in plain words, then named
+    by what went wrong (the transport reports some of aiohttp's errors under a broader httpx
+    name: a dropped connection as `ConnectTimeout`)."""
     cause = exc.__cause__ if isinstance(exc.__cause__, aiohttp.ClientError) else exc
-    return AdapterError(ErrorCode.CONNECTION, f"{type(cause).__name__}: {cause}")
+    said = next((words for kinds, words in SAID_OF_TRANSPORT if isinstance(cause, kinds)), None)
+    named = f"{type(cause).__name__}: {cause}"
+    return AdapterError(ErrorCode.CONNECTION, f"{said} ({named})" if said else named)
 
 
 class NoCookies(http.cookiejar.CookieJar):

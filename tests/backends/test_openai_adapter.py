@@ -11,6 +11,7 @@ import pytest
 from backends.adapters.base import AdapterError, ErrorCode, InferenceCall, LoadTarget
 from backends.adapters.openai import OpenAIAdapter
 from backends.adapters.vllm import VLLMAdapter
+from tests.conftest import free_port
 from tests.support.openai_upstream import Upstream
 from tests.support.replay_server import Reply, Stream, sse
 
@@ -173,21 +174,32 @@ def raw_server() -> Iterator[Callable[[Answer], str]]:
 @pytest.mark.parametrize(
     "answer, named",
     [
-        (b"", "ServerDisconnectedError"),
-        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "ClientResponseError"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{", "ClientPayloadError"),
+        (b"", "the server closed the connection before its answer ended (ServerDisconnected"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "the server's answer is not HTTP (ClientResponseError"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{",
+            "the server closed the connection before its answer ended (ClientPayloadError",
+        ),
     ],
 )
 async def test_a_dropped_or_garbled_answer_is_a_connection_error_that_says_so(
     raw_server, adapter_on, answer, named
 ):
     """Whatever the connection's failure, a call ends in one error the runtime knows, and the
-    message names what happened (not the name the transport files it under)."""
+    message says what happened in plain words, then names it (not by the name the transport
+    files it under)."""
     url = raw_server(lambda conn: conn.sendall(answer))
     with pytest.raises(AdapterError) as raised:
         await adapter_on(url).run(InferenceCall("chat", "m", CHAT))
     assert raised.value.code == ErrorCode.CONNECTION
     assert raised.value.message.startswith(named)
+
+
+async def test_a_server_nobody_listens_on_is_said_plainly(adapter_on):
+    with pytest.raises(AdapterError) as raised:
+        await adapter_on(f"http://127.0.0.1:{free_port()}").run(InferenceCall("chat", "m", CHAT))
+    assert raised.value.code == ErrorCode.CONNECTION
+    assert raised.value.message.startswith("could not connect to the server (")
 
 
 async def test_a_stream_given_up_closes_its_connection(raw_server, adapter_on):
