@@ -5,6 +5,7 @@ admin's actions ask through here alike; a refusal is an `ApiError` (its message 
 
 from django.db import transaction
 
+from backends.adapters.registry import takes_load_options
 from backends.models import Deployment, DeploymentState, Server
 
 from . import channel_hints, wakeup
@@ -40,6 +41,14 @@ def ask_load(d: Deployment, by: str, options: dict | None = None, via: str = "th
         raise conflict(f"{d} is disabled: enable it first.", "model_disabled")
     if d.state in (DS.LOADED, DS.LOADING):
         raise conflict(f"{d} is already {d.state}.", f"already_{d.state}")
+    if options and not takes_load_options(d.server.kind):
+        raise ApiError(
+            400,
+            f"{d.server.name} is a {d.server.kind} server, which takes no load options: set"
+            " them in the server's own configuration (a router's preset, llama-swap's cmd).",
+            param="options",
+            code="load_options_not_taken",
+        )
     return record(d.server, Intent.Action.LOAD, by, d, via, options=options or {})
 
 

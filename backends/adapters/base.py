@@ -115,6 +115,9 @@ class Adapter:
 
     controls_loading = True
     tells_activity = False  # `activity` answers: asked of loaded models with an idle TTL
+    takes_load_options = True
+    """A load applies `LoadTarget.options` (context size, …); where not, they belong in the
+    server's own configuration (a router's preset, llama-swap's `cmd`)."""
     stops_loads = False
     """`unload(id)` of a model still loading stops that load (the policy stops a load that
     nobody waits for any more, so that its server can load another at once)."""

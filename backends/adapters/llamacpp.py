@@ -112,6 +112,7 @@ class LlamaCppAdapter(HttpAdapter):
     # loads a model for us, so no load of ours there is ever stopped.
     stops_loads = True
     tells_activity = True
+    takes_load_options = False  # the model's arguments are set on the server
     # llama-server (b11434) closes the connection after a streamed answer, and its router
     # after every answer it relays from a model's process, without `Connection: close` when
     # asked for keep-alive: calls one at a time failed every other time on the pooled one.

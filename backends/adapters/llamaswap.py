@@ -28,6 +28,8 @@ RUNNING_STATES = {"ready": "loaded", "starting": "loading"}  # stopping: on its 
 
 
 class LlamaSwapAdapter(HttpAdapter):
+    takes_load_options = False  # each model's arguments are in its `cmd`
+
     async def processes(self) -> dict[str, str]:
         body = await self.json("GET", "/running")
         return {r["model"]: r.get("state", "") for r in body.get("running") or []}

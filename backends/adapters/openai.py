@@ -9,6 +9,7 @@ from .http import COUNT_TOKENS_PATHS, NEVER_STREAMED, HttpAdapter, counting_usag
 
 class OpenAIAdapter(HttpAdapter):
     controls_loading = False
+    takes_load_options = False  # the model's arguments are set on the server
     # Often a single-model llama-server, which closes the connection after a streamed
     # answer without saying so (see `LlamaCppAdapter`).
     connection_per_call = True

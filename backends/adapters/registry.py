@@ -30,12 +30,22 @@ def adapter_class(kind: str) -> type[Adapter]:
     return getattr(import_module(module), name)
 
 
-def stops_loads(kind: str) -> bool:
-    """Whether servers of `kind` can stop a load under way (an unknown kind cannot)."""
+def kind_can(kind: str, flag: str) -> bool:
+    """One of an adapter's flags for servers of `kind` (an unknown kind can do nothing)."""
     try:
-        return adapter_class(kind).stops_loads
+        return getattr(adapter_class(kind), flag)
     except ValueError:
         return False
+
+
+def stops_loads(kind: str) -> bool:
+    """Whether servers of `kind` can stop a load under way."""
+    return kind_can(kind, "stops_loads")
+
+
+def takes_load_options(kind: str) -> bool:
+    """Whether a load on servers of `kind` applies load options (context size, …)."""
+    return kind_can(kind, "takes_load_options")
 
 
 def settings_of(server) -> tuple:

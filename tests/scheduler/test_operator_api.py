@@ -67,6 +67,12 @@ def test_refusals(client):
     assert post("/api/v1/servers/gpu-1/load", {}) == (400, "invalid")
     assert post("/api/v1/servers/gpu-1/load", {"model": "b", "optons": {}}) == (400, "invalid")
     assert post("/api/v1/servers/gpu-1/unload", {"model": "b"}) == (404, "model_not_loaded")
+    # A router sets each model's arguments in its preset: options it would drop are refused.
+    factories.deployment(factories.server("router", kind="llamacpp"), "b")
+    assert post("/api/v1/servers/router/load", {"model": "b", "options": {"ctx": 8192}}) == (
+        400,
+        "load_options_not_taken",
+    )
     assert post("/api/v1/servers/gpu-1/unload", {"model": "a", "force": False}) == (
         409,
         "model_busy",
