@@ -9,7 +9,8 @@ line, what is right and what is not:
   how many of the models it lists Switchyard does not know (`sync_models` adds them);
 - whether a deployment's `slots` agree with what the server says of them, whether the
   server runs a model with less context than apps are told it has, and whether a
-  llama-server router runs as many models at once as Switchyard may keep there.
+  llama-server router runs as many models at once as Switchyard may keep there;
+- whether a deployment has load options its server kind does not apply.
 
 It changes nothing."""
 
@@ -21,6 +22,7 @@ import httpx
 from asgiref.sync import async_to_sync
 
 from .adapters.base import AdapterError, ServerModel, positive_count
+from .adapters.registry import takes_load_options
 from .discovery import listed_models
 from .models import Server, ServerKind
 
@@ -241,6 +243,13 @@ def _check_models(server: Server, listed: list[ServerModel], report: Checkup) ->
             + (" …" if len(unknown) > 5 else ""),
         )
     for d in deployments:
+        if d.load_options and not takes_load_options(server.kind):
+            report.add(
+                WARN,
+                f"{d.model.name}: its load options ({', '.join(sorted(d.load_options))}) are"
+                f" not applied: a {server.kind} server takes none (set them in its own"
+                " configuration: a router's preset, llama-swap's cmd)",
+            )
         said = by_id.get(d.server_model_id)
         if said is not None and said.slots and d.slots and said.slots != d.slots:
             report.add(

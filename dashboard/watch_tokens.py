@@ -1,7 +1,6 @@
 """The watch URL's token: the request's id signed with the site's key (HMAC-SHA256, salted
-for this use), so only whoever was given the URL can open the page, without a login. The
-same token as the access work's watch URLs (`X-Switchyard-Watch-Url`, `watch_url`): once
-that lands, this module gives way to theirs."""
+for this use), so only whoever was given the URL can open the page, without a login. Its
+URLs (`X-Switchyard-Watch-Url`, the jobs API's `watch_url`) are `access.watch`'s."""
 
 from uuid import UUID
 

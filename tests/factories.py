@@ -18,7 +18,9 @@ def model(name: str, **fields) -> Model:
 
 
 def deployment(srv: Server, model_name: str, load_s: float = 0.01, **fields) -> Deployment:
-    options = {"load_seconds": load_s, "tokens_per_second": 10_000}
+    # The simulated server's own options; other kinds take other options, if any.
+    simulated = srv.kind == "simulated"
+    options = {"load_seconds": load_s, "tokens_per_second": 10_000} if simulated else {}
     options.update(fields.pop("load_options", {}))
     fields.setdefault("server_model_id", model_name)
     return Deployment.objects.create(

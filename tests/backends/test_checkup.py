@@ -184,3 +184,22 @@ def test_a_router_that_runs_fewer_models_than_switchyard_may_keep_there(server):
     srv.max_models = 1  # as a worker sets it: Switchyard keeps one model there in all
     srv.save()
     assert check_server(srv).worst == OK
+
+
+def test_load_options_a_router_would_not_apply(server):
+    """A router takes each model's arguments from its preset: a deployment's own load
+    options there are named as not applied (its model's defaults, meant for other servers,
+    are not)."""
+    server.on("GET", "/props", Reply(200, {"role": "router", "max_instances": 0}))
+    server.on(
+        "GET", "/v1/models", Reply(200, {"data": [{"id": "m", "status": {"value": "unloaded"}}]})
+    )
+    srv = factories.server("router", kind="llamacpp", base_url=server.url)
+    factories.model("m", load_options={"context_length": 4096})
+    d = factories.deployment(srv, "m")
+    assert check_server(srv).worst == OK
+    d.load_options = {"context_length": 8192, "flash_attention": True}
+    d.save()
+    report = check_server(srv)
+    assert report.worst == WARN
+    assert "m: its load options (context_length, flash_attention) are not applied" in str(report)
