@@ -195,3 +195,18 @@ def test_the_dashboard_says_when_nothing_schedules(no_worker, browser_page):
     in_thread(lambda: Worker.objects.filter(pk=failing.pk).update(failing_since=None))
     browser_page.reload()  # within half a second: the socket pushes nothing older
     expect(alert).to_be_hidden()
+
+
+def test_a_running_clock_never_counts_below_zero(no_worker, browser_page):
+    """A request stamped by a clock ahead of the web process's (a worker on another
+    machine) shows 0.0 s running, not "-30.0 s"."""
+
+    def processing_from_the_future() -> None:
+        d = factories.deployment(factories.server("sim-1"), "m", state="loaded", in_flight=1)
+        ahead = timezone.now() + timedelta(seconds=30)
+        factories.request("m", state="processing", server=d.server, deployment=d, started_at=ahead)
+
+    in_thread(processing_from_the_future)
+    sign_in(browser_page, no_worker.url)
+    running_for = browser_page.locator("#running tbody tr td").nth(5)
+    expect(running_for).to_have_text("0.0 s")

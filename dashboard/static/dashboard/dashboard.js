@@ -30,9 +30,11 @@ const Switchyard = (() => {
   const stamp = (d) => `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} `
     + `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())} ${zone(d)}`;
   const clock = (iso) => (iso ? el("time", {datetime: iso}, stamp(new Date(iso))) : "–");
-  // A clock that counts up from `iso` (server time) on every tick.
+  // A clock that counts up from `iso` (server time) on every tick; never below 0 (a row
+  // stamped by another machine's clock, or read just before it was stamped).
+  const elapsed = (iso) => secs(Math.max(0, (serverNow() - Date.parse(iso)) / 1000));
   const since = (iso, cls = "since") => el("span", {class: cls, "data-since": iso},
-    iso ? secs((serverNow() - Date.parse(iso)) / 1000) : "–");
+    iso ? elapsed(iso) : "–");
   const eta = (s) => (s === null || s === undefined ? el("span", {class: "muted"}, "unknown")
     : el("span", {class: "eta"}, s > 0 ? `~${secs(s)} ` : "any moment ",
       el("span", {class: "tag estimate"}, "estimate")));
@@ -84,7 +86,7 @@ const Switchyard = (() => {
 
   function tick() {
     document.querySelectorAll("[data-since]").forEach((node) => {
-      node.textContent = secs((serverNow() - Date.parse(node.dataset.since)) / 1000);
+      node.textContent = elapsed(node.dataset.since);
     });
     document.querySelectorAll("[data-until]").forEach(tickUntil);
     document.querySelectorAll(".load[data-started]").forEach(tickLoad);
