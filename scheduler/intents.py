@@ -207,3 +207,6 @@ class Intents:
             if step.decision is not None and not await self.runtime.execute(step.decision):
                 continue  # the rows moved: the next pass sees them and plans again
             await in_pool_thread(write_step)(step)
+            if step.enable is not None:
+                # The pass just planned planned with the server as it was: plan again.
+                self.runtime.wake.set()

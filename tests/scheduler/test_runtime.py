@@ -20,7 +20,7 @@ from access.models import ApiKey
 from backends.models import Deployment, DeploymentState, Server
 from scheduler import sql, store, wakeup
 from scheduler.api import intake
-from scheduler.models import Priority, State, Worker
+from scheduler.models import Intent, Priority, State, Worker
 from scheduler.runtime import FreedSlot, Runtime
 from tests import factories
 from tests.support.openai_upstream import Upstream
@@ -336,6 +336,26 @@ async def test_a_completion_anywhere_calls_for_a_pass_while_a_quota_holds_a_requ
         assert rt.plan_after_news(FreedSlot(s1))
     finally:
         await rt.stop()
+
+
+async def test_an_enable_is_followed_by_a_pass_that_serves_what_waited(knobs):
+    """An operator enables a disabled server while a request for its model waits: a pass
+    follows the intent's and sends it. Without, it waited for the poll interval (5 s; here
+    an hour), or the end of its no-server grace."""
+    knobs(POLL_INTERVAL_S=3600, STATUS_SYNC_S=3600, NO_SERVER_GRACE_S=3600)
+
+    def setup():
+        s1 = factories.server("s1", enabled=False)
+        factories.deployment(s1, "m1")
+        loaded_on("s1", "m1")
+        return s1, factories.request("m1")
+
+    s1, request = await db(setup)()
+    async with Running() as running:
+        await running.passes(1)  # it waits: no server can serve m1
+        # Stored as the web process stores it; its one wake-up is `until`'s.
+        await db(Intent.objects.create)(server=s1, action="enable", requested_by="key ops")
+        await running.until(lambda: state_of(request) == State.COMPLETED)
 
 
 async def test_a_pass_that_only_routes_and_sends_goes_to_the_database_thread_once(
