@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
 from backends import config_file
+from scheduler import wakeup
 from scheduler.channel_hints import DASHBOARD_CHANGED, DASHBOARD_GROUP
 from tests import factories
 
@@ -42,3 +43,25 @@ async def test_an_edit_in_the_admin_is_told_too():
         server.save()
 
     assert await told(edit) == DASHBOARD_CHANGED
+
+
+async def test_an_edit_of_a_server_or_a_deployment_wakes_the_workers():
+    """Planned with at once: a deployment enabled in the admin while requests wait for its
+    model waited for the next poll (5 s)."""
+    server = await sync_to_async(factories.server)("box")
+    deployment = await sync_to_async(factories.deployment)(server, "m")
+    heard = asyncio.Event()
+
+    def listener(arrived: object) -> None:
+        heard.set()
+
+    wakeup.subscribe(listener)
+    try:
+        for row in (server, deployment):
+            heard.clear()
+            row.enabled = False
+            await sync_to_async(row.save)()
+            async with asyncio.timeout(10):
+                await heard.wait()
+    finally:
+        wakeup.unsubscribe(listener)
