@@ -404,6 +404,8 @@ class Waiting:
         return (f", {self.when}" if self.when else "") + (f": {self.why}" if self.why else "")
 
     def comment(self, state: str) -> str:
+        if self.where == "processing":  # at its server, no token yet (a long prompt)
+            return ": processing\n\n"
         return f": waiting, {state}, {self.where}{self.tail()}\n\n"
 
     def progress_line(self) -> str:

@@ -61,3 +61,5 @@ def test_without_a_forecast_or_once_at_the_server_it_says_no_eta():
     forecast_for(running, seconds_ago=1, eta_s=5)
     assert place_and_eta(running) == (None, None, None)
     assert Waiting("processing", "", "").progress_line() == ""
+    # Not ": waiting, processing, processing".
+    assert Waiting("processing", "", "").comment(State.PROCESSING) == ": processing\n\n"
