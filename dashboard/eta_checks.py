@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from django.core.cache import cache
 
-from scheduler.eta import FLOOR_S, TOLERANCE, Accuracy
+from scheduler.eta_accuracy import FLOOR_S, TOLERANCE, Accuracy
 from scheduler.models import TERMINAL_STATES, Request, State
 
 from . import forecast

@@ -1,15 +1,17 @@
 """The live ETA: the database's picture fed to the pure forecast (`scheduler/eta.py`).
 
-A fixed number of reads: servers, deployments, the requests running now, and the head of
-the line (at most `limit` rows, in the policy's order). Rows further back are never ahead
-of these, so the head's ETAs do not depend on them."""
+A fixed number of reads: servers, deployments, the requests running now, the head of the
+line (at most `limit` rows, in the policy's order) and the quotas of its callers. Rows
+further back are never ahead of these, so the head's ETAs do not depend on them."""
 
 from dataclasses import dataclass
 from datetime import datetime
 
+from access.models import ApiKey
 from access.usage import TOKEN_CAPS
 from backends.models import Deployment, Server
 from scheduler.eta import (
+    Cap,
     Host,
     Place,
     Waiter,
@@ -37,11 +39,16 @@ def available(s: Server, now: datetime) -> bool:
     return s.cooldown_until is None or s.cooldown_until <= now
 
 
-def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Place]]:
+def hosts_and_places(
+    now: datetime, runs: "Runs"
+) -> tuple[list[Host], list[Place], list[tuple[Request, float]]]:
+    """The servers and deployments as the forecast sees them, and each running request
+    with what is left of its run."""
     busy: dict[int, list[Request]] = {}
     running = Request.objects.filter(state=State.PROCESSING).only(
-        "deployment_id", "started_at", "model_id", "priority", "payload"
+        "deployment_id", "started_at", "model_id", "priority", "payload", "api_key_id"
     )
+    running_left: list[tuple[Request, float]] = []
     for r in running:
         busy.setdefault(r.deployment_id, []).append(r)
     hosts = [
@@ -63,6 +70,9 @@ def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Plac
         elif d.state == "loading" and d.load_started_at:
             elapsed = (now - d.load_started_at).total_seconds()
             left = load_left_s(load_s, elapsed, server_fraction(d))
+        here = busy.get(d.pk, [])
+        busy_s = tuple(runs.left_s(r, run_s, now) for r in here)
+        running_left.extend(zip(here, busy_s, strict=True))
         places.append(
             Place(
                 id=d.pk,
@@ -73,13 +83,38 @@ def hosts_and_places(now: datetime, runs: "Runs") -> tuple[list[Host], list[Plac
                 run_s=run_s,
                 model_type=d.model.type,
                 load_left_s=left,
-                busy_s=tuple(runs.left_s(r, run_s, now) for r in busy.get(d.pk, ())),
+                busy_s=busy_s,
                 idle_s=(now - d.last_used_at).total_seconds() if d.last_used_at else 1e9,
                 slots=d.slots,
                 fresh=unused_since_loaded(d),
             )
         )
-    return hosts, places
+    return hosts, places, running_left
+
+
+def quota_caps(
+    waiting: list[Request], running: list[tuple[Request, float]]
+) -> tuple[list[Cap], dict[int, tuple]]:
+    """The quotas (`max_processing`) of the waiting requests' keys and of their teams, each
+    with what is left of the runs of its requests at servers now; and each key's own."""
+    keys = {r.api_key_id for r in waiting if r.api_key_id is not None}
+    if not keys:
+        return [], {}
+    keys |= {r.api_key_id for r, _ in running if r.api_key_id is not None}
+    rows = ApiKey.objects.filter(pk__in=keys).values_list(
+        "pk", "max_processing", "team_id", "team__max_processing"
+    )
+    limits: dict[tuple, int] = {}
+    of_key: dict[int, tuple] = {}
+    for key, key_most, team, team_most in rows:
+        own = [("key", key, key_most), ("team", team, team_most)]
+        of_key[key] = tuple((kind, i) for kind, i, most in own if most is not None)
+        limits.update(((kind, i), most) for kind, i, most in own if most is not None)
+    busy: dict[tuple, list[float]] = {cap: [] for cap in limits}
+    for r, left in running:
+        for cap in of_key.get(r.api_key_id, ()):
+            busy[cap].append(left)
+    return [Cap(cap, most, tuple(busy[cap])) for cap, most in limits.items()], of_key
 
 
 def run_means(deployments: list[Deployment]) -> dict[int, float]:
@@ -216,7 +251,8 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
     }
     requests = sorted(read, key=lambda r: (classes[r.pk], r.created_at, str(r.pk)))
     runs = Runs.read()
-    hosts, places = hosts_and_places(now, runs)
+    hosts, places, running = hosts_and_places(now, runs)
+    caps, of_key = quota_caps(requests, running)
     line = [
         Waiter(
             r.pk,
@@ -225,7 +261,8 @@ def head(now: datetime, limit: int = LINE_READ, related: bool = False) -> Line:
             runs.expected_s(r),
             held_s(r.reason, now),
             classes[r.pk],
+            of_key.get(r.api_key_id, ()),
         )
         for r in requests
     ]
-    return Line(requests, forecast(hosts, places, line, config=config))
+    return Line(requests, forecast(hosts, places, line, config=config, caps=caps))

@@ -5,17 +5,14 @@ The forecast plays the line forward in the order given (the policy's order: clas
 then arrival): each request goes where it would start first among its model's deployments
 (or the one it is routed to), after what is left of a load under way, or after a load of
 its own (one at a time per server, evicting the least recently used model of its type when
-the server is full, once the head of that model's queue that the policy's collation
-serves first has run), and after a slot frees. A slot
-frees when a request's expected run ends. Expected times come from history: a deployment's
+the server is full, once the head of that model's queue that the policy's collation serves
+first has run), after a slot frees, and after its caller's quota has room. A slot frees
+when a request's expected run ends. Expected times come from history: a deployment's
 moving average of load time and of run time.
 
-How good it is gets measured, not assumed: `Accuracy` counts the share of requests sent
-within TOLERANCE of the ETA they were first given (`dashboard/eta_checks.py` live,
-`scheduler/simulation.py` on a simulated day)."""
+How good it is gets measured, not assumed (`eta_accuracy`)."""
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,8 +20,6 @@ from dataclasses import dataclass, field
 from . import holding
 from .snapshot import PolicyConfig
 
-TOLERANCE = 0.20
-FLOOR_S = 1.0  # an ETA of a second or less is right within a second
 # Below this a server's load fraction says too little to scale from (a first tick).
 MIN_REPORTED = 0.05
 DEFAULT_RUN_S = 5.0  # before any request of any model has run
@@ -104,10 +99,21 @@ class Waiter:
     not_before_s: float = 0.0
     # The class it waits in after aging (`line_order`), as the policy weighs it (NORMAL).
     effective_class: int = 2
+    caps: tuple[Hashable, ...] = ()  # its caller's quotas (`Cap`): its key's, its team's
 
     def run_on(self, p: Place) -> float:
         """Its expected run on `p`."""
         return p.run_s if self.run_s is None else self.run_s
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    """A caller's quota (a key's or a team's `max_processing`): at most `limit` of its
+    requests at servers at once. `busy_s`: what is left of each one it runs now."""
+
+    id: Hashable
+    limit: int
+    busy_s: tuple[float, ...] = ()
 
 
 def line_order(priority: int, waited_s: float, aging_step_s: float) -> int:
@@ -162,6 +168,7 @@ def forecast(
     line: Iterable[Waiter],
     unload_s: float = 0.0,
     config: PolicyConfig = DEFAULT_CONFIG,
+    caps: Iterable[Cap] = (),
 ) -> dict[Hashable, float | None]:
     """Seconds from now until each request in `line` (in line order) is sent; None for one
     that no available server can serve.
@@ -179,8 +186,12 @@ def forecast(
     collation (`holding.outranks`); the rest wait for a reload. At equal classes the whole
     queue goes first. When: per server, as each slot frees, the best placed
     request whose model is ready by then is sent (a loaded model's requests go ahead of
-    those waiting for a load, as the policy sends them)."""
-    return _Forecast(hosts, places, line, unload_s, config).run()
+    those waiting for a load, as the policy sends them). Then its caller's quotas (`caps`):
+    a request goes no sooner than one of their units frees, its caller's requests in the
+    order the forecast sends them (rough: the slot it leaves to others meanwhile is not
+    given to them)."""
+    found = _Forecast(hosts, places, line, unload_s, config)
+    return _within_caps(found.run(), found, {c.id: c for c in caps})
 
 
 class _Forecast:
@@ -233,6 +244,7 @@ class _Forecast:
             h: [] for h in self.servers
         }
         self.queued = dict.fromkeys(self.places, 0)
+        self.run_of: dict[Hashable, float] = {}  # each placed request's expected run
 
     def keep(self, w: Waiter, p: Place, ready: float) -> None:
         self.kept[w.id] = (max(ready, w.not_before_s), p.id)
@@ -363,6 +375,7 @@ class _Forecast:
             # Rough: its share of the slots it runs in, for an eviction's wait on this model.
             self.work[p.id] = max(self.work[p.id], ready) + run_s / server.lanes(p)
         server.backlog = start + run_s / server.host.slots
+        self.run_of[w.id] = run_s
         self.queues[p.server_id].append((rank, w.id, run_s, ready, p.id))
         self.queued[p.id] += 1
 
@@ -373,6 +386,25 @@ class _Forecast:
         for server_id, queue in self.queues.items():
             _send(self.servers[server_id], queue, etas)
         return etas
+
+
+def _within_caps(
+    etas: dict[Hashable, float | None], found: _Forecast, caps: dict[Hashable, Cap]
+) -> dict[Hashable, float | None]:
+    """`etas`, each no sooner than a unit of each of its caller's quotas frees."""
+    if not caps:
+        return etas
+    frees = {c.id: _free_slots(c.busy_s, c.limit) for c in caps.values() if c.limit > 0}
+    sent = sorted((eta, found.rank[w.id], w) for w in found.line if (eta := etas[w.id]) is not None)
+    for eta, _, w in sent:
+        held = [frees[c] for c in w.caps if c in frees]
+        if not held:
+            continue
+        start = max([eta] + [heap[0] for heap in held])
+        etas[w.id] = start
+        for heap in held:
+            heapq.heapreplace(heap, start + found.run_of[w.id])
+    return etas
 
 
 def _room(p: Place, servers: dict, places: dict) -> bool:
@@ -440,41 +472,3 @@ def _send(server: _Server, queue: list, etas: dict) -> None:
         heapq.heapreplace(server.slots, free + run_s)
         if place in server.own:
             heapq.heapreplace(server.own[place], free + run_s)
-
-
-def within(eta_s: float, actual_s: float) -> bool:
-    return abs(actual_s - eta_s) <= max(TOLERANCE * eta_s, FLOOR_S)
-
-
-@dataclass
-class Accuracy:
-    """Of the requests given an ETA and since sent: how many within tolerance, and the
-    median of |error| relative to the ETA."""
-
-    checked: int = 0
-    within: int = 0
-    errors: list[float] = field(default_factory=list)  # seconds, > 0: later than said
-
-    def add(self, eta_s: float, actual_s: float) -> None:
-        self.checked += 1
-        self.within += within(eta_s, actual_s)
-        self.errors.append(actual_s - eta_s)
-
-    @property
-    def share(self) -> float | None:
-        return self.within / self.checked if self.checked else None
-
-    @property
-    def median_error_s(self) -> float | None:
-        if not self.errors:
-            return None
-        ordered = sorted(abs(e) for e in self.errors)
-        return ordered[max(math.ceil(len(ordered) / 2) - 1, 0)]
-
-    def summary(self) -> str:
-        if not self.checked:
-            return "no ETA checked"
-        return (
-            f"{self.share:.0%} within ±{TOLERANCE:.0%} (or {FLOOR_S:g} s) of {self.checked}, "
-            f"median error {self.median_error_s:.1f} s"
-        )

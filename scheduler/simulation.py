@@ -44,7 +44,7 @@ from .decisions import (
     StopLoad,
     Unload,
 )
-from .eta import Accuracy
+from .eta_accuracy import Accuracy
 from .load_estimate import model_name, with_expected_loads
 from .policy import plan
 from .simulation_eta import EtaBook

@@ -8,7 +8,6 @@ from datetime import datetime
 from uuid import UUID
 
 from .eta import (
-    Accuracy,
     Host,
     Place,
     Waiter,
@@ -17,6 +16,7 @@ from .eta import (
     line_order,
     load_left_s,
 )
+from .eta_accuracy import Accuracy
 from .load_estimate import model_name, with_expected_loads
 from .snapshot import DeploymentView, PolicyConfig, RequestView, ServerView, unused_since_loaded
 

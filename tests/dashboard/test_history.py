@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from access.models import ApiKey, Team
 from backends.models import Deployment
 from backends.models import DeploymentState as DS
 from dashboard import charts, eta_checks, forecast, history, state
@@ -223,6 +224,26 @@ def test_a_load_whose_victim_still_unloads_has_all_of_its_time_left():
     factories.deployment(srv, "old", state=DS.UNLOADING)
     r = factories.request("m", state=State.NEEDS_LOADING, server=srv, deployment=d)
     assert forecast.head(NOW).etas[r.pk] == 10.0
+
+
+def test_a_request_its_teams_quota_holds_is_sent_once_the_team_has_room():
+    """A team held to one request at a time runs one on `m` (4 s of its expected 10 s
+    left); its key's next request waits though the server has a free slot: 6 s, not "any
+    moment". A request of a key in no team goes at once."""
+    srv = factories.server("gpu-1", slots=4)
+    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=10.0)
+    team = Team.objects.create(name="research", max_processing=1)
+    key, _ = ApiKey.generate("a", team=team)
+    key.save()
+    other, _ = ApiKey.generate("b")
+    other.save()
+    factories.request(
+        "m", state=State.PROCESSING, server=srv, deployment=d, api_key=key, started_at=at(-4)
+    )
+    held = factories.request("m", api_key=key)
+    free = factories.request("m", api_key=other)
+    etas = forecast.head(NOW).etas
+    assert (etas[held.pk], etas[free.pk]) == (6.0, 0.0)
 
 
 def test_history_json_has_every_minute_of_the_range_and_the_timeline(client):

@@ -3,7 +3,7 @@
 import pytest
 
 from scheduler.eta import (
-    Accuracy,
+    Cap,
     Host,
     Place,
     Waiter,
@@ -11,8 +11,8 @@ from scheduler.eta import (
     line_order,
     load_left_s,
     token_line,
-    within,
 )
+from scheduler.eta_accuracy import Accuracy, within
 
 
 def place(id, server, model, state="loaded", **fields) -> Place:
@@ -46,6 +46,21 @@ def test_a_waiter_runs_as_it_is_expected_to_else_as_its_place():
 def test_a_loaded_model_with_free_slots_is_sent_at_once_then_rounds_of_its_run():
     etas = forecast([Host(1, slots=2)], [place(1, 1, "a")], [Waiter(i, "a") for i in range(5)])
     assert etas == {0: 0.0, 1: 0.0, 2: 2.0, 3: 2.0, 4: 4.0}
+
+
+def test_a_request_held_by_its_callers_quota_goes_once_a_unit_of_it_frees():
+    """A team held to 2 at once runs one request with 3 s left: of its three waiting, the
+    first goes now, the next two as the team's requests end, though the server has free
+    slots (without, all three 'any moment'). A key's own quota counts too; another caller's
+    request goes at once."""
+    team = Cap("team", limit=2, busy_s=(3.0,))
+    line = [Waiter(i, "a", caps=("team",)) for i in range(3)] + [Waiter("other", "a")]
+    etas = forecast([Host(1, slots=8)], [place(1, 1, "a")], line, caps=[team])
+    assert etas == {0: 0.0, 1: 2.0, 2: 3.0, "other": 0.0}
+    key = Cap("key", limit=1)
+    line = [Waiter(i, "a", caps=("key", "team")) for i in range(2)]
+    etas = forecast([Host(1, slots=8)], [place(1, 1, "a")], line, caps=[team, key])
+    assert etas == {0: 0.0, 1: 2.0}
 
 
 def test_a_load_under_way_does_not_hold_up_a_loaded_models_requests():
