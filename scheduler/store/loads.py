@@ -174,12 +174,13 @@ def load_called_off(job: LoadJob) -> None:
     Switchyard did not send to finish on a victim): the victims not yet unloaded are
     `loaded` again, and the deployment `unloaded`, as before the load."""
     now = timezone.now()
+    ours = Deployment.objects.filter(worker=job.worker_id)  # not taken over meanwhile
     with transaction.atomic():
         kept = [victim for victim, _ in job.evict]
-        Deployment.objects.filter(pk__in=kept, state=DS.UNLOADING).update(
+        ours.filter(pk__in=kept, state=DS.UNLOADING).update(
             state=DS.LOADED, state_changed_at=now, worker=None
         )
-        Deployment.objects.filter(pk=job.deployment_id, state=DS.LOADING).update(
+        ours.filter(pk=job.deployment_id, state=DS.LOADING).update(
             state=DS.UNLOADED, state_changed_at=now, worker=None, load_progress=None
         )
     channel_hints.dashboard_changed()
