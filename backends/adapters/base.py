@@ -18,6 +18,9 @@ class ErrorCode(StrEnum):
     CONNECTION = "connection"  # refused, reset, timed out, crashed
     SERVER_ERROR = "server_error"  # 5xx
     BAD_REQUEST = "bad_request"  # the request itself is wrong: never retried
+    # Its prompt (with the answer it asks room for) is longer than the model's context on
+    # that server: never retried; OpenAI's code, which apps check to shorten and try again.
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
 class AdapterError(Exception):
@@ -37,7 +40,11 @@ class AdapterError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.code not in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND)
+        return self.code not in (
+            ErrorCode.BAD_REQUEST,
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            ErrorCode.NOT_FOUND,
+        )
 
     @property
     def server_fault(self) -> bool:

@@ -59,8 +59,8 @@ TRY_LATER_WORDS = ("model limit reached", "try again later")
 # The request is too large for the model as it is loaded: the same answer on every retry and
 # every server, whatever its status (llama-server answers an embedding input over its batch
 # size with a 500), and no fault of the server's: retried, it opened the breaker for all.
-TOO_LARGE_WORDS = (
-    "too large to process",  # llama-server: an input over its physical batch size
+TOO_LARGE_WORDS = ("too large to process",)  # llama-server: an input over its batch size
+CONTEXT_WORDS = (
     "exceeds the available context size",  # llama-server
     "maximum context length",  # vLLM
 )
@@ -133,6 +133,8 @@ def classify(status: int, message: str, retry_after: float | None = None) -> Ada
         code = ErrorCode.NOT_LOADED
     elif any(w in lowered for w in LOAD_FAILED_WORDS) or OOM_WORD.search(lowered):
         code = ErrorCode.LOAD_FAILED
+    elif any(w in lowered for w in CONTEXT_WORDS):
+        code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
     elif any(w in lowered for w in TOO_LARGE_WORDS):
         code = ErrorCode.BAD_REQUEST
     elif status == 404 or any(w in lowered for w in NOT_FOUND_WORDS):

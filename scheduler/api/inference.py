@@ -36,6 +36,7 @@ from .waiting import (
 
 FAILED_STATUS = {
     "bad_request": 400,
+    "context_length_exceeded": 400,
     "model_not_deployed": 404,
     "model_not_found": 404,
     "model_unavailable": 503,

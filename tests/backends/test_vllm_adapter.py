@@ -145,6 +145,21 @@ async def test_unknown_model_in_both_error_envelopes(server, adapter, body):
     )
 
 
+async def test_a_prompt_over_the_models_context_is_openais_context_length_exceeded(server, adapter):
+    """vLLM's own words for it (its 400), as OpenAI's code that apps check; never retried."""
+    said = (
+        "This model's maximum context length is 40960 tokens. However, you requested 50000"
+        " tokens (49990 in the messages, 10 in the completion)."
+    )
+    server.on("GET", "/is_sleeping", AWAKE)
+    body = {"object": "error", "message": said, "type": "BadRequestError", "code": 400}
+    server.on("POST", "/v1/chat/completions", Reply(400, body))
+    with pytest.raises(AdapterError) as raised:
+        await adapter.run(InferenceCall("chat", QWEN, CHAT))
+    assert (raised.value.code, raised.value.message) == (ErrorCode.CONTEXT_LENGTH_EXCEEDED, said)
+    assert not raised.value.retryable
+
+
 async def test_health_of_a_dead_engine(server, adapter):
     server.on("GET", "/health", Reply(200), Reply(503))
     await adapter.health()

@@ -221,6 +221,21 @@ def test_an_input_too_large_fails_alone_and_trips_no_breaker(router, switchyard)
     assert answer.status_code == 200, answer.text
 
 
+def test_a_prompt_longer_than_the_context_says_so_in_openais_code(router, switchyard):
+    """llama-server refuses a prompt over the model's context (`tiny`: 512 tokens) with its
+    own error type; the app gets OpenAI's `context_length_exceeded` (what its SDK and
+    frameworks check to shorten the prompt and try again), at once, not retried."""
+    discovered(router)
+    live = switchyard()
+    long = [{"role": "user", "content": "word " * 2000}]
+    refused = live.post("/v1/chat/completions", {"model": "tiny", "messages": long})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["type"]) == ("context_length_exceeded", "invalid_request_error")
+    assert "exceeds the available context size (512 tokens)" in error["message"]
+    assert Request.objects.get().attempts == 1
+
+
 def test_a_model_the_router_does_not_have(router, switchyard):
     server = discovered(router)
     ghost = Model.objects.create(name="ghost")
