@@ -64,6 +64,8 @@ CONTEXT_WORDS = (
     "exceeds the available context size",  # llama-server
     "maximum context length",  # vLLM
 )
+# The same said by name: OpenAI's code (newer vLLM sends it), llama-server's error type.
+CONTEXT_NAMES = {"context_length_exceeded", "exceed_context_size_error"}
 
 OPENAI_PATHS = {
     "chat": "/v1/chat/completions",
@@ -109,7 +111,18 @@ def error_from_response(
     except ValueError:
         body = None
     message = message_of(body) if body is not None else one_line(text)
+    if CONTEXT_NAMES & names_of(body):
+        return AdapterError(ErrorCode.CONTEXT_LENGTH_EXCEEDED, message, status=status)
     return classify(status, message or f"HTTP {status}", retry_after_of(headers))
+
+
+def names_of(body: Any) -> set[str]:
+    """The names an error body gives its error (`code` and `type`, nested or flat)."""
+    if not isinstance(body, dict):
+        return set()
+    error = body.get("error")
+    said = [error, body] if isinstance(error, dict) else [body]
+    return {v for part in said for k in ("code", "type") if isinstance(v := part.get(k), str)}
 
 
 def one_line(text: str) -> str:

@@ -145,14 +145,24 @@ async def test_unknown_model_in_both_error_envelopes(server, adapter, body):
     )
 
 
-async def test_a_prompt_over_the_models_context_is_openais_context_length_exceeded(server, adapter):
-    """vLLM's own words for it (its 400), as OpenAI's code that apps check; never retried."""
-    said = (
-        "This model's maximum context length is 40960 tokens. However, you requested 50000"
-        " tokens (49990 in the messages, 10 in the completion)."
-    )
+@pytest.mark.parametrize(
+    "said, code",
+    [
+        (
+            "This model's maximum context length is 40960 tokens. However, you requested"
+            " 50000 tokens (49990 in the messages, 10 in the completion).",
+            400,
+        ),
+        ("prompt too long: 50000 > 40960", "context_length_exceeded"),  # newer: by name
+    ],
+)
+async def test_a_prompt_over_the_models_context_is_openais_context_length_exceeded(
+    server, adapter, said, code
+):
+    """vLLM's own words for it (its 400), or OpenAI's code by name, as OpenAI's code that
+    apps check; never retried."""
     server.on("GET", "/is_sleeping", AWAKE)
-    body = {"object": "error", "message": said, "type": "BadRequestError", "code": 400}
+    body = {"object": "error", "message": said, "type": "BadRequestError", "code": code}
     server.on("POST", "/v1/chat/completions", Reply(400, body))
     with pytest.raises(AdapterError) as raised:
         await adapter.run(InferenceCall("chat", QWEN, CHAT))
