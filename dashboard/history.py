@@ -190,11 +190,22 @@ def moved(old: float | None, new: float | None) -> float | None:
     return old + RUN_WEIGHT * (new - old)
 
 
+def natural_tokens(answers: list[tuple[int, int | None]]) -> float | None:
+    """How long an answer runs when no cap cuts it, from (tokens generated, tokens asked
+    for at most) of answers: all the tokens generated over the answers that ended by
+    themselves (fewer than asked, or none asked), so that one cut at its cap counts as
+    running at least that long (the mean of an exponential length, estimated from cut
+    answers too). Where most answers are cut, the few short ones that ended alone said the
+    answers were short. None while none ended by itself: a request runs as long as it asks."""
+    ended = sum(1 for n, asked in answers if asked is None or n < asked)
+    return sum(n for n, _ in answers) / ended if ended else None
+
+
 def update_runs(runs: RunSamples, now: datetime) -> None:
     """Move each model and class's expected run time toward the mean of the minutes just
     rolled up, and, of the runs whose server counted their tokens, its token line
-    (`eta.token_line`) and the mean length of the answers no cap cut short (fewer tokens
-    than asked for, or none asked): a few rows, one per model and class that ran."""
+    (`eta.token_line`) and how long an answer runs uncut (`natural_tokens`): a few rows,
+    one per model and class that ran."""
     known = {
         (r.model_id, r.priority): r
         for r in RunStat.objects.filter(model_id__in=[m for m, _ in runs])
@@ -202,8 +213,7 @@ def update_runs(runs: RunSamples, now: datetime) -> None:
     for (model_id, priority), values in runs.items():
         mean = sum(ran for ran, _, _ in values) / len(values)
         base_s, token_s = token_line((ran, n) for ran, n, _ in values if n) or (None, None)
-        uncut = [n for _, n, asked in values if n and (asked is None or n < asked)]
-        natural = sum(uncut) / len(uncut) if uncut else None
+        natural = natural_tokens([(n, asked) for _, n, asked in values if n])
         stat = known.get((model_id, priority))
         if stat is None:
             stat = RunStat(

@@ -33,9 +33,9 @@ class RunStat(models.Model):
     """How long a model's requests of one class run, as a moving average over the minutes
     rolled up (each minute's mean weighs `history.RUN_WEIGHT`): what the ETA expects. And,
     where the servers counted the tokens they generated, their token line (`base_s` before
-    the first token, `token_s` per token: `eta.token_line`) and `natural_tokens`, the mean
-    length of the answers that ended before any cap their request set: a request is
-    expected to generate that many, or the tokens it asks for at most if fewer."""
+    the first token, `token_s` per token: `eta.token_line`) and `natural_tokens`, how long
+    an answer runs when no cap cuts it (`history.natural_tokens`): a request is expected to
+    generate that many, or the tokens it asks for at most if fewer."""
 
     model_id = models.BigIntegerField()
     priority = models.PositiveSmallIntegerField()

@@ -448,6 +448,32 @@ def test_answers_cut_at_their_cap_say_a_request_runs_as_long_as_it_asks():
     assert forecast.head(NOW).etas[long.pk] == 0.0
 
 
+def test_answers_mostly_cut_at_their_cap_are_not_taken_for_the_few_that_ended_alone():
+    """Twelve answers cut at their cap of 150 tokens and one that ended by itself after 2:
+    answers run long, and a request for 150 is expected to run all 150 (1.5 s), not 2
+    tokens' worth (it was, as the mean of the answers that ended alone)."""
+    srv = factories.server("gpu-1", slots=1)
+    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
+    minute = history.floor_minute(NOW)
+    for ran, tokens in [(1.5, 150)] * 12 + [(0.02, 2)]:
+        background_ran(
+            minute - timedelta(seconds=30),
+            ran,
+            tokens,
+            server=srv,
+            deployment=d,
+            payload=chat(max_tokens=150),
+        )
+    history.roll_up(NOW)
+    assert RunStat.objects.values_list("natural_tokens", flat=True).get() == 1802
+    long = factories.request(
+        "m", Priority.BACKGROUND, created_at=at(-2), payload=chat(max_tokens=150)
+    )
+    behind = factories.request("m", Priority.BACKGROUND, created_at=at(-1))
+    assert forecast.head(NOW).etas[behind.pk] == pytest.approx(1.5)
+    assert forecast.head(NOW).etas[long.pk] == 0.0
+
+
 def test_one_count_of_tokens_draws_no_line():
     """The prompt's part and the tokens' cannot be told apart: the run time alone counts."""
     minute = history.floor_minute(NOW)
