@@ -195,8 +195,9 @@ def natural_tokens(answers: list[tuple[int, int | None]]) -> float | None:
     for at most) of answers: all the tokens generated over the answers that ended by
     themselves (fewer than asked, or none asked), so that one cut at its cap counts as
     running at least that long (the mean of an exponential length, estimated from cut
-    answers too). Where most answers are cut, the few short ones that ended alone said the
-    answers were short. None while none ended by itself: a request runs as long as it asks."""
+    answers too): where most answers are cut, the mean of the few that ended early alone
+    made answers look short. None while none ended by itself: a request runs as long as it
+    asks."""
     ended = sum(1 for n, asked in answers if asked is None or n < asked)
     return sum(n for n, _ in answers) / ended if ended else None
 

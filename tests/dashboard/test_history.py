@@ -422,56 +422,45 @@ def test_a_request_that_asks_for_fewer_tokens_is_expected_to_end_sooner():
     assert [etas[r.pk] for r in chats] == pytest.approx([0.0, 2.1])
 
 
+def capped_answers(answers: list[tuple[float, int, int]]) -> None:
+    """`m` loaded on a one-slot server, and background answers of it (seconds run, tokens
+    generated, tokens asked for at most) in the minute before NOW, rolled up."""
+    srv = factories.server("gpu-1", slots=1)
+    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
+    started = history.floor_minute(NOW) - timedelta(seconds=30)
+    for ran, tokens, cap in answers:
+        payload = chat(max_tokens=cap)
+        background_ran(started, ran, tokens, server=srv, deployment=d, payload=payload)
+    history.roll_up(NOW)
+
+
+def eta_behind_one_asking_for(cap: int) -> float:
+    """The ETA of a request behind one that asks for `cap` tokens at most (sent at once)."""
+    asking = factories.request(
+        "m", Priority.BACKGROUND, created_at=at(-2), payload=chat(max_tokens=cap)
+    )
+    behind = factories.request("m", Priority.BACKGROUND, created_at=at(-1))
+    etas = forecast.head(NOW).etas
+    assert etas[asking.pk] == 0.0
+    return etas[behind.pk]
+
+
 def test_answers_cut_at_their_cap_say_a_request_runs_as_long_as_it_asks():
     """Every answer so far was as long as its request allowed (16 tokens in 1.1 s, 200 in
     13.3 s): no natural length is known, so a request for 200 is expected to run 13.3 s,
     not the class's mean of 7.2 s."""
-    srv = factories.server("gpu-1", slots=1)
-    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
-    minute = history.floor_minute(NOW)
-    for ran, tokens in ((1.1, 16), (13.3, 200)):
-        background_ran(
-            minute - timedelta(seconds=30),
-            ran,
-            tokens,
-            server=srv,
-            deployment=d,
-            payload=chat(max_tokens=tokens),
-        )
-    history.roll_up(NOW)
+    capped_answers([(1.1, 16, 16), (13.3, 200, 200)])
     assert RunStat.objects.values_list("natural_tokens", flat=True).get() is None
-    long = factories.request(
-        "m", Priority.BACKGROUND, created_at=at(-2), payload=chat(max_tokens=200)
-    )
-    behind = factories.request("m", Priority.BACKGROUND, created_at=at(-1))
-    assert forecast.head(NOW).etas[behind.pk] == pytest.approx(13.3)
-    assert forecast.head(NOW).etas[long.pk] == 0.0
+    assert eta_behind_one_asking_for(200) == pytest.approx(13.3)
 
 
 def test_answers_mostly_cut_at_their_cap_are_not_taken_for_the_few_that_ended_alone():
     """Twelve answers cut at their cap of 150 tokens and one that ended by itself after 2:
     answers run long, and a request for 150 is expected to run all 150 (1.5 s), not 2
     tokens' worth (it was, as the mean of the answers that ended alone)."""
-    srv = factories.server("gpu-1", slots=1)
-    d = factories.deployment(srv, "m", state=DS.LOADED, avg_inference_s=5.0)
-    minute = history.floor_minute(NOW)
-    for ran, tokens in [(1.5, 150)] * 12 + [(0.02, 2)]:
-        background_ran(
-            minute - timedelta(seconds=30),
-            ran,
-            tokens,
-            server=srv,
-            deployment=d,
-            payload=chat(max_tokens=150),
-        )
-    history.roll_up(NOW)
+    capped_answers([(1.5, 150, 150)] * 12 + [(0.02, 2, 150)])
     assert RunStat.objects.values_list("natural_tokens", flat=True).get() == 1802
-    long = factories.request(
-        "m", Priority.BACKGROUND, created_at=at(-2), payload=chat(max_tokens=150)
-    )
-    behind = factories.request("m", Priority.BACKGROUND, created_at=at(-1))
-    assert forecast.head(NOW).etas[behind.pk] == pytest.approx(1.5)
-    assert forecast.head(NOW).etas[long.pk] == 0.0
+    assert eta_behind_one_asking_for(150) == pytest.approx(1.5)
 
 
 def test_one_count_of_tokens_draws_no_line():
