@@ -21,7 +21,8 @@ from .base import (
     ServerModel,
     positive_count,
 )
-from .http import TRANSPORT_ERRORS, HttpAdapter, connection_error, error_from_response
+from .http import HttpAdapter
+from .http_errors import TRANSPORT_ERRORS, connection_error, error_from_response
 from .llamacpp import props_facts
 
 RUNNING_STATES = {"ready": "loaded", "starting": "loading"}  # stopping: on its way out

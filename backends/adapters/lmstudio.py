@@ -30,7 +30,8 @@ from .base import (
     ServerModel,
     positive_count,
 )
-from .http import OPENAI_PATHS, HttpAdapter, classify
+from .http import OPENAI_PATHS, HttpAdapter
+from .http_errors import classify
 
 # Load fields of `POST /api/v1/models/load`; the engine-specific ones only apply to LLMs.
 LLM_LOAD_FIELDS = ("eval_batch_size", "flash_attention", "num_experts", "offload_kv_cache_to_gpu")

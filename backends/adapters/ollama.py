@@ -29,7 +29,8 @@ from .base import (
     ServerModel,
     positive_count,
 )
-from .http import HttpAdapter, error_from_event, read_to_end
+from .http import HttpAdapter, read_to_end
+from .http_errors import error_from_event
 
 # OpenAI sampling fields → Ollama runner options.
 SAMPLING = {
