@@ -3,6 +3,7 @@
 side; `CatchUp` the view's, which sends at the end what its caller never saw."""
 
 import asyncio
+import copy
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -102,24 +103,46 @@ def text_of(chunks: list[dict[str, Any]]) -> str:
 
 class CatchUp:
     """The text relayed so far, to send at the end what the caller never saw. A message
-    that does not begin where the relayed text ends (one was lost with Redis, or another
-    worker ran the request again) stops the live relay: the rest comes with the end."""
+    that does not begin where the relayed text ends stops the live relay: the rest comes
+    with the end. A message that begins the answer again is another worker's run of the
+    request (its first one's process exited): it is followed, unseen, until it passes what
+    the caller saw, and the caller gets the rest live; if it says otherwise, `diverged`."""
 
     def __init__(self) -> None:
         self.text = ""
         self.live = True
         self.saw_end = False  # a Responses or Messages API stream's last event
+        self.rerun: str | None = None  # the text of a run begun again, until it passes `text`
+        self.diverged = False
 
-    def relay(self, message: dict) -> bool:
-        """Whether `message`'s chunks go to the caller now (and count as seen)."""
-        if self.live and message.get("at", len(self.text)) == len(self.text):
-            self.text += text_of(message["chunks"])
-            self.saw_end |= any(
-                responses_api.final(c) or messages_api.ends(c) for c in message["chunks"]
-            )
-            return True
-        self.live = False
-        return False
+    def relay(self, message: dict) -> list[dict[str, Any]]:
+        """The chunks the caller gets now (and that count as seen)."""
+        at = message.get("at", len(self.text))
+        if self.diverged:
+            return []
+        if self.live and at == len(self.text):
+            return self.seen(message["chunks"])
+        if at == 0 and self.text:
+            self.live, self.rerun = False, ""
+        if self.rerun is None or at != len(self.rerun):
+            self.rerun = None  # a message lost with Redis: the rest comes with the end
+            return []
+        chunks = message["chunks"]
+        for i, chunk in enumerate(chunks):
+            self.rerun += text_of([chunk])
+            if not (self.text.startswith(self.rerun) or self.rerun.startswith(self.text)):
+                self.diverged, self.rerun = True, None
+                return []
+            if len(self.rerun) > len(self.text):
+                rest = self.rerun[len(self.text) :]
+                self.live, self.rerun = True, None
+                return self.seen([with_text(chunk, rest), *chunks[i + 1 :]])
+        return []
+
+    def seen(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.text += text_of(chunks)
+        self.saw_end |= any(responses_api.final(c) or messages_api.ends(c) for c in chunks)
+        return chunks
 
     def ending(self, result: dict | None, request_id) -> list[dict[str, Any]]:
         """The events that complete what the caller saw of `result`: a chunk with the rest
@@ -131,15 +154,7 @@ class CatchUp:
         if full is None or (self.saw_end if typed else full == self.text):
             return []
         if not full.startswith(self.text):
-            diverged = ApiError(
-                502,
-                f"Request {request_id} was run again after its worker stopped, and its answer"
-                f" differs from the part already streamed; GET /api/v1/requests/{request_id}"
-                " has the whole answer.",
-                type="server_error",
-                code="stream_diverged",
-            )
-            return [diverged.body()]
+            return [diverged(request_id).body()]
         if responses_api.is_response(result):
             return responses_api.ending(result, self.text)
         if messages_api.is_message(result):
@@ -158,6 +173,34 @@ class CatchUp:
                 "choices": [part],
             }
         ]
+
+
+def diverged(request_id) -> ApiError:
+    """The error that ends a stream whose request ran again and said otherwise."""
+    return ApiError(
+        502,
+        f"Request {request_id} was run again after its worker stopped, and its answer"
+        f" differs from the part already streamed; GET /api/v1/requests/{request_id}"
+        " has the whole answer once it ends.",
+        type="server_error",
+        code="stream_diverged",
+    )
+
+
+def with_text(chunk: dict[str, Any], text: str) -> dict[str, Any]:
+    """A copy of `chunk` whose text (as `text_of` reads it) is `text`."""
+    chunk = copy.deepcopy(chunk)
+    if responses_api.text_delta(chunk):
+        chunk["delta"] = text
+    elif messages_api.text_delta(chunk):
+        chunk["delta"]["text"] = text
+    else:
+        choice = next(c for c in chunk["choices"] if c.get("index", 0) == 0)
+        if (choice.get("delta") or {}).get("content"):
+            choice["delta"]["content"] = text
+        else:
+            choice["text"] = text
+    return chunk
 
 
 def answer_text(result: dict | None) -> str | None:

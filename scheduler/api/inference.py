@@ -23,7 +23,7 @@ from ..models import WAITING_STATES, Request, RequestKind, State
 from ..pool_threads import in_pool_thread
 from ..reasons_shown import reported_fraction
 from ..reasons_shown import shown as shown_reason
-from ..streams import ASKED, CatchUp
+from ..streams import ASKED, CatchUp, diverged
 from . import idempotency, intake, recovery, web_stop
 from .errors import ApiError, too_deep
 from .waiting import (
@@ -292,7 +292,8 @@ async def relay_sse(
     """Chunks as the worker sends them; a comment with the position while waiting (with
     `progress`, a `reasoning_content` chunk too, when what it says changed). Chunks that
     never came (Redis was down; or not `live`: a replay that joined late) come with the end,
-    as one chunk."""
+    as one chunk. A run begun again (its worker's process exited) is relayed from where the
+    caller is, or ends the stream with `stream_diverged` the moment it says otherwise."""
     every_s = settings.SWITCHYARD["WAITING_COMMENT_S"]
     request_id = sub.request_id
     finished = False
@@ -309,8 +310,13 @@ async def relay_sse(
                 return
             async for message in sub.messages(every_s):
                 if message and message["type"] == "stream.chunk":
-                    if relayed.relay(message):
-                        yield "".join(sse_event(c) for c in message["chunks"])
+                    if chunks := relayed.relay(message):
+                        yield "".join(sse_event(c) for c in chunks)
+                    elif relayed.diverged:  # known now: no need to wait for its end
+                        finished = True  # it runs on: its answer is kept for GET
+                        yield error_event(diverged(request_id), known.kind)
+                        yield stream_end(known.kind)
+                        return
                     continue
                 if message and message["type"] == ASKED:
                     await tell_start(message, relayed)

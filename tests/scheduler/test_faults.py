@@ -8,12 +8,16 @@ import logging
 
 import psycopg
 import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.db import connection
 
 from scheduler import faults
 from scheduler.api import openai_asgi, recovery
-from scheduler.api.inference import Reply
-from scheduler.models import Request
+from scheduler.api.inference import Reply, relay_sse
+from scheduler.api.waiting import Subscription
+from scheduler.channel_hints import request_group
+from scheduler.models import Request, State
 from scheduler.streams import CatchUp
 from tests import factories
 
@@ -70,8 +74,78 @@ def test_a_second_run_is_not_relayed_twice():
     assert relayed.ending(RESULT, "r1")[0]["choices"][0]["delta"] == {"content": ", world"}
     other = {"choices": [{"message": {"content": "Goodbye"}, "finish_reason": "stop"}]}
     assert relayed.ending(other, "r1")[0]["error"]["code"] == "stream_diverged"
-    relayed.relay({"chunks": [chunk(", world")], "at": 5})
     assert CatchUp().ending(RESULT, "r1") != []
+
+
+def test_a_second_run_that_says_the_same_goes_on_live_from_where_the_caller_is():
+    """A worker's process exited mid-answer; another runs the request again from the start.
+    Its text is followed unseen until it passes what the caller saw; the rest is live."""
+    relayed = CatchUp()
+    relayed.relay({"chunks": [chunk("Hello")], "at": 0})
+    assert relayed.relay({"chunks": [{"choices": [{"index": 0, "delta": {}}]}], "at": 0}) == []
+    assert relayed.relay({"chunks": [chunk("Hel")], "at": 0}) == []
+    [rest] = relayed.relay({"chunks": [chunk("lo, w")], "at": 3})
+    assert rest == chunk(", w")
+    assert relayed.relay({"chunks": [chunk("orld")], "at": 8}) == [chunk("orld")]
+    assert (relayed.text, relayed.diverged) == ("Hello, world", False)
+    assert relayed.ending(RESULT, "r1") == []  # nothing left to send at the end
+
+
+def test_a_second_run_that_says_otherwise_is_known_at_once():
+    relayed = CatchUp()
+    relayed.relay({"chunks": [chunk("Hello")], "at": 0})
+    assert relayed.relay({"chunks": [chunk("Help")], "at": 0}) == []
+    assert relayed.diverged
+    assert relayed.relay({"chunks": [chunk(" me")], "at": 4}) == []  # nothing after it
+
+
+def test_a_second_run_that_loses_a_message_waits_for_the_end():
+    relayed = CatchUp()
+    relayed.relay({"chunks": [chunk("Hello")], "at": 0})
+    relayed.relay({"chunks": [chunk("He")], "at": 0})
+    assert relayed.relay({"chunks": [chunk(", world")], "at": 5}) == []  # "llo" was lost
+    assert not relayed.diverged
+    assert relayed.ending(RESULT, "r1")[0]["choices"][0]["delta"] == {"content": ", world"}
+
+
+@pytest.fixture
+async def streaming():
+    """A caller streaming a request at a server, and what its worker publishes."""
+    r = await sync_to_async(factories.request)("m1", state=State.PROCESSING, stream=True)
+    sub = await Subscription(r.pk).open()
+    events = relay_sse(sub, known=r)
+    assert (await anext(events)).startswith(": queued as")
+
+    async def written(text: str, at: int) -> None:
+        message = {"type": "stream.chunk", "id": str(r.pk), "chunks": [chunk(text)], "at": at}
+        await get_channel_layer().group_send(request_group(r.pk), message)
+
+    yield r, events, written
+    await events.aclose()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_stream_run_again_goes_on_live(streaming):
+    _, events, written = streaming
+    await written("Hello", 0)
+    assert '"Hello"' in await anext(events)
+    await written("Hel", 0)  # its worker's process exited; another runs it again
+    await written("lo, w", 3)
+    assert '{"content": ", w"}' in await anext(events)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_stream_run_again_that_says_otherwise_ends_at_once_and_runs_on(streaming):
+    r, events, written = streaming
+    await written("Hello", 0)
+    await anext(events)
+    await written("Help", 0)
+    error, done = await anext(events), await anext(events)
+    assert '"code": "stream_diverged"' in error and done == "data: [DONE]\n\n"
+    with pytest.raises(StopAsyncIteration):
+        await anext(events)
+    await r.arefresh_from_db()
+    assert r.state == State.PROCESSING  # not cancelled: its answer is kept for GET
 
 
 def test_an_outage_is_logged_once_down_and_once_back(caplog):

@@ -297,3 +297,19 @@ def test_a_caller_that_missed_the_end_gets_the_rest_and_the_stop():
     assert rest[0]["delta"]["text"] == " you" and rest[1]["delta"]["stop_reason"] == "end_turn"
     assert seen.relay({"chunks": EVENTS[3:], "at": len("Hi")})
     assert seen.ending(message, "r") == []
+
+
+def test_a_run_begun_again_goes_on_from_the_callers_place_in_its_blocks():
+    """Another worker ran it again from the start: its events up to what the caller saw
+    are not sent twice (no second message_start); the rest goes on in the same blocks."""
+    seen = CatchUp()
+    seen.relay({"chunks": EVENTS[:3], "at": 0})  # "Hi"
+    delta = {"type": "content_block_delta", "index": 0}
+    again = [*EVENTS[:2], delta | {"delta": {"type": "text_delta", "text": "H"}}]
+    assert seen.relay({"chunks": again, "at": 0}) == []
+    went_on = delta | {"delta": {"type": "text_delta", "text": "i you"}}
+    assert seen.relay({"chunks": [went_on, *EVENTS[4:]], "at": 1}) == [
+        delta | {"delta": {"type": "text_delta", "text": " you"}},
+        *EVENTS[4:],
+    ]
+    assert seen.saw_end and seen.text == "Hi you"

@@ -130,6 +130,14 @@ def test_a_caller_that_missed_the_end_gets_the_rest_and_the_response():
     assert other.ending(RESPONSE, "r")[0]["error"]["code"] == "stream_diverged"
 
 
+def test_a_run_begun_again_goes_on_from_the_callers_place():
+    seen = CatchUp()
+    seen.relay({"chunks": EVENTS[:2], "at": 0})  # "Hello"
+    assert seen.relay({"chunks": EVENTS[:1], "at": 0}) == []
+    went_on = seen.relay({"chunks": [{"type": DELTA, "delta": "Hello th"}, *EVENTS[3:]], "at": 0})
+    assert went_on == [{"type": DELTA, "delta": " th"}, *EVENTS[3:]]
+
+
 def test_text_tokens_and_the_dashboards_answer_of_a_response(db):
     assert text_of(EVENTS) == "Hello there" == answer_text(RESPONSE)
     alice, _ = ApiKey.generate("alice")
