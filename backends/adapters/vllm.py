@@ -5,11 +5,17 @@ RAM, level 2 drops them; load option `sleep_level`) and wake-up the only load
 (`POST /wake_up`). Both need `VLLM_SERVER_DEV_MODE=1` and `--enable-sleep-mode` on the
 server; without them the model is simply always loaded. A sleeping engine is not woken by
 requests (and older ones crash), so inference checks `/is_sleeping` first.
+
+What it runs, whoever sent it, its `/metrics` say (`activity`): clients that call it directly
+keep it from being put to sleep under them.
 """
 
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from .base import (
+    Activity,
     AdapterError,
     ErrorCode,
     InferenceCall,
@@ -21,10 +27,14 @@ from .base import (
 from .http import OPENAI_PATHS, HttpAdapter
 
 SLEEP_WAIT_S = 120.0
+# Its gauges of the requests on a model now, and its counter of those it finished.
+NOW = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+FINISHED = "vllm:request_success_total"
 
 
 class VLLMAdapter(HttpAdapter):
     inference_paths = {k: v for k, v in OPENAI_PATHS.items() if k != "message"}  # none there
+    tells_activity = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -89,6 +99,20 @@ class VLLMAdapter(HttpAdapter):
 
     async def health(self) -> None:
         await self.request("GET", "/health")
+
+    async def activity(self, server_model_id: str) -> Activity | None:
+        """From `/metrics`: the requests its engine runs or queues on the model now, and how
+        many it finished (by any finish reason); None where they do not name the model."""
+        try:
+            text = (await self.request("GET", "/metrics")).text
+            samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        except (AdapterError, ValueError):
+            return None
+        mine = [s for s in samples if s.labels.get("model_name") == server_model_id]
+        if not any(s.name == FINISHED for s in mine):
+            return None
+        running = sum(int(s.value) for s in mine if s.name in NOW)
+        return Activity(running, sum(int(s.value) for s in mine if s.name == FINISHED))
 
 
 def context_of(entry: dict[str, Any]) -> int | None:

@@ -185,3 +185,37 @@ async def test_an_anthropic_message_is_refused_without_asking(server, adapter):
         await adapter.run(call)
     assert raised.value.code == ErrorCode.BAD_REQUEST
     assert ("POST", "/v1/messages") not in server.calls()
+
+
+METRICS = f"""# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{{generation="0"}} 1234.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="{QWEN}"}} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="{QWEN}"}} 2.0
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{QWEN}"}} 5.0
+vllm:request_success_total{{engine="0",finished_reason="length",model_name="{QWEN}"}} 3.0
+vllm:request_success_total{{engine="0",finished_reason="abort",model_name="{QWEN}"}} 0.0
+"""
+
+
+async def test_its_metrics_say_what_it_runs_whoever_sent_it(server, adapter):
+    """Clients that call vLLM directly: the requests it runs or queues now, and a count
+    that moves with each it finishes (the status sync's "used since", the idle unload's
+    "not while someone else's requests run")."""
+    server.on("GET", "/metrics", Reply(200, METRICS), Reply(200, METRICS), Reply(200, METRICS))
+    assert adapter.tells_activity
+    assert tuple(await adapter.activity(QWEN)) == (3, 8)
+    assert await adapter.running(QWEN) == 3
+    assert await adapter.activity("other") is None  # its metrics do not name it
+
+
+async def test_without_metrics_it_cannot_say(server, adapter):
+    server.on("GET", "/metrics", Reply(404, {"detail": "Not Found"}), Reply(200, "not {metrics"))
+    assert await adapter.activity(QWEN) is None
+    assert await adapter.activity(QWEN) is None

