@@ -114,6 +114,7 @@ class CatchUp:
         self.saw_end = False  # a Responses or Messages API stream's last event
         self.rerun: str | None = None  # the text of a run begun again, until it passes `text`
         self.diverged = False
+        self.chunk_id: str | None = None
 
     def relay(self, message: dict) -> list[dict[str, Any]]:
         """The chunks the caller gets now (and that count as seen)."""
@@ -142,7 +143,12 @@ class CatchUp:
     def seen(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.text += text_of(chunks)
         self.saw_end |= any(responses_api.final(c) or messages_api.ends(c) for c in chunks)
-        return chunks
+        # Every chunk of a chat or completion stream carries the stream's id: a second
+        # run's chunks go out under the first run's.
+        self.chunk_id = self.chunk_id or next((c["id"] for c in chunks if c.get("id")), None)
+        return [
+            c if c.get("id") in (None, self.chunk_id) else c | {"id": self.chunk_id} for c in chunks
+        ]
 
     def ending(self, result: dict | None, request_id) -> list[dict[str, Any]]:
         """The events that complete what the caller saw of `result`: a chunk with the rest
@@ -166,7 +172,7 @@ class CatchUp:
         part |= {"delta": {"content": rest}} if is_chat else {"text": rest}
         return [
             {
-                "id": result.get("id", ""),
+                "id": self.chunk_id or result.get("id", ""),
                 "object": "chat.completion.chunk" if is_chat else "text_completion",
                 "created": result.get("created", 0),
                 "model": result.get("model", ""),

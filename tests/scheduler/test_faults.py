@@ -91,6 +91,15 @@ def test_a_second_run_that_says_the_same_goes_on_live_from_where_the_caller_is()
     assert relayed.ending(RESULT, "r1") == []  # nothing left to send at the end
 
 
+def test_a_second_run_goes_on_under_the_first_runs_chunk_id():
+    relayed = CatchUp()
+    relayed.relay({"chunks": [chunk("Hello") | {"id": "chatcmpl-1"}], "at": 0})
+    relayed.relay({"chunks": [chunk("Hello") | {"id": "chatcmpl-2"}], "at": 0})
+    [went_on] = relayed.relay({"chunks": [chunk(", w") | {"id": "chatcmpl-2"}], "at": 5})
+    assert went_on["id"] == "chatcmpl-1"
+    assert relayed.ending(RESULT, "r1")[0]["id"] == "chatcmpl-1"  # the stored answer's is c1
+
+
 def test_a_second_run_that_says_otherwise_is_known_at_once():
     relayed = CatchUp()
     relayed.relay({"chunks": [chunk("Hello")], "at": 0})
