@@ -110,12 +110,20 @@ def test_vllm_kind_against_real_vllm_on_cpu(vllm, switchyard):
     assert words(answer.json()["choices"][0]["text"])
     assert Request.objects.filter(state=State.COMPLETED).count() == 3
     # What it ran, whoever sent it: a client calling vLLM directly moves its count.
-    adapter = VLLMAdapter(vllm)
-    before = asyncio.run(adapter.activity("tiny-hf"))
+    before, after = asyncio.run(activity_around_a_direct_call(vllm, body))
     assert before is not None and before.tasks >= 3
-    httpx.post(f"{vllm}/v1/chat/completions", json=body, timeout=60).raise_for_status()
-    after = asyncio.run(adapter.activity("tiny-hf"))
     assert (after.running, after.tasks) == (0, before.tasks + 1)
     # Sleep mode is refused on the CPU platform: started without it, /is_sleeping is 404
     # and the model is simply always loaded.
     assert httpx.get(f"{vllm}/is_sleeping").status_code == 404
+
+
+async def activity_around_a_direct_call(url: str, body: dict):
+    adapter = VLLMAdapter(url)
+    try:
+        before = await adapter.activity("tiny-hf")
+        async with httpx.AsyncClient(timeout=60) as client:
+            (await client.post(f"{url}/v1/chat/completions", json=body)).raise_for_status()
+        return before, await adapter.activity("tiny-hf")
+    finally:
+        await adapter.close()
