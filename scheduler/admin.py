@@ -1,3 +1,5 @@
+import json
+
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.urls import reverse
@@ -8,6 +10,7 @@ from django.utils.text import Truncator
 
 from backends.admin import in_seconds, server_label, to_the_ms
 from dashboard.state import caller as caller_of
+from dashboard.state import shown_answer
 
 from .models import Request, State, Trace, Worker
 from .reasons_shown import reported_fraction, shown
@@ -66,7 +69,7 @@ class RequestAdmin(ReadOnlyAdmin):
         "took",
         "attempts",
     ]
-    readonly_fields = ["why", "conversation"]
+    readonly_fields = ["why", "conversation", "body", "answer"]
     # The request's own page: what was asked, where it is, when, then the bodies. Its stored
     # reason is shown as `why` (live, as the pages say it), not as the policy's JSON.
     fieldsets = [
@@ -104,7 +107,7 @@ class RequestAdmin(ReadOnlyAdmin):
                 ]
             },
         ),
-        ("Body and answer", {"fields": ["payload", "result"]}),
+        ("Body and answer", {"fields": ["body", "answer"]}),
     ]
     list_filter = [
         "state",
@@ -175,6 +178,25 @@ class RequestAdmin(ReadOnlyAdmin):
         short = obj.affinity_key[:8]
         return format_html('<a href="{}?{}">{}… (its turns)</a>', turns, query, short)
 
+    @admin.display(description="body")
+    def body(self, obj: Request) -> str:
+        """What the app sent, as indented JSON, in a box that scrolls: a long prompt does
+        not push the rest of the page away."""
+        return format_html('<pre class="sy-body" tabindex="0">{}</pre>', as_json(obj.payload))
+
+    @admin.display(description="answer")
+    def answer(self, obj: Request) -> str:
+        """Its text and the tools it calls, as the dashboard shows them; the whole answer as
+        stored (usage, timings, ids) folded beneath."""
+        if obj.result is None:
+            return "-"
+        return format_html(
+            '<div class="sy-answer" tabindex="0">{}</div><details><summary>The answer as stored'
+            ' (JSON)</summary><pre class="sy-body" tabindex="0">{}</pre></details>',
+            shown_answer(obj.result) or "(no text)",
+            as_json(obj.result),
+        )
+
     @admin.action(description="Cancel selected requests (stopping those at their servers)")
     def cancel(self, request, queryset):
         ids = list(queryset.values_list("pk", flat=True))
@@ -188,6 +210,10 @@ class RequestAdmin(ReadOnlyAdmin):
                 f"{skipped} request(s) had already ended and were left alone.",
                 messages.WARNING,
             )
+
+
+def as_json(value: object) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
 
 
 @admin.register(Trace)

@@ -51,6 +51,23 @@ FILTERS = {
 }
 
 
+def test_request_page_shows_the_answers_words_and_folds_its_json(admin_client):
+    """The answer as the dashboard shows it (its text, the tools it calls), in a box of its
+    own; the stored JSON (usage, ids) folded beneath; the body indented, escaped."""
+    call = {"function": {"name": "look", "arguments": '{"city": "Oslo"}'}}
+    message = {"content": "It is <b>sunny</b>.", "tool_calls": [call]}
+    result = {"id": "chatcmpl-9", "choices": [{"message": message}], "usage": {"total_tokens": 7}}
+    r = factories.request("m", state=State.COMPLETED, result=result)
+    html = admin_client.get(reverse("admin:scheduler_request_change", args=[r.pk])).content
+    html = html.decode()
+    answer = html.split('<div class="sy-answer" tabindex="0">')[1].split("</div>")[0]
+    assert answer == "It is &lt;b&gt;sunny&lt;/b&gt;.\n→ look({&quot;city&quot;: &quot;Oslo&quot;})"
+    folded = html.split("<details>")[1].split("</details>")[0]
+    assert "The answer as stored (JSON)" in folded and "&quot;total_tokens&quot;: 7" in folded
+    body = '<pre class="sy-body" tabindex="0">{\n  &quot;model&quot;: &quot;m&quot;'
+    assert body in html  # indented
+
+
 @pytest.mark.parametrize("name", FILTERS)
 def test_changelists_render_with_each_filter(admin_client, queue, name):
     assert_renders_with_each_filter(admin_client, changelist(name), FILTERS[name])
