@@ -91,15 +91,17 @@ def protected_weight(
     return 0.0, None
 
 
-def hold_saving(victim_load_s: float, protected: float, batched_load_s: float, mine: int) -> float:
+def hold_saving(victim_back_s: float, protected: float, batched_load_s: float, mine: int) -> float:
     """What holding a switch is expected to save, in class-weighted seconds: the protected
-    work's wait for the victim's reload, plus (switch batching, when the server has no free
-    slot and another could hold the model) the load that requests arriving meanwhile would
-    otherwise need:
+    work's wait for the victim to come back (its reload; on a server with one room, also
+    the run of the target's requests then at the server, which the victim cannot come back
+    beside), plus (switch batching, when the server has no free slot and another could hold
+    the model) the load that requests arriving meanwhile would otherwise need:
 
-        save = reload_s(victim) · protected + load_s(target) · class_weight(mine)
+        save = back_s(victim) · protected + load_s(target) · class_weight(mine)
+        back_s(victim) = reload_s(victim) + run_s(target) · one_room
     """
-    return victim_load_s * protected + batched_load_s * class_weight(mine)
+    return victim_back_s * protected + batched_load_s * class_weight(mine)
 
 
 def release_at(

@@ -19,7 +19,7 @@ from . import reasons as waits
 from .decisions import StartLoad, StopLoad
 from .eviction import NoRoom, evictions_for, keep_value
 from .priorities import BACKGROUND, CLASS_NAMES, INTERACTIVE, NORMAL
-from .snapshot import DeploymentView, RequestView, unused_restore, used_since_loaded
+from .snapshot import DeploymentView, RequestView, ServerView, unused_restore, used_since_loaded
 
 if TYPE_CHECKING:  # for annotations only: policy.py imports this module
     from .policy import Wakes
@@ -315,8 +315,11 @@ class Switching:
         # Batching is for normal and background switches: a better class is not held to
         # share a switch with requests that may never come.
         batching = not free_slot and mine >= NORMAL and self.has_choice(r.model)
+        back_s = self.load_s(victim)
+        if protected and one_room(server, victim, target):
+            back_s += target.avg_inference_s or self.config.default_run_s
         save = holding.hold_saving(
-            self.load_s(victim), protected, self.load_s(target) if batching else 0.0, mine
+            back_s, protected, self.load_s(target) if batching else 0.0, mine
         )
         release = holding.release_at(
             save,
@@ -424,3 +427,11 @@ class Switching:
     def has_choice(self, model: str) -> bool:
         """More than one usable server could hold `model`."""
         return sum(1 for d in self.candidates(model) if d.state != "failed") > 1
+
+
+def one_room(server: ServerView, victim: DeploymentView, target: DeploymentView) -> bool:
+    """`victim` can come back to `server` only by evicting `target`: the server holds one
+    model at a time (`max_models` 1, a router's `--models-max 1`), or one of their type."""
+    if server.max_models == 1:
+        return True
+    return victim.model_type == target.model_type and server.capacity.get(target.model_type, 1) <= 1

@@ -13,6 +13,7 @@ from scheduler.decisions import (
     StartLoad,
 )
 from scheduler.policy import plan
+from scheduler.snapshot import DeploymentView
 
 from .builders import (
     BACKGROUND,
@@ -258,17 +259,48 @@ def warm_a(**fields):
     return dep(1, 1, "a", "loaded", last_interactive_at=at(-10), **fields)
 
 
+def busy_room() -> DeploymentView:
+    """s1's other room, taken by a model at work: B goes in A's, and A can come back beside
+    B (into C's room once C is idle), so a switch costs A's users its reload alone."""
+    return dep(9, 1, "c", "loaded", in_flight=1)
+
+
 def test_warm_window_keeps_interactive_model_from_normal_work():
     """A served an interactive request 10 s ago: a normal request (weight 2) is held until
     it has paid what the switch is expected to cost interactive work, A's reload (10 s)
     times the interactive weight (8): 40 s, with a Defer then; never past the normal warm
     window's end (60 s after that use, 50 s from now)."""
-    decisions = plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], [req("b", NORMAL)]), at(0))
+    two_rooms = [server(1, llm=2)]
+    line = [req("b", NORMAL)]
+    decisions = plan(snap(two_rooms, [warm_a(), dep(2, 1, "b"), busy_room()], line), at(0))
     assert of(decisions, StartLoad) == []
     assert defer(decisions).until == at(40)
     slow = warm_a(avg_load_s=90.0)
-    decisions = plan(snap([server(1)], [slow, dep(2, 1, "b")], [req("b", NORMAL)]), at(0))
+    decisions = plan(snap(two_rooms, [slow, dep(2, 1, "b"), busy_room()], line), at(0))
     assert defer(decisions).until == at(50)
+
+
+def test_warm_window_on_one_room_prices_the_run_the_victim_waits_behind():
+    """On a server that holds one model (a router's `--models-max 1`), interactive work that
+    comes back for A waits for what B runs then as well as A's reload: a background request
+    that runs 20 s (B's measured run time) beside a model that reloads in 0.2 s is held
+    until it has paid (0.2 + 20) · 8, up to the warm window's end (120 s after that use);
+    where A can come back beside B, the 0.2 s reload alone is priced: 1.6 s.
+    Breaks if chat on a one-model server waited behind background runs the moment it
+    paused (the reload alone priced the hold at under a second)."""
+    quick_a = warm_a(avg_load_s=0.2)
+    b = dep(2, 1, "b", avg_inference_s=20.0)
+    held = plan(snap([server(1)], [quick_a, b], [req("b", BACKGROUND)]), at(0))
+    assert of(held, StartLoad) == []
+    assert defer(held).until == at(110)  # (0.2 + 20) · 8 = 161.6 s of price: the window's end
+    pair = [req("b", BACKGROUND, age_s=60) for _ in range(2)]  # paid 120 of 161.6
+    assert defer(plan(snap([server(1)], [quick_a, b], pair), at(0))).until == at(20.8)
+    two_rooms = [server(1, llm=2)]
+    beside = plan(snap(two_rooms, [quick_a, b, busy_room()], [req("b", BACKGROUND)]), at(0))
+    assert defer(beside).until == at(1.6)  # 0.2 · 8
+    one_model = [server(1, llm=2, max_models=1)]
+    held = plan(snap(one_model, [quick_a, b], [req("b", BACKGROUND)]), at(0))
+    assert of(held, StartLoad) == []
 
 
 def test_warm_window_is_shorter_for_normal_switches():
@@ -284,7 +316,9 @@ def test_warm_window_is_shorter_for_normal_switches():
     assert of(background, StartLoad) == [] and defer(background).until == at(30)
     longer = snap([server(1)], [a, dep(2, 1, "b")], [req("b", NORMAL)], normal_warm_window_s=120)
     assert of(plan(longer, at(0)), StartLoad) == []
-    paid = plan(snap([server(1)], [warm_a(), dep(2, 1, "b")], [req("b", NORMAL, age_s=40)]), at(0))
+    two_rooms = [server(1, llm=2)]
+    line = [req("b", NORMAL, age_s=40)]
+    paid = plan(snap(two_rooms, [warm_a(), dep(2, 1, "b"), busy_room()], line), at(0))
     assert loads(paid) == [(2, (1,))]
 
 
@@ -330,11 +364,11 @@ def test_activity_window_holds_background_switches():
     (weight 1) is held until it has paid half the interactive weight times A's reload
     (4 · 10 s), never past the window's end; a normal one is not held."""
     c = dep(3, 1, "c", "unloaded", last_interactive_at=at(-240))
-    deployments = [dep(1, 1, "a", "loaded"), dep(2, 1, "b"), c]
-    decisions = plan(snap([server(1)], deployments, [req("b", BACKGROUND)]), at(0))
+    deployments = [dep(1, 1, "a", "loaded"), dep(2, 1, "b"), c, busy_room()]
+    decisions = plan(snap([server(1, llm=2)], deployments, [req("b", BACKGROUND)]), at(0))
     assert of(decisions, StartLoad) == []
     assert defer(decisions).until == at(40)
-    normal = plan(snap([server(1)], deployments, [req("b", NORMAL)]), at(0))
+    normal = plan(snap([server(1, llm=2)], deployments, [req("b", NORMAL)]), at(0))
     assert loads(normal) == [(2, (1,))]
 
 
