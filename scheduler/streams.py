@@ -126,7 +126,8 @@ class CatchUp:
         if at == 0 and self.text:
             self.live, self.rerun = False, ""
         if self.rerun is None or at != len(self.rerun):
-            self.rerun = None  # a message lost with Redis: the rest comes with the end
+            # A message lost with Redis: nothing more live, the rest comes with the end.
+            self.live, self.rerun = False, None
             return []
         chunks = message["chunks"]
         for i, chunk in enumerate(chunks):

@@ -200,6 +200,7 @@ def test_no_connection_to_be_had_is_a_503_that_stored_nothing(monkeypatch):
     def refuse() -> None:
         raise faults.OperationalError("connection refused")
 
+    connection.close()  # none open, as after a restart: and none to be had
     monkeypatch.setattr(connection, "ensure_connection", refuse)
     with pytest.raises(recovery.ApiError) as refused:
         recovery.accept("chat", BODY)
