@@ -317,7 +317,7 @@ class Switching:
         batching = not free_slot and mine >= NORMAL and self.has_choice(r.model)
         back_s = self.load_s(victim)
         if protected and one_room(server, victim, target):
-            back_s += target.avg_inference_s or self.config.default_run_s
+            back_s += self.run_s(target)
         save = holding.hold_saving(
             back_s, protected, self.load_s(target) if batching else 0.0, mine
         )
@@ -403,6 +403,9 @@ class Switching:
 
     def load_s(self, d: DeploymentView) -> float:
         return d.avg_load_s or self.config.default_load_s
+
+    def run_s(self, d: DeploymentView) -> float:
+        return d.avg_inference_s or self.config.default_run_s
 
     def resident_until(self, d: DeploymentView) -> datetime:
         """A loaded model stays at least as long as loading it back takes, up to
