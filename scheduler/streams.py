@@ -39,6 +39,7 @@ class Relay:
         self.queued: list[dict[str, Any]] = []
         self.sender: asyncio.Task | None = None
         self.published = 0  # characters of text in the chunks published so far
+        self.messages = 0  # messages published so far
 
     async def run(self, chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
         completion = chat_stream.Completion()
@@ -71,11 +72,13 @@ class Relay:
             await self.committed.wait()
             while self.queued:
                 chunks, self.queued = self.queued, []
-                # `at`: where its text begins in the answer, so that a caller can tell a gap
-                # (a message lost with Redis) or a second run (another worker's) from the rest.
+                # `at`: where its text begins in the answer; `n`: its number in this run. A
+                # caller tells by them a gap (a message lost with Redis) or a second run
+                # (another worker's, begun at n 0) from the rest.
                 message = {"type": "stream.chunk", "id": self.id, "chunks": chunks}
-                await send(self.group, message | {"at": self.published})
+                await send(self.group, message | {"at": self.published, "n": self.messages})
                 self.published += len(text_of(chunks))
+                self.messages += 1
         finally:
             self.sender = None
 
@@ -102,54 +105,78 @@ def text_of(chunks: list[dict[str, Any]]) -> str:
 
 
 class CatchUp:
-    """The text relayed so far, to send at the end what the caller never saw. A message
-    that does not begin where the relayed text ends stops the live relay: the rest comes
-    with the end. A message that begins the answer again is another worker's run of the
-    request (its first one's process exited): it is followed, unseen, until it passes what
-    the caller saw, and the caller gets the rest live; if it says otherwise, `diverged`."""
+    """What the caller saw, to send at the end what it never saw. A message that is not the
+    next of its run stops the live relay: the rest comes with the end. A message that begins
+    a run (`n` 0) after others is another worker's run of the request (the first one's
+    process exited): it is followed, unseen, until it passes what the caller saw (its text,
+    then as many events without text as the caller saw after it: a Messages stream's
+    `message_start` before any text), and the caller gets the rest live; if it says
+    otherwise, `diverged`. A caller that joined a run late (`live` false) follows a run
+    begun again from its start."""
 
     def __init__(self) -> None:
         self.text = ""
+        self.quiet = 0  # chunks without text the caller saw since the last with text
         self.live = True
+        self.next = 0  # the number of the next message of the run the caller follows
         self.saw_end = False  # a Responses or Messages API stream's last event
         self.rerun: str | None = None  # the text of a run begun again, until it passes `text`
+        self.rerun_quiet = 0  # its chunks without text since its text reached `text`'s end
         self.diverged = False
-        self.chunk_id: str | None = None
+        self.stamp: dict[str, Any] = {}  # the first run's chunk `id` and `created`
 
     def relay(self, message: dict) -> list[dict[str, Any]]:
         """The chunks the caller gets now (and that count as seen)."""
+        n = message.get("n", self.next)
         at = message.get("at", len(self.text))
         if self.diverged:
             return []
+        if n == 0 and (self.next or not self.live):
+            self.live, self.rerun, self.rerun_quiet = False, "", 0
+        elif n != self.next:
+            self.live, self.rerun = False, None
+        self.next = n + 1
         if self.live and at == len(self.text):
             return self.seen(message["chunks"])
-        if at == 0 and self.text:
-            self.live, self.rerun = False, ""
         if self.rerun is None or at != len(self.rerun):
             # A message lost with Redis: nothing more live, the rest comes with the end.
             self.live, self.rerun = False, None
             return []
         chunks = message["chunks"]
         for i, chunk in enumerate(chunks):
-            self.rerun += text_of([chunk])
-            if not (self.text.startswith(self.rerun) or self.rerun.startswith(self.text)):
-                self.diverged, self.rerun = True, None
-                return []
-            if len(self.rerun) > len(self.text):
-                rest = self.rerun[len(self.text) :]
+            if went_on := self.follow(chunk):
                 self.live, self.rerun = True, None
-                return self.seen([with_text(chunk, rest), *chunks[i + 1 :]])
+                return self.seen([*went_on, *chunks[i + 1 :]])
+        return []
+
+    def follow(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """One chunk of a run begun again: [] while the caller has seen its like; else what
+        of it the caller has not (and `diverged` if its text is not the caller's)."""
+        added = text_of([chunk])
+        self.rerun = (rerun := (self.rerun or "") + added)
+        if not (self.text.startswith(rerun) or rerun.startswith(self.text)):
+            self.diverged, self.rerun = True, None
+            return []
+        if len(rerun) > len(self.text):
+            return [with_text(chunk, rerun[len(self.text) :])]
+        if len(rerun) == len(self.text):
+            self.rerun_quiet = 0 if added else self.rerun_quiet + 1
+            if self.rerun_quiet > self.quiet:
+                return [chunk]
         return []
 
     def seen(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        self.text += text_of(chunks)
+        for chunk in chunks:
+            added = text_of([chunk])
+            self.text += added
+            self.quiet = 0 if added else self.quiet + 1
         self.saw_end |= any(responses_api.final(c) or messages_api.ends(c) for c in chunks)
-        # Every chunk of a chat or completion stream carries the stream's id: a second
-        # run's chunks go out under the first run's.
-        self.chunk_id = self.chunk_id or next((c["id"] for c in chunks if c.get("id")), None)
-        return [
-            c if c.get("id") in (None, self.chunk_id) else c | {"id": self.chunk_id} for c in chunks
-        ]
+        # Every chunk of a chat or completion stream carries the stream's id and time: a
+        # second run's chunks go out under the first run's.
+        for key in ("id", "created"):
+            if key not in self.stamp:
+                self.stamp |= next(({key: c[key]} for c in chunks if c.get(key)), {})
+        return [c | {k: v for k, v in self.stamp.items() if k in c} for c in chunks]
 
     def ending(self, result: dict | None, request_id) -> list[dict[str, Any]]:
         """The events that complete what the caller saw of `result`: a chunk with the rest
@@ -173,9 +200,9 @@ class CatchUp:
         part |= {"delta": {"content": rest}} if is_chat else {"text": rest}
         return [
             {
-                "id": self.chunk_id or result.get("id", ""),
+                "id": self.stamp.get("id") or result.get("id", ""),
                 "object": "chat.completion.chunk" if is_chat else "text_completion",
-                "created": result.get("created", 0),
+                "created": self.stamp.get("created") or result.get("created", 0),
                 "model": result.get("model", ""),
                 "choices": [part],
             }

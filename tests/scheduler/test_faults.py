@@ -56,11 +56,16 @@ RESULT = {
 }
 
 
+def sent(text: str, at: int, n: int) -> dict:
+    """A worker's message: a chunk of `text`, where it begins, its number in its run."""
+    return {"chunks": [chunk(text)], "at": at, "n": n}
+
+
 def test_the_text_a_caller_never_saw_comes_as_one_chunk():
     relayed = CatchUp()
-    assert relayed.relay({"chunks": [chunk("Hello")], "at": 0})
-    assert not relayed.relay({"chunks": [chunk(" world")], "at": 7})  # ", " was lost
-    assert not relayed.relay({"chunks": [chunk("!")], "at": 12})  # nothing live after a gap
+    assert relayed.relay(sent("Hello", 0, 0))
+    assert not relayed.relay(sent(" world", 7, 2))  # ", " (message 1) was lost
+    assert not relayed.relay(sent("!", 12, 3))  # nothing live after a gap
     [missed] = relayed.ending(RESULT, "r1")
     assert missed["choices"] == [
         {"index": 0, "finish_reason": "stop", "delta": {"content": ", world"}}
@@ -69,8 +74,8 @@ def test_the_text_a_caller_never_saw_comes_as_one_chunk():
 
 def test_a_second_run_is_not_relayed_twice():
     relayed = CatchUp()
-    assert relayed.relay({"chunks": [chunk("Hello")], "at": 0})
-    assert not relayed.relay({"chunks": [chunk("Hello")], "at": 0})  # another worker's run
+    assert relayed.relay(sent("Hello", 0, 0))
+    assert not relayed.relay(sent("Hello", 0, 0))  # another worker's run
     assert relayed.ending(RESULT, "r1")[0]["choices"][0]["delta"] == {"content": ", world"}
     other = {"choices": [{"message": {"content": "Goodbye"}, "finish_reason": "stop"}]}
     assert relayed.ending(other, "r1")[0]["error"]["code"] == "stream_diverged"
@@ -81,40 +86,62 @@ def test_a_second_run_that_says_the_same_goes_on_live_from_where_the_caller_is()
     """A worker's process exited mid-answer; another runs the request again from the start.
     Its text is followed unseen until it passes what the caller saw; the rest is live."""
     relayed = CatchUp()
-    relayed.relay({"chunks": [chunk("Hello")], "at": 0})
-    assert relayed.relay({"chunks": [{"choices": [{"index": 0, "delta": {}}]}], "at": 0}) == []
-    assert relayed.relay({"chunks": [chunk("Hel")], "at": 0}) == []
-    [rest] = relayed.relay({"chunks": [chunk("lo, w")], "at": 3})
+    relayed.relay(sent("Hello", 0, 0))
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+    assert relayed.relay({"chunks": [role], "at": 0, "n": 0}) == []
+    assert relayed.relay(sent("Hel", 0, 1)) == []
+    [rest] = relayed.relay(sent("lo, w", 3, 2))
     assert rest == chunk(", w")
-    assert relayed.relay({"chunks": [chunk("orld")], "at": 8}) == [chunk("orld")]
+    assert relayed.relay(sent("orld", 8, 3)) == [chunk("orld")]
     assert (relayed.text, relayed.diverged) == ("Hello, world", False)
     assert relayed.ending(RESULT, "r1") == []  # nothing left to send at the end
 
 
 def test_a_second_run_goes_on_under_the_first_runs_chunk_id():
     relayed = CatchUp()
-    relayed.relay({"chunks": [chunk("Hello") | {"id": "chatcmpl-1"}], "at": 0})
-    relayed.relay({"chunks": [chunk("Hello") | {"id": "chatcmpl-2"}], "at": 0})
-    [went_on] = relayed.relay({"chunks": [chunk(", w") | {"id": "chatcmpl-2"}], "at": 5})
-    assert went_on["id"] == "chatcmpl-1"
-    assert relayed.ending(RESULT, "r1")[0]["id"] == "chatcmpl-1"  # the stored answer's is c1
+    first, second = {"id": "chatcmpl-1", "created": 100}, {"id": "chatcmpl-2", "created": 160}
+    relayed.relay({"chunks": [chunk("Hello") | first], "at": 0, "n": 0})
+    relayed.relay({"chunks": [chunk("Hello") | second], "at": 0, "n": 0})
+    [went_on] = relayed.relay({"chunks": [chunk(", w") | second], "at": 5, "n": 1})
+    assert (went_on["id"], went_on["created"]) == ("chatcmpl-1", 100)
+    [end] = relayed.ending(RESULT | {"created": 170}, "r1")  # the stored answer's is c1
+    assert (end["id"], end["created"]) == ("chatcmpl-1", 100)
 
 
 def test_a_second_run_that_says_otherwise_is_known_at_once():
     relayed = CatchUp()
-    relayed.relay({"chunks": [chunk("Hello")], "at": 0})
-    assert relayed.relay({"chunks": [chunk("Help")], "at": 0}) == []
+    relayed.relay(sent("Hello", 0, 0))
+    assert relayed.relay(sent("Help", 0, 0)) == []
     assert relayed.diverged
-    assert relayed.relay({"chunks": [chunk(" me")], "at": 4}) == []  # nothing after it
+    assert relayed.relay(sent(" me", 4, 1)) == []  # nothing after it
 
 
 def test_a_second_run_that_loses_a_message_waits_for_the_end():
     relayed = CatchUp()
-    relayed.relay({"chunks": [chunk("Hello")], "at": 0})
-    relayed.relay({"chunks": [chunk("He")], "at": 0})
-    assert relayed.relay({"chunks": [chunk(", world")], "at": 5}) == []  # "llo" was lost
+    relayed.relay(sent("Hello", 0, 0))
+    relayed.relay(sent("He", 0, 0))
+    assert relayed.relay(sent(", world", 5, 2)) == []  # "llo" (message 1) was lost
     assert not relayed.diverged
     assert relayed.ending(RESULT, "r1")[0]["choices"][0]["delta"] == {"content": ", world"}
+
+
+def test_a_second_run_goes_on_after_the_events_the_caller_saw_past_the_text():
+    """The caller saw the text and its finish; the second run's finish is not sent again,
+    its usage (the chunk after) is."""
+    finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    usage = {"choices": [], "usage": {"completion_tokens": 2}}
+    relayed = CatchUp()
+    relayed.relay({"chunks": [chunk("Hello"), finish], "at": 0, "n": 0})
+    assert relayed.relay({"chunks": [chunk("Hel"), chunk("lo"), finish], "at": 0, "n": 0}) == []
+    assert relayed.relay({"chunks": [usage], "at": 5, "n": 1}) == [usage]
+
+
+def test_a_caller_that_joined_late_follows_a_run_begun_again_from_its_start():
+    relayed = CatchUp()
+    relayed.live = False  # an Idempotency-Key replay of a stream under way
+    assert relayed.relay(sent("Hello", 0, 4)) == []
+    assert relayed.relay(sent("Hel", 0, 0)) == [chunk("Hel")]  # another worker's run
+    assert relayed.relay(sent("lo", 3, 1)) == [chunk("lo")]
 
 
 @pytest.fixture
@@ -125,8 +152,8 @@ async def streaming():
     events = relay_sse(sub, known=r)
     assert (await anext(events)).startswith(": queued as")
 
-    async def written(text: str, at: int) -> None:
-        message = {"type": "stream.chunk", "id": str(r.pk), "chunks": [chunk(text)], "at": at}
+    async def written(text: str, at: int, n: int) -> None:
+        message = {"type": "stream.chunk", "id": str(r.pk)} | sent(text, at, n)
         await get_channel_layer().group_send(request_group(r.pk), message)
 
     yield r, events, written
@@ -136,19 +163,19 @@ async def streaming():
 @pytest.mark.django_db(transaction=True)
 async def test_a_stream_run_again_goes_on_live(streaming):
     _, events, written = streaming
-    await written("Hello", 0)
+    await written("Hello", 0, 0)
     assert '"Hello"' in await anext(events)
-    await written("Hel", 0)  # its worker's process exited; another runs it again
-    await written("lo, w", 3)
+    await written("Hel", 0, 0)  # its worker's process exited; another runs it again
+    await written("lo, w", 3, 1)
     assert '{"content": ", w"}' in await anext(events)
 
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_stream_run_again_that_says_otherwise_ends_at_once_and_runs_on(streaming):
     r, events, written = streaming
-    await written("Hello", 0)
+    await written("Hello", 0, 0)
     await anext(events)
-    await written("Help", 0)
+    await written("Help", 0, 0)
     error, done = await anext(events), await anext(events)
     assert '"code": "stream_diverged"' in error and done == "data: [DONE]\n\n"
     with pytest.raises(StopAsyncIteration):

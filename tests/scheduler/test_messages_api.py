@@ -291,11 +291,11 @@ def test_a_caller_that_missed_the_end_gets_the_rest_and_the_stop():
         folded.add(event)
     message = folded.result() | {"stop_reason": "end_turn"}
     seen = CatchUp()
-    assert seen.relay({"chunks": EVENTS[:3], "at": 0})
+    assert seen.relay({"chunks": EVENTS[:3], "at": 0, "n": 0})
     rest = seen.ending(message, "r")
     assert [e["type"] for e in rest] == ["content_block_delta", "message_delta", "message_stop"]
     assert rest[0]["delta"]["text"] == " you" and rest[1]["delta"]["stop_reason"] == "end_turn"
-    assert seen.relay({"chunks": EVENTS[3:], "at": len("Hi")})
+    assert seen.relay({"chunks": EVENTS[3:], "at": len("Hi"), "n": 1})
     assert seen.ending(message, "r") == []
 
 
@@ -303,13 +303,26 @@ def test_a_run_begun_again_goes_on_from_the_callers_place_in_its_blocks():
     """Another worker ran it again from the start: its events up to what the caller saw
     are not sent twice (no second message_start); the rest goes on in the same blocks."""
     seen = CatchUp()
-    seen.relay({"chunks": EVENTS[:3], "at": 0})  # "Hi"
+    seen.relay({"chunks": EVENTS[:3], "at": 0, "n": 0})  # "Hi"
     delta = {"type": "content_block_delta", "index": 0}
     again = [*EVENTS[:2], delta | {"delta": {"type": "text_delta", "text": "H"}}]
-    assert seen.relay({"chunks": again, "at": 0}) == []
+    assert seen.relay({"chunks": again, "at": 0, "n": 0}) == []
     went_on = delta | {"delta": {"type": "text_delta", "text": "i you"}}
-    assert seen.relay({"chunks": [went_on, *EVENTS[4:]], "at": 1}) == [
+    assert seen.relay({"chunks": [went_on, *EVENTS[4:]], "at": 1, "n": 1}) == [
         delta | {"delta": {"type": "text_delta", "text": " you"}},
         *EVENTS[4:],
     ]
     assert seen.saw_end and seen.text == "Hi you"
+
+
+def test_a_run_begun_again_before_any_text_sends_no_second_message_start():
+    """The worker's process exited while the model read the prompt: the caller saw the
+    message begin and its first block open, nothing more. The second run's own two are not
+    sent again; its text goes on in the caller's block."""
+    seen = CatchUp()
+    seen.relay({"chunks": EVENTS[:2], "at": 0, "n": 0})
+    assert seen.relay({"chunks": EVENTS[:2], "at": 0, "n": 0}) == []
+    assert seen.relay({"chunks": EVENTS[2:4], "at": 0, "n": 1}) == EVENTS[2:4]
+    only_start = CatchUp()  # it saw the message begin, not its block
+    only_start.relay({"chunks": EVENTS[:1], "at": 0, "n": 0})
+    assert only_start.relay({"chunks": EVENTS[:3], "at": 0, "n": 0}) == EVENTS[1:3]

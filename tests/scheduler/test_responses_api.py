@@ -118,12 +118,12 @@ def test_bad_input_is_a_400_that_stores_nothing(live):
 
 def test_a_caller_that_missed_the_end_gets_the_rest_and_the_response():
     seen = CatchUp()
-    assert seen.relay({"chunks": EVENTS[:2], "at": 0})
+    assert seen.relay({"chunks": EVENTS[:2], "at": 0, "n": 0})
     assert seen.ending(RESPONSE, "r") == [
         {"type": DELTA, "delta": " there"},
         {"type": "response.completed", "response": RESPONSE},
     ]
-    assert seen.relay({"chunks": EVENTS[2:], "at": len("Hello")})
+    assert seen.relay({"chunks": EVENTS[2:], "at": len("Hello"), "n": 1})
     assert seen.ending(RESPONSE, "r") == []  # it saw it all
     other = CatchUp()
     other.relay({"chunks": [{"type": DELTA, "delta": "Goodbye"}], "at": 0})
@@ -132,9 +132,10 @@ def test_a_caller_that_missed_the_end_gets_the_rest_and_the_response():
 
 def test_a_run_begun_again_goes_on_from_the_callers_place():
     seen = CatchUp()
-    seen.relay({"chunks": EVENTS[:2], "at": 0})  # "Hello"
-    assert seen.relay({"chunks": EVENTS[:1], "at": 0}) == []
-    went_on = seen.relay({"chunks": [{"type": DELTA, "delta": "Hello th"}, *EVENTS[3:]], "at": 0})
+    seen.relay({"chunks": EVENTS[:2], "at": 0, "n": 0})  # "Hello"
+    assert seen.relay({"chunks": EVENTS[:1], "at": 0, "n": 0}) == []
+    again = [{"type": DELTA, "delta": "Hello th"}, *EVENTS[3:]]
+    went_on = seen.relay({"chunks": again, "at": 0, "n": 1})
     assert went_on == [{"type": DELTA, "delta": " th"}, *EVENTS[3:]]
 
 

@@ -47,9 +47,13 @@ async def test_stream_ending_in_a_usage_chunk_keeps_its_finish_reason() -> None:
     result = await relay.run(replay([chunk("Hel"), chunk("lo", "length"), usage_chunk]))
 
     received: list[dict[str, Any]] = []
+    numbers: list[int] = []  # each message's in the run: a listener tells a run begun again
     while len(received) < 3:
-        received += (await layer.receive(listener))["chunks"]
+        message = await layer.receive(listener)
+        received += message["chunks"]
+        numbers.append(message["n"])
     assert received == [chunk("Hel"), chunk("lo", "length"), usage_chunk]
+    assert numbers == list(range(len(numbers)))
     assert relay.sent
     assert result["object"] == "chat.completion"
     assert result["choices"] == [
